@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Installs the Debian packages the project builds, tests and serves with. Idempotent: when every
+# package is already there it prints nothing and changes nothing. Usage: deploy/install_deps.sh
+set -euo pipefail
+
+packages=(
+  build-essential cmake pkg-config ninja-build
+  libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
+  librocksdb-dev liburing-dev libxxhash-dev prometheus-cpp-dev nlohmann-json3-dev
+  libgtest-dev libgmock-dev libbenchmark-dev
+  unicode-data            # UnicodeData.txt: NFC and character classes for the tokenizer
+  python3 python3-grpcio  # Debian's grpcio: the Python client in the integration tests
+  prometheus              # promtool and the real server the metrics tests query
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# Test-only JavaScript needs node and npm; a machine that has them from elsewhere keeps its own.
+command -v npm >/dev/null || missing+=(nodejs npm)
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+echo "installing: ${missing[*]}"
+sudo_cmd=()
+[ "$(id -u)" -eq 0 ] || sudo_cmd=(sudo)
+export DEBIAN_FRONTEND=noninteractive
+"${sudo_cmd[@]}" apt-get update -qq
+"${sudo_cmd[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,68 @@
+// The table of supported MoE families. Checked against transformers 5.17's modeling files.
+#include "engine/architecture.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace moe::engine {
+namespace {
+
+std::vector<Architecture> Table() {
+  std::vector<Architecture> t;
+  {
+    Architecture a;
+    a.model_type = "qwen3_moe";
+    a.qk_norm = QkNorm::kPerHead;
+    a.default_norm_topk_prob = true;
+    a.reads_sparse_step = true;
+    t.push_back(a);
+  }
+  {
+    Architecture a;
+    a.model_type = "qwen2_moe";
+    a.default_qkv_bias = true;
+    a.qkv_bias_field = "qkv_bias";
+    a.has_shared_expert = true;
+    a.reads_sparse_step = true;
+    t.push_back(a);
+  }
+  {
+    Architecture a;
+    a.model_type = "mixtral";
+    a.moe_block = "block_sparse_moe";
+    a.expert_gate = "w1";
+    a.expert_up = "w3";
+    a.expert_down = "w2";
+    a.num_experts_fields = {"num_local_experts"};
+    a.expert_width_fields = {"intermediate_size"};
+    a.always_renormalize = true;
+    t.push_back(a);
+  }
+  {
+    Architecture a;
+    a.model_type = "olmoe";
+    a.qk_norm = QkNorm::kWholeProj;
+    a.expert_width_fields = {"intermediate_size"};
+    t.push_back(a);
+  }
+  return t;
+}
+
+}  // namespace
+
+std::vector<std::string> SupportedArchitectures() {
+  std::vector<std::string> names;
+  for (const Architecture& a : Table()) names.push_back(a.model_type);
+  return names;
+}
+
+absl::StatusOr<Architecture> FindArchitecture(const std::string& model_type) {
+  for (const Architecture& a : Table()) {
+    if (a.model_type == model_type) return a;
+  }
+  return absl::UnimplementedError(absl::StrCat("unknown architecture model_type '", model_type,
+                                               "'; supported: ",
+                                               absl::StrJoin(SupportedArchitectures(), ", ")));
+}
+
+}  // namespace moe::engine

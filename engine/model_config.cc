@@ -1,0 +1,231 @@
+// LoadModelConfig: JSON -> ModelConfig with every required field checked and named on error.
+#include "engine/model_config.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
+#include "nlohmann/json.hpp"
+
+namespace moe::engine {
+namespace {
+using nlohmann::json;
+
+absl::StatusOr<json> ParseJson(const std::string& text, const std::string& what) {
+  try {
+    json j = json::parse(text);
+    if (!j.is_object()) return absl::InvalidArgumentError(absl::StrCat(what, ": not a JSON object"));
+    return j;
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(what, ": not valid JSON: ", e.what()));
+  }
+}
+
+// Present and non-null.
+bool Has(const json& j, const std::string& key) { return j.contains(key) && !j[key].is_null(); }
+
+template <typename T>
+absl::Status Read(const json& j, const std::string& key, T* out, bool required) {
+  if (!Has(j, key)) {
+    if (required) return absl::InvalidArgumentError(absl::StrCat("config.json: missing '", key, "'"));
+    return absl::OkStatus();
+  }
+  try {
+    *out = j[key].get<T>();
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' has the wrong type"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadRope(const json& cfg, RopeConfig* rope) {
+  const json empty = json::object();
+  const json& params = Has(cfg, "rope_parameters") ? cfg["rope_parameters"] : empty;
+  const json& scaling = Has(cfg, "rope_scaling") ? cfg["rope_scaling"] : empty;
+  if (!params.is_object() || !scaling.is_object()) {
+    return absl::InvalidArgumentError("config.json: rope_parameters/rope_scaling is not an object");
+  }
+  // One lookup order for every RoPE field.
+  auto get = [&](const std::string& key, auto* out) -> absl::Status {
+    for (const json* src : {&params, &cfg, &scaling}) {
+      if (Has(*src, key)) return Read(*src, key, out, true);
+    }
+    return absl::OkStatus();
+  };
+  MOE_RETURN_IF_ERROR(get("rope_type", &rope->rope_type));
+  if (rope->rope_type == "default" && !Has(params, "rope_type")) {
+    MOE_RETURN_IF_ERROR(get("type", &rope->rope_type));
+  }
+  MOE_RETURN_IF_ERROR(get("rope_theta", &rope->rope_theta));
+  MOE_RETURN_IF_ERROR(get("factor", &rope->factor));
+  MOE_RETURN_IF_ERROR(get("partial_rotary_factor", &rope->partial_rotary_factor));
+  MOE_RETURN_IF_ERROR(get("original_max_position_embeddings",
+                          &rope->original_max_position_embeddings));
+  MOE_RETURN_IF_ERROR(get("attention_factor", &rope->attention_factor));
+  MOE_RETURN_IF_ERROR(get("beta_fast", &rope->beta_fast));
+  MOE_RETURN_IF_ERROR(get("beta_slow", &rope->beta_slow));
+  MOE_RETURN_IF_ERROR(get("mscale", &rope->mscale));
+  MOE_RETURN_IF_ERROR(get("mscale_all_dim", &rope->mscale_all_dim));
+  MOE_RETURN_IF_ERROR(get("truncate", &rope->truncate));
+  MOE_RETURN_IF_ERROR(get("low_freq_factor", &rope->low_freq_factor));
+  MOE_RETURN_IF_ERROR(get("high_freq_factor", &rope->high_freq_factor));
+  static const char* kSupported[] = {"default", "linear", "yarn", "llama3"};
+  if (std::find(std::begin(kSupported), std::end(kSupported), rope->rope_type) ==
+      std::end(kSupported)) {
+    return absl::UnimplementedError(absl::StrCat("config.json: rope type '", rope->rope_type,
+                                                 "' is not supported (default, linear, yarn, llama3)"));
+  }
+  if (rope->factor <= 0) return absl::InvalidArgumentError("config.json: rope factor must be > 0");
+  return absl::OkStatus();
+}
+
+// eos_token_id may be an int or a list of ints.
+absl::Status ReadEos(const json& j, std::vector<int32_t>* out) {
+  if (!Has(j, "eos_token_id")) return absl::OkStatus();
+  out->clear();
+  try {
+    if (j["eos_token_id"].is_array()) {
+      for (const auto& v : j["eos_token_id"]) out->push_back(v.get<int32_t>());
+    } else {
+      out->push_back(j["eos_token_id"].get<int32_t>());
+    }
+  } catch (const json::exception&) {
+    return absl::InvalidArgumentError("eos_token_id is neither an integer nor a list of integers");
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+}  // namespace
+
+bool ModelConfig::IsSparseLayer(int64_t layer) const {
+  if (num_experts <= 0) return false;
+  if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
+    return false;
+  }
+  return (layer + 1) % decoder_sparse_step == 0;
+}
+
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
+                                             const std::string& generation_config_json) {
+  MOE_ASSIGN_OR_RETURN(json cfg, ParseJson(config_json, "config.json"));
+  ModelConfig c;
+  std::string model_type;
+  MOE_RETURN_IF_ERROR(Read(cfg, "model_type", &model_type, true));
+  MOE_ASSIGN_OR_RETURN(c.arch, FindArchitecture(model_type));
+  const Architecture& a = c.arch;
+
+  MOE_RETURN_IF_ERROR(Read(cfg, "vocab_size", &c.vocab_size, true));
+  MOE_RETURN_IF_ERROR(Read(cfg, "hidden_size", &c.hidden_size, true));
+  MOE_RETURN_IF_ERROR(Read(cfg, "num_hidden_layers", &c.num_hidden_layers, true));
+  MOE_RETURN_IF_ERROR(Read(cfg, "num_attention_heads", &c.num_attention_heads, true));
+  c.num_key_value_heads = c.num_attention_heads;
+  MOE_RETURN_IF_ERROR(Read(cfg, "num_key_value_heads", &c.num_key_value_heads, false));
+  MOE_RETURN_IF_ERROR(Read(cfg, "head_dim", &c.head_dim, false));
+  MOE_RETURN_IF_ERROR(Read(cfg, "intermediate_size", &c.intermediate_size, false));
+  for (const std::string& f : a.num_experts_fields) {
+    if (Has(cfg, f)) {
+      MOE_RETURN_IF_ERROR(Read(cfg, f, &c.num_experts, true));
+      break;
+    }
+  }
+  for (const std::string& f : a.expert_width_fields) {
+    if (Has(cfg, f)) {
+      MOE_RETURN_IF_ERROR(Read(cfg, f, &c.moe_intermediate_size, true));
+      break;
+    }
+  }
+  MOE_RETURN_IF_ERROR(Read(cfg, "num_experts_per_tok", &c.num_experts_per_tok, true));
+  if (a.has_shared_expert) {
+    MOE_RETURN_IF_ERROR(Read(cfg, "shared_expert_intermediate_size",
+                             &c.shared_expert_intermediate_size, true));
+  }
+  c.norm_topk_prob = a.always_renormalize || a.default_norm_topk_prob;
+  if (!a.always_renormalize) MOE_RETURN_IF_ERROR(Read(cfg, "norm_topk_prob", &c.norm_topk_prob, false));
+  if (a.reads_sparse_step) {
+    MOE_RETURN_IF_ERROR(Read(cfg, "decoder_sparse_step", &c.decoder_sparse_step, false));
+    MOE_RETURN_IF_ERROR(Read(cfg, "mlp_only_layers", &c.mlp_only_layers, false));
+  }
+  MOE_RETURN_IF_ERROR(Read(cfg, "rms_norm_eps", &c.rms_norm_eps, false));
+  MOE_RETURN_IF_ERROR(Read(cfg, "max_position_embeddings", &c.max_position_embeddings, true));
+  MOE_RETURN_IF_ERROR(Read(cfg, "tie_word_embeddings", &c.tie_word_embeddings, false));
+  c.attention_bias = a.default_qkv_bias;
+  MOE_RETURN_IF_ERROR(Read(cfg, a.qkv_bias_field, &c.attention_bias, false));
+  MOE_RETURN_IF_ERROR(Read(cfg, "clip_qkv", &c.clip_qkv, false));
+  // Sliding window applies when set, unless the family gates it with use_sliding_window.
+  bool use_sliding_window = true;
+  MOE_RETURN_IF_ERROR(Read(cfg, "use_sliding_window", &use_sliding_window, false));
+  if (use_sliding_window) MOE_RETURN_IF_ERROR(Read(cfg, "sliding_window", &c.sliding_window, false));
+  MOE_RETURN_IF_ERROR(ReadRope(cfg, &c.rope));
+  MOE_RETURN_IF_ERROR(ReadEos(cfg, &c.eos_token_ids));
+  MOE_RETURN_IF_ERROR(Read(cfg, "bos_token_id", &c.bos_token_id, false));
+  if (!generation_config_json.empty()) {
+    MOE_ASSIGN_OR_RETURN(json gen, ParseJson(generation_config_json, "generation_config.json"));
+    MOE_RETURN_IF_ERROR(base::Annotate(ReadEos(gen, &c.eos_token_ids), "generation_config.json"));
+    MOE_RETURN_IF_ERROR(Read(gen, "bos_token_id", &c.bos_token_id, false));
+  }
+
+  // Consistency: every check names the field.
+  if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
+  auto positive = [](int64_t v, const char* name) -> absl::Status {
+    if (v > 0) return absl::OkStatus();
+    return absl::InvalidArgumentError(absl::StrCat("config.json: '", name, "' must be > 0, got ", v));
+  };
+  MOE_RETURN_IF_ERROR(positive(c.vocab_size, "vocab_size"));
+  MOE_RETURN_IF_ERROR(positive(c.hidden_size, "hidden_size"));
+  MOE_RETURN_IF_ERROR(positive(c.num_hidden_layers, "num_hidden_layers"));
+  MOE_RETURN_IF_ERROR(positive(c.num_attention_heads, "num_attention_heads"));
+  MOE_RETURN_IF_ERROR(positive(c.num_key_value_heads, "num_key_value_heads"));
+  MOE_RETURN_IF_ERROR(positive(c.head_dim, "head_dim"));
+  MOE_RETURN_IF_ERROR(positive(c.num_experts, a.num_experts_fields.front().c_str()));
+  MOE_RETURN_IF_ERROR(positive(c.moe_intermediate_size, a.expert_width_fields.front().c_str()));
+  MOE_RETURN_IF_ERROR(positive(c.decoder_sparse_step, "decoder_sparse_step"));
+  MOE_RETURN_IF_ERROR(positive(c.max_position_embeddings, "max_position_embeddings"));
+  if (c.num_attention_heads % c.num_key_value_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: num_attention_heads ", c.num_attention_heads,
+        " is not a multiple of num_key_value_heads ", c.num_key_value_heads));
+  }
+  if (c.num_experts_per_tok <= 0 || c.num_experts_per_tok > c.num_experts) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: num_experts_per_tok ",
+                                                   c.num_experts_per_tok, " must be in [1, ",
+                                                   c.num_experts, "]"));
+  }
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (!c.IsSparseLayer(l)) MOE_RETURN_IF_ERROR(positive(c.intermediate_size, "intermediate_size"));
+  }
+  if (c.rope.original_max_position_embeddings == 0) {
+    c.rope.original_max_position_embeddings = c.max_position_embeddings;
+  }
+  return c;
+}
+
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir) {
+  namespace fs = std::filesystem;
+  const std::string config_path = (fs::path(dir) / "config.json").string();
+  auto config_text = ReadFile(config_path);
+  if (!config_text.ok()) {
+    return absl::NotFoundError(absl::StrCat(dir, ": no config.json (is this a Hugging Face model directory?)"));
+  }
+  std::string gen_text;
+  const std::string gen_path = (fs::path(dir) / "generation_config.json").string();
+  std::error_code ec;
+  if (fs::exists(gen_path, ec)) {
+    MOE_ASSIGN_OR_RETURN(gen_text, ReadFile(gen_path));
+  }
+  auto config = ParseModelConfig(*config_text, gen_text);
+  if (!config.ok()) return base::Annotate(config.status(), dir);
+  return config;
+}
+
+}  // namespace moe::engine

@@ -1,0 +1,71 @@
+// ModelConfig: config.json and generation_config.json of a Hugging Face model directory. Fields
+// keep their Hugging Face names; per-architecture differences are data (architecture.h).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/architecture.h"
+
+namespace moe::engine {
+
+// RoPE parameters as transformers 5 reads them: rope_parameters.X, else top-level X, else
+// rope_scaling.X ("type" is an alias of "rope_type").
+struct RopeConfig {
+  std::string rope_type = "default";  // default | linear | yarn | llama3
+  double rope_theta = 10000.0;
+  double factor = 1.0;
+  double partial_rotary_factor = 1.0;
+  int64_t original_max_position_embeddings = 0;  // 0: max_position_embeddings
+  // yarn
+  double attention_factor = 0.0;  // 0: derived from factor (and mscale/mscale_all_dim)
+  double beta_fast = 32.0, beta_slow = 1.0, mscale = 0.0, mscale_all_dim = 0.0;
+  bool truncate = true;
+  // llama3
+  double low_freq_factor = 1.0, high_freq_factor = 4.0;
+};
+
+struct ModelConfig {
+  Architecture arch;  // from model_type
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t num_hidden_layers = 0;
+  int64_t num_attention_heads = 0;
+  int64_t num_key_value_heads = 0;
+  int64_t head_dim = 0;           // Default: hidden_size / num_attention_heads
+  int64_t intermediate_size = 0;  // dense MLP width (layers without experts)
+  int64_t moe_intermediate_size = 0;  // expert width
+  int64_t shared_expert_intermediate_size = 0;
+  int64_t num_experts = 0;
+  int64_t num_experts_per_tok = 0;
+  bool norm_topk_prob = false;
+  int64_t decoder_sparse_step = 1;
+  std::vector<int64_t> mlp_only_layers;
+  double rms_norm_eps = 1e-6;
+  int64_t max_position_embeddings = 0;
+  bool tie_word_embeddings = false;
+  bool attention_bias = false;  // q/k/v biases
+  double clip_qkv = 0.0;        // 0: no clipping (olmoe)
+  int64_t sliding_window = 0;   // 0: full attention
+  RopeConfig rope;
+
+  // generation_config.json (falls back to config.json's values)
+  std::vector<int32_t> eos_token_ids;
+  int32_t bos_token_id = -1;
+
+  // True when `layer` routes to experts (transformers: not in mlp_only_layers and
+  // num_experts > 0 and (layer + 1) % decoder_sparse_step == 0).
+  bool IsSparseLayer(int64_t layer) const;
+};
+
+// Reads dir/config.json and, if present, dir/generation_config.json.
+// NotFound: no config.json. InvalidArgument: malformed JSON, a missing or inconsistent field
+// (named). Unimplemented: a model_type or rope type this engine does not run.
+absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
+// The same from JSON text (generation_config may be empty).
+absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
+                                             const std::string& generation_config_json);
+
+}  // namespace moe::engine

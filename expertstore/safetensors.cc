@@ -1,0 +1,201 @@
+// Checkpoint: parse each file's header (u64 little-endian length + JSON), validate every entry
+// against the file size before any tensor is handed out.
+#include "expertstore/safetensors.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "kernels/base/status.h"
+#include "nlohmann/json.hpp"
+
+namespace moe::store {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+absl::StatusOr<std::unique_ptr<MappedFile>> MappedFile::Open(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    const int err = errno;
+    if (err == ENOENT) return absl::NotFoundError(absl::StrCat(path, ": no such file"));
+    return absl::InternalError(absl::StrCat(path, ": open: ", std::strerror(err)));
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    const int err = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat(path, ": stat: ", std::strerror(err)));
+  }
+  const size_t size = static_cast<size_t>(st.st_size);
+  void* data = nullptr;
+  if (size > 0) {
+    data = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (data == MAP_FAILED) {
+      const int err = errno;
+      ::close(fd);
+      return absl::InternalError(absl::StrCat(path, ": mmap: ", std::strerror(err)));
+    }
+  }
+  ::close(fd);
+  return std::unique_ptr<MappedFile>(new MappedFile(path, static_cast<const uint8_t*>(data), size));
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+namespace {
+
+absl::StatusOr<kernels::DType> ParseDType(const std::string& s, const std::string& where) {
+  if (s == "F32") return kernels::DType::kF32;
+  if (s == "F16") return kernels::DType::kF16;
+  if (s == "BF16") return kernels::DType::kBF16;
+  return absl::UnimplementedError(
+      absl::StrCat(where, ": dtype ", s, " is not supported (F32, F16, BF16)"));
+}
+
+}  // namespace
+
+absl::Status Checkpoint::AddFile(const std::string& path) {
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<MappedFile> file, MappedFile::Open(path));
+  if (file->size() < 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: ", file->size(),
+                                            " bytes, shorter than the 8-byte header length"));
+  }
+  uint64_t header_len = 0;
+  std::memcpy(&header_len, file->data(), 8);  // little-endian on every machine we build for
+  if (header_len > file->size() - 8) {
+    return absl::DataLossError(absl::StrCat(path, ": truncated: header claims ", header_len,
+                                            " bytes but the file has ", file->size()));
+  }
+  json header;
+  try {
+    header = json::parse(file->data() + 8, file->data() + 8 + header_len);
+  } catch (const json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header is not JSON: ", e.what()));
+  }
+  if (!header.is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(path, ": header is not a JSON object"));
+  }
+  const uint64_t data_start = 8 + header_len;
+  const uint64_t data_size = file->size() - data_start;
+  for (const auto& [name, entry] : header.items()) {
+    if (name == "__metadata__") continue;
+    const std::string where = absl::StrCat(path, ": tensor '", name, "'");
+    try {
+      TensorInfo info;
+      info.name = name;
+      MOE_ASSIGN_OR_RETURN(info.dtype, ParseDType(entry.at("dtype").get<std::string>(), where));
+      uint64_t numel = 1;
+      for (const auto& d : entry.at("shape")) {
+        const int64_t v = d.get<int64_t>();
+        if (v < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative dimension"));
+        info.shape.push_back(v);
+        numel *= static_cast<uint64_t>(v);
+      }
+      const auto& offsets = entry.at("data_offsets");
+      if (!offsets.is_array() || offsets.size() != 2) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": data_offsets is not [begin, end]"));
+      }
+      const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+      if (begin > end || end > data_size) {
+        return absl::DataLossError(absl::StrCat(where, ": data_offsets [", begin, ", ", end,
+                                                ") outside the ", data_size,
+                                                " data bytes (truncated file?)"));
+      }
+      info.bytes = end - begin;
+      if (info.bytes != numel * kernels::DTypeSize(info.dtype)) {
+        return absl::DataLossError(absl::StrCat(where, ": ", info.bytes, " bytes for ", numel,
+                                                " elements of ", kernels::DTypeName(info.dtype)));
+      }
+      info.file = file.get();
+      info.offset = data_start + begin;
+      if (tensors_.count(name)) {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": tensor appears in two files"));
+      }
+      tensors_.emplace(name, std::move(info));
+    } catch (const json::exception& e) {
+      return absl::InvalidArgumentError(absl::StrCat(where, ": malformed entry: ", e.what()));
+    }
+  }
+  files_.push_back(std::move(file));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+  auto ckpt = std::unique_ptr<Checkpoint>(new Checkpoint());
+  const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
+  std::error_code ec;
+  if (fs::exists(index_path, ec)) {
+    std::ifstream in(index_path);
+    json index;
+    try {
+      index = json::parse(in);
+    } catch (const json::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(index_path.string(), ": not valid JSON: ", e.what()));
+    }
+    if (!index.contains("weight_map") || !index["weight_map"].is_object()) {
+      return absl::InvalidArgumentError(absl::StrCat(index_path.string(), ": no weight_map object"));
+    }
+    std::set<std::string> shards;
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      if (!shard.is_string()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(index_path.string(), ": weight_map['", name, "'] is not a file name"));
+      }
+      shards.insert(shard.get<std::string>());
+    }
+    for (const std::string& shard : shards) {
+      MOE_RETURN_IF_ERROR(ckpt->AddFile((fs::path(dir) / shard).string()));
+    }
+    for (const auto& [name, shard] : index["weight_map"].items()) {
+      if (!ckpt->Has(name)) {
+        return absl::DataLossError(absl::StrCat(index_path.string(), ": tensor '", name,
+                                                "' is not in its shard ", shard.get<std::string>()));
+      }
+    }
+    return ckpt;
+  }
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    if (entry.path().extension() == ".safetensors") files.push_back(entry.path().string());
+  }
+  if (ec) return absl::NotFoundError(absl::StrCat(dir, ": cannot list directory: ", ec.message()));
+  if (files.empty()) return absl::NotFoundError(absl::StrCat(dir, ": no *.safetensors files"));
+  std::sort(files.begin(), files.end());
+  for (const std::string& f : files) MOE_RETURN_IF_ERROR(ckpt->AddFile(f));
+  return ckpt;
+}
+
+absl::StatusOr<kernels::TensorView> Checkpoint::Get(
+    const std::string& name, const std::vector<int64_t>& expected_shape) const {
+  auto it = tensors_.find(name);
+  if (it == tensors_.end()) return absl::NotFoundError(absl::StrCat("tensor '", name, "' is missing"));
+  const TensorInfo& info = it->second;
+  if (!expected_shape.empty() && info.shape != expected_shape) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensor '", name, "' in ", info.file->path(), " has shape [", absl::StrJoin(info.shape, ","),
+        "], expected [", absl::StrJoin(expected_shape, ","), "]"));
+  }
+  if (info.shape.size() > 4) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has rank > 4"));
+  }
+  kernels::TensorView v;
+  v.data = info.file->data() + info.offset;
+  v.dtype = info.dtype;
+  v.rank = static_cast<int>(info.shape.size());
+  for (int i = 0; i < v.rank; ++i) v.shape[i] = info.shape[i];
+  return v;
+}
+
+}  // namespace moe::store

@@ -1,0 +1,66 @@
+// Memory-mapped reader for Hugging Face safetensors checkpoints, single file or sharded
+// (model.safetensors.index.json). The engine and the importer both read weights through it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "kernels/tensor.h"
+
+namespace moe::store {
+
+// One mapped file. Move-only; unmaps on destruction.
+class MappedFile {
+ public:
+  // NotFound when the file does not exist; Internal for other mmap/open failures.
+  static absl::StatusOr<std::unique_ptr<MappedFile>> Open(const std::string& path);
+  ~MappedFile();
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+
+ private:
+  MappedFile(std::string path, const uint8_t* data, size_t size)
+      : path_(std::move(path)), data_(data), size_(size) {}
+  std::string path_;
+  const uint8_t* data_;
+  size_t size_;
+};
+
+struct TensorInfo {
+  std::string name;
+  kernels::DType dtype;
+  std::vector<int64_t> shape;
+  const MappedFile* file = nullptr;
+  uint64_t offset = 0;  // absolute, in file
+  uint64_t bytes = 0;
+};
+
+// All tensors of a checkpoint directory, by name. The views stay valid while this object lives.
+class Checkpoint {
+ public:
+  // Opens `dir`/model.safetensors.index.json if present, else every `dir`/*.safetensors.
+  // NotFound: no safetensors in dir, or a shard named by the index is missing.
+  // DataLoss: a truncated file, a header whose offsets lie outside the file or do not match the
+  // shape and dtype. InvalidArgument: malformed header JSON or index. Unimplemented: a dtype other
+  // than F32/F16/BF16. Messages name the file and the tensor.
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
+
+  bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
+  // NotFound names the tensor; InvalidArgument when its shape is not `expected_shape`
+  // (an empty expected shape accepts any).
+  absl::StatusOr<kernels::TensorView> Get(const std::string& name,
+                                          const std::vector<int64_t>& expected_shape = {}) const;
+  const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
+
+ private:
+  absl::Status AddFile(const std::string& path);
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::map<std::string, TensorInfo> tensors_;
+};
+
+}  // namespace moe::store

@@ -1,0 +1,175 @@
+// The compute primitives of the forward pass behind one interface; cpu/ is the reference backend.
+//
+// Legend: T tokens in the step, H hidden size, I expert (or MLP) width, E experts, K top-k,
+// NH query heads, NKV key/value heads, D head dim, S cached positions, V vocabulary.
+// Activations are fp32 in the backend's memory; weights may be fp32/fp16/bf16 (see tensor.h).
+// Shapes are row-major; a linear layer's weight is [out, in] as in Hugging Face checkpoints.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/tensor.h"
+
+namespace moe::kernels {
+
+enum class BackendKind { kCpu, kCuda };
+const char* BackendKindName(BackendKind kind);
+
+// Memory owned by a backend (host memory for the CPU backend, VRAM for CUDA). Move-only.
+class Buffer {
+ public:
+  Buffer() = default;
+  Buffer(void* data, size_t bytes, std::function<void(void*)> free)
+      : data_(data), bytes_(bytes), free_(std::move(free)) {}
+  Buffer(Buffer&& other) noexcept { *this = std::move(other); }
+  Buffer& operator=(Buffer&& other) noexcept {
+    Reset();
+    data_ = std::exchange(other.data_, nullptr);
+    bytes_ = std::exchange(other.bytes_, 0);
+    free_ = std::move(other.free_);
+    return *this;
+  }
+  ~Buffer() { Reset(); }
+
+  void* data() const { return data_; }
+  float* f32() const { return static_cast<float*>(data_); }
+  size_t bytes() const { return bytes_; }
+
+ private:
+  void Reset() {
+    if (data_ != nullptr && free_) free_(data_);
+    data_ = nullptr;
+    bytes_ = 0;
+  }
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+  std::function<void(void*)> free_;
+};
+
+// A weight resident where the backend computes: `view` points into `storage`, or, on a backend
+// that computes in host memory, straight at the caller's bytes (storage empty, nothing copied).
+struct DeviceTensor {
+  Buffer storage;
+  TensorView view;
+};
+
+// One expert's SwiGLU MLP: Down(SiLU(Gate x) * Up x). gate, up: [I, H]; down: [H, I].
+struct ExpertWeights {
+  TensorView gate;
+  TensorView up;
+  TensorView down;
+};
+
+// One expert's share of a grouped expert call: rows [row_begin, row_begin + row_count) of
+// ExpertFfnArgs::rows / row_weights are the tokens routed to it.
+struct ExpertWork {
+  const ExpertWeights* weights = nullptr;
+  int64_t row_begin = 0;
+  int64_t row_count = 0;
+};
+
+// For each expert e and each of its routed rows r:
+//   out[rows[r]] += row_weights[r] * Down_e(SiLU(Gate_e x[rows[r]]) * Up_e x[rows[r]])
+// Experts run in the order given; the result does not depend on the thread count.
+struct ExpertFfnArgs {
+  float* out = nullptr;              // [T, H], accumulated into
+  const float* x = nullptr;          // [T, H]
+  int64_t num_tokens = 0;            // T
+  int64_t hidden_size = 0;           // H
+  absl::Span<const ExpertWork> experts;
+  const int32_t* rows = nullptr;     // [R] token index per routed row, grouped by expert
+  const float* row_weights = nullptr;  // [R]
+};
+
+// Causal attention of T new tokens at positions start_pos.. over a contiguous per-sequence cache
+// whose first start_pos + T positions are filled (the new tokens' keys and values included):
+//   out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, h / (NH / NKV)]) v[s, h / (NH / NKV)]
+// over s <= start_pos + t, and s > start_pos + t - sliding_window when sliding_window > 0.
+struct AttentionArgs {
+  float* out = nullptr;          // [T, NH, D]
+  const float* q = nullptr;      // [T, NH, D], RoPE applied
+  const float* k_cache = nullptr;  // [S, NKV, D]
+  const float* v_cache = nullptr;  // [S, NKV, D]
+  int64_t num_tokens = 0;
+  int64_t start_pos = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 1.f;
+  int64_t sliding_window = 0;
+};
+
+// Router: probs = softmax(logits[t]) over E; the K largest (ties to the lower expert id) are kept;
+// with renormalize they are divided by their sum (norm_topk_prob), else left as probabilities.
+struct RouteArgs {
+  const float* logits = nullptr;  // [T, E]
+  int64_t num_tokens = 0;
+  int num_experts = 0;
+  int top_k = 0;
+  bool renormalize = false;
+  float* weights = nullptr;       // [T, K] out, descending
+  int32_t* expert_ids = nullptr;  // [T, K] out
+};
+
+// RoPE in the rotate-half layout: for i < rot/2 the pair (x[i], x[i + rot/2]) is rotated by
+// position * inv_freq[i]; both parts are scaled by attention_factor (YaRN's mscale, else 1).
+// Dimensions at or past rotary_dim pass through (partial rotary).
+struct RopeArgs {
+  float* x = nullptr;                // [T, heads, D], rotated in place
+  const int32_t* positions = nullptr;  // [T], host memory
+  int64_t num_tokens = 0;
+  int num_heads = 0;
+  int head_dim = 0;
+  int rotary_dim = 0;                // even, <= head_dim
+  const float* inv_freq = nullptr;   // [rotary_dim / 2], host memory
+  float attention_factor = 1.f;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual BackendKind kind() const = 0;
+
+  // Memory. ResourceExhausted names the request when the backend cannot allocate it.
+  virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
+  // Makes a host weight readable by this backend's ops (a copy, or the same bytes on the CPU).
+  virtual absl::StatusOr<DeviceTensor> Upload(const TensorView& host) = 0;
+  virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
+  virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  // Waits for all queued work (a no-op for the synchronous CPU backend).
+  virtual void Synchronize() = 0;
+
+  // out[t] = table[ids[t]]. table: [V, H]; ids: [T] host memory, each < V.
+  virtual void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) = 0;
+  // out[T, N] = x[T, K] w[N, K]^T (+ bias[N] when bias is non-null).
+  virtual void MatMul(float* out, const float* x, int64_t T, const TensorView& w,
+                      const TensorView* bias) = 0;
+  // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of length weight.numel().
+  virtual void RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
+                       float eps) = 0;
+  virtual void Rope(const RopeArgs& args) = 0;
+  virtual void Attention(const AttentionArgs& args) = 0;
+  virtual void Route(const RouteArgs& args) = 0;
+  virtual void ExpertFfn(const ExpertFfnArgs& args) = 0;
+  // out[i] += x[i]
+  virtual void Add(float* out, const float* x, int64_t n) = 0;
+  // x[i] = 1 / (1 + exp(-x[i]))
+  virtual void Sigmoid(float* x, int64_t n) = 0;
+};
+
+struct BackendOptions {
+  // CPU backend threads; 0 = all hardware threads. Default: 0.
+  int num_threads = 0;
+};
+
+// Unimplemented when the kind was not built into this binary.
+absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(BackendKind kind,
+                                                     const BackendOptions& options);
+
+}  // namespace moe::kernels

@@ -1,0 +1,59 @@
+// CpuBackend: memory is the heap; copies are memcpy.
+#include "kernels/cpu/cpu_backend.h"
+
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/bytes.h"
+
+namespace moe::kernels {
+
+CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {}
+
+absl::StatusOr<Buffer> CpuBackend::Allocate(size_t bytes) {
+  // 64-byte alignment for vector loads; aligned_alloc wants a multiple of the alignment.
+  const size_t rounded = (bytes + 63) / 64 * 64;
+  void* p = rounded == 0 ? nullptr : std::aligned_alloc(64, rounded);
+  if (p == nullptr && rounded != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cpu backend: cannot allocate ", base::FormatBytes(bytes)));
+  }
+  return Buffer(p, bytes, [](void* q) { std::free(q); });
+}
+
+absl::StatusOr<DeviceTensor> CpuBackend::Upload(const TensorView& host) {
+  DeviceTensor t;
+  t.view = host;  // host memory is where this backend computes: no copy
+  return t;
+}
+
+void CpuBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void CpuBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  std::memcpy(dst, src, bytes);
+}
+void CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  std::memmove(dst, src, bytes);
+}
+
+void CpuBackend::Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) {
+  MOE_CHECK(table.rank == 2) << "Embed: table rank " << table.rank;
+  const int64_t V = table.dim(0), H = table.dim(1);
+  for (int64_t t = 0; t < T; ++t) {
+    MOE_CHECK(ids[t] >= 0 && ids[t] < V) << "Embed: id " << ids[t] << " outside vocab " << V;
+    for (int64_t h = 0; h < H; ++h) out[t * H + h] = table.at(ids[t] * H + h);
+  }
+}
+
+void CpuBackend::Add(float* out, const float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] += x[i];
+}
+
+void CpuBackend::Sigmoid(float* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = 1.f / (1.f + std::exp(-x[i]));
+}
+
+}  // namespace moe::kernels

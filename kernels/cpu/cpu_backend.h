@@ -1,0 +1,41 @@
+// The CPU reference backend: plain loops, fp32 accumulation, parallel over output rows only, so
+// results do not depend on the thread count. Each op family's code is in the file of its name.
+#pragma once
+
+#include <memory>
+
+#include "kernels/backend.h"
+#include "kernels/base/thread_pool.h"
+
+namespace moe::kernels {
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(int num_threads);
+
+  BackendKind kind() const override { return BackendKind::kCpu; }
+
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* dst, const void* src, size_t bytes) override;
+  void CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  void Synchronize() override {}
+
+  void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) override;
+  void MatMul(float* out, const float* x, int64_t T, const TensorView& w,
+              const TensorView* bias) override;
+  void RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
+               float eps) override;
+  void Rope(const RopeArgs& args) override;
+  void Attention(const AttentionArgs& args) override;
+  void Route(const RouteArgs& args) override;
+  void ExpertFfn(const ExpertFfnArgs& args) override;
+  void Add(float* out, const float* x, int64_t n) override;
+  void Sigmoid(float* x, int64_t n) override;
+
+ private:
+  base::ThreadPool pool_;
+};
+
+}  // namespace moe::kernels

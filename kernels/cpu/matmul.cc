@@ -1,0 +1,64 @@
+// MatMul and RmsNorm on the CPU: one output row of the weight per task, fp32 accumulation.
+#include <cmath>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace moe::kernels {
+namespace {
+
+// Dot product of an fp32 vector with row `n` of w (any float dtype), fp32 accumulation in
+// four lanes so the compiler can vectorise without -ffast-math.
+float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
+  float acc[4] = {0, 0, 0, 0};
+  int64_t k = 0;
+  switch (w.dtype) {
+    case DType::kF32: {
+      const float* row = static_cast<const float*>(w.data) + n * K;
+      for (; k + 4 <= K; k += 4) {
+        for (int j = 0; j < 4; ++j) acc[j] += x[k + j] * row[k + j];
+      }
+      for (; k < K; ++k) acc[0] += x[k] * row[k];
+      break;
+    }
+    case DType::kBF16:
+    case DType::kF16: {
+      const uint16_t* row = static_cast<const uint16_t*>(w.data) + n * K;
+      const bool bf16 = w.dtype == DType::kBF16;
+      for (; k < K; ++k) acc[k & 3] += x[k] * (bf16 ? Bf16ToF32(row[k]) : F16ToF32(row[k]));
+      break;
+    }
+  }
+  return (acc[0] + acc[1]) + (acc[2] + acc[3]);
+}
+
+}  // namespace
+
+void CpuBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
+                        const TensorView* bias) {
+  MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
+  const int64_t N = w.dim(0), K = w.dim(1);
+  MOE_CHECK(bias == nullptr || bias->numel() == N) << "MatMul: bias " << bias->numel() << " vs " << N;
+  // Parallel over weight rows: each weight row is read once per call, whatever T is.
+  pool_.ParallelFor(N, [&](int64_t begin, int64_t end) {
+    for (int64_t n = begin; n < end; ++n) {
+      const float b = bias ? bias->at(n) : 0.f;
+      for (int64_t t = 0; t < T; ++t) out[t * N + n] = DotRow(x + t * K, w, n, K) + b;
+    }
+  });
+}
+
+void CpuBackend::RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
+                         float eps) {
+  const int64_t H = weight.numel();
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xr = x + r * H;
+    float sum = 0.f;
+    for (int64_t h = 0; h < H; ++h) sum += xr[h] * xr[h];
+    // transformers: x * rsqrt(mean(x^2) + eps), then * weight
+    const float inv = 1.f / std::sqrt(sum / static_cast<float>(H) + eps);
+    for (int64_t h = 0; h < H; ++h) out[r * H + h] = xr[h] * inv * weight.at(h);
+  }
+}
+
+}  // namespace moe::kernels

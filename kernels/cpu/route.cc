@@ -1,0 +1,36 @@
+// Router on the CPU: softmax over experts, top-k with ties to the lower id, optional renormalise.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace moe::kernels {
+
+void CpuBackend::Route(const RouteArgs& a) {
+  MOE_CHECK(a.top_k > 0 && a.top_k <= a.num_experts)
+      << "Route: top_k " << a.top_k << " of " << a.num_experts;
+  const int E = a.num_experts, K = a.top_k;
+  std::vector<float> probs(E);
+  std::vector<int> order(E);
+  for (int64_t t = 0; t < a.num_tokens; ++t) {
+    const float* logits = a.logits + t * E;
+    const float max_logit = *std::max_element(logits, logits + E);
+    float sum = 0.f;
+    for (int e = 0; e < E; ++e) sum += probs[e] = std::exp(logits[e] - max_logit);
+    for (int e = 0; e < E; ++e) probs[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + K, order.end(), [&](int x, int y) {
+      return probs[x] > probs[y] || (probs[x] == probs[y] && x < y);
+    });
+    float top_sum = 0.f;
+    for (int k = 0; k < K; ++k) top_sum += probs[order[k]];
+    for (int k = 0; k < K; ++k) {
+      a.expert_ids[t * K + k] = order[k];
+      a.weights[t * K + k] = a.renormalize ? probs[order[k]] / top_sum : probs[order[k]];
+    }
+  }
+}
+
+}  // namespace moe::kernels
