@@ -142,6 +142,7 @@ class Backend {
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
+  virtual void Zero(void* dst, size_t bytes) = 0;
   // Waits for all queued work (a no-op for the synchronous CPU backend).
   virtual void Synchronize() = 0;
 

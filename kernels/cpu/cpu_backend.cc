@@ -39,6 +39,8 @@ void CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
   std::memmove(dst, src, bytes);
 }
 
+void CpuBackend::Zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
+
 void CpuBackend::Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) {
   MOE_CHECK(table.rank == 2) << "Embed: table rank " << table.rank;
   const int64_t V = table.dim(0), H = table.dim(1);

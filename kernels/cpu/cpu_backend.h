@@ -20,6 +20,7 @@ class CpuBackend final : public Backend {
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  void Zero(void* dst, size_t bytes) override;
   void Synchronize() override {}
 
   void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) override;

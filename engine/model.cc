@@ -1,0 +1,319 @@
+// Model::Forward: embed -> per layer (attention, then MoE or dense MLP) -> norm -> lm_head.
+#include "engine/model.h"
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <numeric>
+
+#include "absl/strings/str_cat.h"
+#include "expertstore/checkpoint_provider.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/status.h"
+
+namespace moe::engine {
+namespace {
+
+absl::Status Alloc(kernels::Backend& b, kernels::Buffer* buf, size_t bytes) {
+  MOE_ASSIGN_OR_RETURN(*buf, b.Allocate(bytes));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig& c,
+                                                               kernels::Backend& backend,
+                                                               int64_t capacity) {
+  auto kv = std::unique_ptr<SequenceKv>(new SequenceKv());
+  kv->capacity_ = capacity;
+  const size_t bytes = static_cast<size_t>(capacity * c.num_key_value_heads * c.head_dim) * 4;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    MOE_RETURN_IF_ERROR(Alloc(backend, &kv->k_.emplace_back(), bytes));
+    MOE_RETURN_IF_ERROR(Alloc(backend, &kv->v_.emplace_back(), bytes));
+  }
+  return kv;
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                                   kernels::Backend& backend,
+                                                   std::unique_ptr<store::ExpertProvider> experts) {
+  MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
+  if (config.clip_qkv != 0.0) {
+    return absl::UnimplementedError(absl::StrCat(dir, ": clip_qkv is not supported"));
+  }
+  auto model = std::unique_ptr<Model>(new Model(std::move(config), backend));
+  const ModelConfig& c = model->config_;
+  auto ckpt = store::Checkpoint::Open(dir);
+  if (!ckpt.ok()) return base::Annotate(ckpt.status(), dir);
+  model->checkpoint_ = std::move(*ckpt);
+  auto weights = LoadDenseWeights(c, *model->checkpoint_, backend);
+  if (!weights.ok()) return base::Annotate(weights.status(), dir);
+  model->weights_ = std::move(*weights);
+  if (experts == nullptr) {
+    auto views = LoadExpertsFromCheckpoint(c, *model->checkpoint_, backend, &model->expert_storage_);
+    if (!views.ok()) return base::Annotate(views.status(), dir);
+    experts = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
+  }
+  model->experts_ = std::move(experts);
+  model->rope_ = ComputeRopeTable(c);
+  return model;
+}
+
+absl::Status Model::Reserve(int64_t T) {
+  if (T <= scratch_tokens_) return absl::OkStatus();
+  const ModelConfig& c = config_;
+  const size_t f = sizeof(float);
+  const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_key_value_heads * c.head_dim;
+  const int64_t K = c.num_experts_per_tok;
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &x_, T * c.hidden_size * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &h_, T * c.hidden_size * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &q_, T * q_dim * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &k_, T * kv_dim * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &v_, T * kv_dim * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &attn_, T * q_dim * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &mlp_out_, T * c.hidden_size * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &router_logits_, T * c.num_experts * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &route_weights_, T * K * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &route_ids_, T * K * sizeof(int32_t)));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &rows_, T * std::max<int64_t>(K, 1) * sizeof(int32_t)));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &row_weights_, T * std::max<int64_t>(K, 1) * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &ones_, T * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
+  const std::vector<float> ones(T, 1.f);
+  backend_.CopyToDevice(ones_.data(), ones.data(), T * f);
+  scratch_tokens_ = T;
+  return absl::OkStatus();
+}
+
+absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positions,
+                            std::vector<float>* logits) {
+  const ModelConfig& c = config_;
+  std::vector<int32_t> ids, positions;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    const ForwardItem& item = batch[i];
+    if (item.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("item ", i, ": no tokens"));
+    if (item.kv->length() + static_cast<int64_t>(item.tokens.size()) > item.kv->capacity()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", i, ": ", item.kv->length(), " cached + ", item.tokens.size(),
+                       " new tokens exceed the sequence's KV capacity ", item.kv->capacity()));
+    }
+    for (size_t t = 0; t < item.tokens.size(); ++t) {
+      const int32_t id = item.tokens[t];
+      if (id < 0 || id >= c.vocab_size) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
+      }
+      ids.push_back(id);
+      positions.push_back(static_cast<int32_t>(item.kv->length() + t));
+    }
+  }
+  const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
+  MOE_RETURN_IF_ERROR(Reserve(T));
+  backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
+
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    int64_t t0 = base::NowMicros();
+    backend_.RmsNorm(h_.f32(), x_.f32(), T, L.input_layernorm.view, c.rms_norm_eps);
+    kernels::RopeArgs rope;
+    rope.positions = positions.data();
+    rope.num_tokens = T;
+    rope.head_dim = static_cast<int>(c.head_dim);
+    rope.rotary_dim = rope_.rotary_dim;
+    rope.inv_freq = rope_.inv_freq.data();
+    rope.attention_factor = rope_.attention_factor;
+    backend_.MatMul(q_.f32(), h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
+    backend_.MatMul(k_.f32(), h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
+    backend_.MatMul(v_.f32(), h_.f32(), T, L.v_proj.view, c.attention_bias ? &L.v_bias.view : nullptr);
+    if (c.arch.qk_norm == QkNorm::kPerHead) {
+      backend_.RmsNorm(q_.f32(), q_.f32(), T * c.num_attention_heads, L.q_norm.view, c.rms_norm_eps);
+      backend_.RmsNorm(k_.f32(), k_.f32(), T * c.num_key_value_heads, L.k_norm.view, c.rms_norm_eps);
+    } else if (c.arch.qk_norm == QkNorm::kWholeProj) {
+      backend_.RmsNorm(q_.f32(), q_.f32(), T, L.q_norm.view, c.rms_norm_eps);
+      backend_.RmsNorm(k_.f32(), k_.f32(), T, L.k_norm.view, c.rms_norm_eps);
+    }
+    rope.x = q_.f32();
+    rope.num_heads = static_cast<int>(c.num_attention_heads);
+    backend_.Rope(rope);
+    rope.x = k_.f32();
+    rope.num_heads = static_cast<int>(c.num_key_value_heads);
+    backend_.Rope(rope);
+    MOE_RETURN_IF_ERROR(Attention(l, batch, T));
+    backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
+    backend_.Add(x_.f32(), h_.f32(), T * H);
+    times_.attention_us += base::NowMicros() - t0;
+
+    backend_.RmsNorm(h_.f32(), x_.f32(), T, L.post_attention_layernorm.view, c.rms_norm_eps);
+    if (L.sparse) {
+      MOE_RETURN_IF_ERROR(MoeBlock(l, T));
+    } else {
+      t0 = base::NowMicros();
+      DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, ones_.f32());
+      times_.dense_us += base::NowMicros() - t0;
+    }
+    backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
+  }
+
+  // Final norm and lm_head over the rows whose logits are wanted.
+  const int64_t t0 = base::NowMicros();
+  std::vector<int64_t> rows;
+  int64_t offset = 0;
+  for (const ForwardItem& item : batch) {
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    if (all_positions) {
+      for (int64_t t = 0; t < n; ++t) rows.push_back(offset + t);
+    } else {
+      rows.push_back(offset + n - 1);
+    }
+    offset += n;
+  }
+  for (size_t r = 0; r < rows.size(); ++r) {
+    backend_.CopyOnDevice(h_.f32() + r * H, x_.f32() + rows[r] * H, H * sizeof(float));
+  }
+  const int64_t R = static_cast<int64_t>(rows.size());
+  backend_.RmsNorm(h_.f32(), h_.f32(), R, weights_.norm.view, c.rms_norm_eps);
+  backend_.MatMul(logits_.f32(), h_.f32(), R, weights_.lm_head.view, nullptr);
+  logits->resize(R * c.vocab_size);
+  backend_.CopyToHost(logits->data(), logits_.data(), R * c.vocab_size * sizeof(float));
+  for (const ForwardItem& item : batch) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
+  times_.logits_us += base::NowMicros() - t0;
+  return absl::OkStatus();
+}
+
+absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T) {
+  const ModelConfig& c = config_;
+  const int64_t D = c.head_dim, q_dim = c.num_attention_heads * D, kv_dim = c.num_key_value_heads * D;
+  int64_t offset = 0;
+  for (const ForwardItem& item : batch) {
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    const int64_t start = item.kv->length();
+    float* k_cache = item.kv->k_[layer].f32();
+    float* v_cache = item.kv->v_[layer].f32();
+    backend_.CopyOnDevice(k_cache + start * kv_dim, k_.f32() + offset * kv_dim, n * kv_dim * sizeof(float));
+    backend_.CopyOnDevice(v_cache + start * kv_dim, v_.f32() + offset * kv_dim, n * kv_dim * sizeof(float));
+    kernels::AttentionArgs a;
+    a.out = attn_.f32() + offset * q_dim;
+    a.q = q_.f32() + offset * q_dim;
+    a.k_cache = k_cache;
+    a.v_cache = v_cache;
+    a.num_tokens = n;
+    a.start_pos = start;
+    a.num_heads = static_cast<int>(c.num_attention_heads);
+    a.num_kv_heads = static_cast<int>(c.num_key_value_heads);
+    a.head_dim = static_cast<int>(D);
+    a.scale = 1.f / std::sqrt(static_cast<float>(D));
+    a.sliding_window = c.sliding_window;
+    backend_.Attention(a);
+    offset += n;
+  }
+  return absl::OkStatus();
+}
+
+void Model::DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
+                     const float* row_weights) {
+  std::vector<int32_t> rows(T);
+  std::iota(rows.begin(), rows.end(), 0);
+  backend_.CopyToDevice(rows_.data(), rows.data(), T * sizeof(int32_t));
+  const kernels::ExpertWork work{&mlp, 0, T};
+  kernels::ExpertFfnArgs args;
+  args.out = out;
+  args.x = x;
+  args.num_tokens = T;
+  args.hidden_size = config_.hidden_size;
+  args.experts = absl::MakeConstSpan(&work, 1);
+  args.rows = static_cast<const int32_t*>(rows_.data());
+  args.row_weights = row_weights;
+  backend_.Zero(out, T * config_.hidden_size * sizeof(float));
+  backend_.ExpertFfn(args);
+}
+
+absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[layer];
+  const int64_t K = c.num_experts_per_tok, H = c.hidden_size;
+  int64_t t0 = base::NowMicros();
+
+  // Shared expert first (qwen2_moe): out = sigmoid(x . g) * SharedMlp(x); it also zeroes out.
+  if (c.arch.has_shared_expert) {
+    backend_.MatMul(gate_.f32(), h_.f32(), T, L.shared_expert_gate.view, nullptr);
+    backend_.Sigmoid(gate_.f32(), T);
+    DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, gate_.f32());
+  } else {
+    backend_.Zero(mlp_out_.data(), T * H * sizeof(float));
+  }
+
+  backend_.MatMul(router_logits_.f32(), h_.f32(), T, L.router.view, nullptr);
+  kernels::RouteArgs route;
+  route.logits = router_logits_.f32();
+  route.num_tokens = T;
+  route.num_experts = static_cast<int>(c.num_experts);
+  route.top_k = static_cast<int>(K);
+  route.renormalize = c.norm_topk_prob;
+  route.weights = route_weights_.f32();
+  route.expert_ids = static_cast<int32_t*>(route_ids_.data());
+  backend_.Route(route);
+  // The one host synchronisation per layer: the store must know which experts to make resident.
+  std::vector<int32_t> ids(T * K);
+  std::vector<float> weights(T * K);
+  backend_.CopyToHost(ids.data(), route_ids_.data(), ids.size() * sizeof(int32_t));
+  backend_.CopyToHost(weights.data(), route_weights_.data(), weights.size() * sizeof(float));
+
+  // Group the routed (token, weight) rows by expert, experts in ascending id.
+  std::map<int32_t, std::vector<int64_t>> by_expert;
+  for (int64_t i = 0; i < T * K; ++i) by_expert[ids[i]].push_back(i);
+  std::vector<int32_t> needed;
+  std::vector<int32_t> rows;
+  std::vector<float> row_weights;
+  std::vector<std::pair<int64_t, int64_t>> ranges;  // per needed expert: [begin, count)
+  for (const auto& [expert, slots] : by_expert) {
+    needed.push_back(expert);
+    ranges.emplace_back(static_cast<int64_t>(rows.size()), static_cast<int64_t>(slots.size()));
+    for (int64_t s : slots) {
+      rows.push_back(static_cast<int32_t>(s / K));
+      row_weights.push_back(weights[s]);
+    }
+  }
+  backend_.CopyToDevice(rows_.data(), rows.data(), rows.size() * sizeof(int32_t));
+  backend_.CopyToDevice(row_weights_.data(), row_weights.data(), row_weights.size() * sizeof(float));
+  times_.routing_us += base::NowMicros() - t0;
+
+  MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles,
+                       experts_->Acquire(static_cast<int32_t>(layer), needed));
+  kernels::ExpertFfnArgs args;
+  args.out = mlp_out_.f32();
+  args.x = h_.f32();
+  args.num_tokens = T;
+  args.hidden_size = H;
+  args.rows = static_cast<const int32_t*>(rows_.data());
+  args.row_weights = row_weights_.f32();
+  // Resident experts run first; then each miss as its load completes. The order of the sum over
+  // experts therefore follows residency: results may differ between budgets in the last bits.
+  std::vector<size_t> ready, pending;
+  for (size_t i = 0; i < handles.size(); ++i) {
+    const bool done = handles[i].ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
+    (done ? ready : pending).push_back(i);
+  }
+  auto run = [&](absl::Span<const size_t> which) -> absl::Status {
+    std::vector<kernels::ExpertWork> work;
+    for (size_t i : which) {
+      MOE_RETURN_IF_ERROR(handles[i].ready.get());
+      work.push_back({handles[i].weights.get(), ranges[i].first, ranges[i].second});
+    }
+    args.experts = work;
+    const int64_t c0 = base::NowMicros();
+    backend_.ExpertFfn(args);
+    times_.expert_compute_us += base::NowMicros() - c0;
+    return absl::OkStatus();
+  };
+  MOE_RETURN_IF_ERROR(run(ready));
+  for (size_t i : pending) {
+    const int64_t w0 = base::NowMicros();
+    handles[i].ready.wait();
+    times_.expert_wait_us += base::NowMicros() - w0;
+    MOE_RETURN_IF_ERROR(run(absl::MakeConstSpan(&i, 1)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moe::engine

@@ -1,0 +1,99 @@
+// Model: one forward pass for every supported architecture, written against kernels::Backend.
+// Per MoE layer it asks the ExpertProvider for the set of experts the batch routed to, runs the
+// experts that are resident first and the others as their loads complete.
+//
+// Legend: T tokens in the step (all sequences), H hidden, NH/NKV heads, D head dim, E experts,
+// K experts per token, V vocabulary.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "engine/model_config.h"
+#include "engine/rope.h"
+#include "engine/weights.h"
+#include "expertstore/expert_provider.h"
+#include "expertstore/safetensors.h"
+#include "kernels/backend.h"
+
+namespace moe::engine {
+
+// Keys and values of one sequence for every layer, positions [0, length()), contiguous.
+class SequenceKv {
+ public:
+  // ResourceExhausted when the backend cannot hold `capacity` positions.
+  static absl::StatusOr<std::unique_ptr<SequenceKv>> Create(const ModelConfig& config,
+                                                           kernels::Backend& backend,
+                                                           int64_t capacity);
+  int64_t capacity() const { return capacity_; }
+  int64_t length() const { return length_; }
+
+ private:
+  friend class Model;
+  int64_t capacity_ = 0;
+  int64_t length_ = 0;
+  std::vector<kernels::Buffer> k_, v_;  // per layer [capacity, NKV, D]
+};
+
+// One sequence's share of a step: `tokens` are appended at position kv->length().
+struct ForwardItem {
+  absl::Span<const int32_t> tokens;
+  SequenceKv* kv = nullptr;
+};
+
+// Time spent per phase over the model's lifetime, in microseconds (the --timings breakdown).
+struct PhaseTimes {
+  int64_t attention_us = 0, routing_us = 0, expert_wait_us = 0, expert_compute_us = 0,
+          dense_us = 0, logits_us = 0;
+};
+
+class Model {
+ public:
+  // Loads config, dense weights and, unless `experts` is given, the trivial provider that serves
+  // experts straight from the checkpoint. Errors name the directory and the file or tensor.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(
+      const std::string& dir, kernels::Backend& backend,
+      std::unique_ptr<store::ExpertProvider> experts = nullptr);
+
+  const ModelConfig& config() const { return config_; }
+  kernels::Backend& backend() const { return backend_; }
+
+  // Runs every item's tokens through the model, appends their keys/values and fills `logits`
+  // (host memory): with all_positions one row of V per token in item order, else one row per
+  // item for its last token. InvalidArgument: a token id outside the vocabulary, a sequence that
+  // would pass its KV capacity, an empty item. Errors from expert loads are returned as they are
+  // (they name the expert and file); the KV of every item is then left unchanged.
+  absl::Status Forward(absl::Span<const ForwardItem> batch, bool all_positions,
+                       std::vector<float>* logits);
+
+  const PhaseTimes& phase_times() const { return times_; }
+
+ private:
+  Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
+
+  absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
+  absl::Status MoeBlock(int64_t layer, int64_t T);
+  void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
+                const float* row_weights);
+  // Grows the scratch buffers to hold a step of T tokens.
+  absl::Status Reserve(int64_t T);
+
+  ModelConfig config_;
+  kernels::Backend& backend_;
+  std::unique_ptr<store::Checkpoint> checkpoint_;
+  ModelWeights weights_;
+  std::vector<kernels::DeviceTensor> expert_storage_;
+  std::unique_ptr<store::ExpertProvider> experts_;
+  RopeTable rope_;
+  PhaseTimes times_;
+
+  // Scratch in backend memory, sized for `scratch_tokens_` tokens.
+  int64_t scratch_tokens_ = 0;
+  kernels::Buffer x_, h_, q_, k_, v_, attn_, mlp_out_, router_logits_, route_weights_, route_ids_,
+      rows_, row_weights_, ones_, gate_, logits_;
+};
+
+}  // namespace moe::engine

@@ -1,0 +1,56 @@
+// ModelWeights: the dense (non-expert) weights of every layer, resident on the backend, and the
+// names of each expert's tensors (experts themselves are reached through an ExpertProvider).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/model_config.h"
+#include "expertstore/safetensors.h"
+#include "kernels/backend.h"
+
+namespace moe::engine {
+
+struct LayerWeights {
+  kernels::DeviceTensor input_layernorm;           // [H]
+  kernels::DeviceTensor post_attention_layernorm;  // [H]
+  kernels::DeviceTensor q_proj, k_proj, v_proj;    // [NH*D, H], [NKV*D, H], [NKV*D, H]
+  kernels::DeviceTensor q_bias, k_bias, v_bias;    // present when config.attention_bias
+  kernels::DeviceTensor o_proj;                    // [H, NH*D]
+  kernels::DeviceTensor q_norm, k_norm;            // [D] per head, or [NH*D]/[NKV*D] whole
+  bool sparse = false;
+  kernels::DeviceTensor router;  // [E, H] (sparse layers)
+  // Dense MLP (non-sparse layers) or the shared expert (qwen2_moe), as one SwiGLU MLP.
+  kernels::DeviceTensor mlp_gate, mlp_up, mlp_down;
+  kernels::ExpertWeights mlp;   // views of the three above; mlp.gate.data == nullptr if absent
+  kernels::DeviceTensor shared_expert_gate;  // [1, H]
+};
+
+// Tensor names of one expert in a Hugging Face checkpoint.
+struct ExpertTensorNames {
+  std::string gate, up, down;
+};
+ExpertTensorNames ExpertNames(const ModelConfig& config, int64_t layer, int64_t expert);
+
+struct ModelWeights {
+  kernels::DeviceTensor embed_tokens;  // [V, H]
+  kernels::DeviceTensor norm;          // [H]
+  kernels::DeviceTensor lm_head;       // [V, H] (the embedding when tied)
+  std::vector<LayerWeights> layers;
+};
+
+// Loads every dense weight from `checkpoint`, checking each shape against `config`.
+// NotFound / InvalidArgument name the tensor (missing, mis-shaped).
+absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& config,
+                                              const store::Checkpoint& checkpoint,
+                                              kernels::Backend& backend);
+
+// Views of every expert of every sparse layer, checked for shape, uploaded to the backend.
+// `storage` keeps uploaded copies alive (empty on the CPU backend).
+absl::StatusOr<std::vector<std::vector<kernels::ExpertWeights>>> LoadExpertsFromCheckpoint(
+    const ModelConfig& config, const store::Checkpoint& checkpoint, kernels::Backend& backend,
+    std::vector<kernels::DeviceTensor>* storage);
+
+}  // namespace moe::engine
