@@ -1,0 +1,114 @@
+// Engine: continuous batching over one Model. Requests join the running batch between steps;
+// prompts are prefilled in chunks under a per-step token budget so decodes keep flowing;
+// sequences leave on finish or cancel and their KV memory is freed at once. One thread owns an
+// Engine (it is not thread-safe); the worker hands it requests and cancels between steps.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+#include "engine/tokenizer/detokenizer.h"
+#include "engine/tokenizer/tokenizer.h"
+
+namespace moe::engine {
+
+struct EngineOptions {
+  int64_t max_batch_tokens = 256;    // tokens per step, prefill chunks and decodes together
+  int64_t max_running = 64;          // sequences in the running batch
+  int64_t kv_budget_bytes = 1 << 30; // KV memory for all sequences (and kept sessions)
+  int64_t max_context = 0;           // 0: the model's max_position_embeddings
+  int64_t max_sessions = 64;         // conversations whose KV is kept between turns
+  absl::Status Validate() const;
+};
+
+struct Request {
+  std::string id;                 // unique among live requests
+  std::vector<int32_t> prompt;    // non-empty token ids
+  SamplingParams sampling;
+  StopConditions stop;
+  int32_t top_logprobs = 0;       // 0: none
+  bool return_logprobs = false;
+  std::string session_id;         // empty: none. The KV of prompt + output is kept for the next turn
+};
+
+enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };
+const char* FinishReasonName(FinishReason reason);
+
+struct Usage {
+  int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // reused from a kept session, not prefilled again
+  int64_t completion_tokens = 0;
+};
+
+// What a step produced for one request: zero or one token, its text, and, on the last event,
+// the finish reason and usage.
+struct Event {
+  std::string request_id;
+  std::optional<int32_t> token;
+  std::string text;            // newly completed text (never half a UTF-8 character)
+  TokenLogprobs logprobs;      // when requested
+  FinishReason finish = FinishReason::kNone;
+  absl::Status error;          // with kError
+  Usage usage;                 // on the final event
+  double queue_seconds = 0;    // on the first event: time from Add to first scheduled step
+};
+
+struct EngineStats {
+  int64_t running = 0, waiting = 0;
+  int64_t kv_bytes_used = 0, kv_bytes_budget = 0;
+  int64_t kv_bytes_per_token = 0;
+  int64_t sessions = 0;
+};
+
+class Engine {
+ public:
+  Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options);
+
+  // Queues a request. InvalidArgument names the bad field (empty prompt, ids outside the
+  // vocabulary, prompt + max_tokens over the context, sampling out of range, duplicate id).
+  absl::Status Add(Request request);
+  // Cancels a queued or running request; its final event (kCancelled) comes from the next Step.
+  // Unknown ids are ignored (the request may have finished already).
+  void Cancel(const std::string& request_id);
+  // Forgets a kept session, freeing its KV. NotFound if there is none.
+  absl::Status DropSession(const std::string& session_id);
+
+  bool HasWork() const { return !running_.empty() || !waiting_.empty() || !cancelled_.empty(); }
+  // Schedules and runs one step and returns its events.
+  std::vector<Event> Step();
+  EngineStats Stats() const;
+
+ private:
+  struct Sequence;
+  bool Admit(std::unique_ptr<Sequence>& seq);
+  void Finish(Sequence& seq, FinishReason reason, absl::Status error, std::vector<Event>* events);
+  void Emit(Sequence& seq, int32_t token, const TokenLogprobs& lp, std::vector<Event>* events);
+  int64_t KvBytes(int64_t capacity) const;
+
+  Model& model_;
+  const Tokenizer& tokenizer_;
+  EngineOptions options_;
+  int64_t max_context_;
+  std::deque<std::unique_ptr<Sequence>> waiting_;
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::vector<std::string> cancelled_;
+  struct Session {
+    std::vector<int32_t> tokens;  // prompt + output whose K/V is in kv
+    std::unique_ptr<SequenceKv> kv;
+    int64_t last_used = 0;
+  };
+  std::map<std::string, Session> sessions_;
+  int64_t kv_bytes_used_ = 0;
+  int64_t step_counter_ = 0;
+};
+
+}  // namespace moe::engine
