@@ -28,8 +28,11 @@ struct ChatOptions {
 // A template is ChatML when it contains "<|im_start|>". When it has Qwen2.5's default system
 // prompt ("You are Qwen, created by Alibaba Cloud. ...") and the first message is not a system
 // message, that system message is prepended, as the template does.
-// Not rendered (the caller must not rely on them): tools and tool calls, the "tool" role,
-// Qwen3's stripping of <think> reasoning from earlier assistant turns, any other Jinja logic.
+// Qwen3 (template mentions reasoning_content): assistant turns lose the "<think>...</think>"
+// reasoning their content carries, except turns after the last user query that are last or had
+// reasoning, which are written "<think>\n{reasoning}\n</think>\n\n{answer}", as Qwen3 does.
+// Not rendered (the caller must not rely on them): tools and tool calls, the "tool" role, a
+// separate reasoning_content field, any other Jinja logic.
 //
 // Content is inserted verbatim: special-token text inside a message survives into the prompt,
 // so encode untrusted content separately with allow_special = false when that matters.
