@@ -4,8 +4,8 @@
 
 #include <queue>
 
-#include "absl/strings/str_cat.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
 
 namespace moe::engine {
 namespace {
@@ -14,7 +14,9 @@ namespace {
 constexpr size_t kMaxCachedWordBytes = 64;
 constexpr size_t kMaxCacheEntries = 1 << 16;
 
-std::string Quote(absl::string_view bytes) { return absl::StrCat("'", absl::CHexEscape(bytes), "'"); }
+std::string Quote(absl::string_view bytes) {
+  return absl::StrCat("'", absl::CHexEscape(bytes), "'");
+}
 
 }  // namespace
 
@@ -28,8 +30,8 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   for (int b = 0; b < 256; ++b) {
     auto it = model->vocab_.find(std::string(1, static_cast<char>(b)));
     if (it == model->vocab_.end()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("byte-level BPE vocab has no token for byte 0x", absl::Hex(b, absl::kZeroPad2)));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "byte-level BPE vocab has no token for byte 0x", absl::Hex(b, absl::kZeroPad2)));
     }
     model->byte_ids_[b] = it->second;
   }

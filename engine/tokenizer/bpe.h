@@ -36,7 +36,8 @@ class BpeModel {
     int32_t merged_id;
   };
   static uint64_t PairKey(int32_t left, int32_t right) {
-    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) | static_cast<uint32_t>(right);
+    return (static_cast<uint64_t>(static_cast<uint32_t>(left)) << 32) |
+           static_cast<uint32_t>(right);
   }
   void MergeWord(absl::string_view word, std::vector<int32_t>* out) const;
 

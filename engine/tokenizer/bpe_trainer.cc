@@ -30,7 +30,9 @@ std::string ByteLevel(absl::string_view bytes) {
 }
 
 ordered_json ByteLevelJson() {
-  return {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"trim_offsets", false},
+  return {{"type", "ByteLevel"},
+          {"add_prefix_space", false},
+          {"trim_offsets", false},
           {"use_regex", false}};
 }
 
@@ -67,8 +69,8 @@ absl::StatusOr<std::string> TrainTokenizerJson(absl::string_view corpus, int voc
   MOE_RETURN_IF_ERROR(CheckSpecials(special_tokens));
   const int64_t min_size = 256 + static_cast<int64_t>(special_tokens.size());
   if (vocab_size < min_size) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("vocab_size ", vocab_size, " < 256 bytes + ", special_tokens.size(), " specials"));
+    return absl::InvalidArgumentError(absl::StrCat("vocab_size ", vocab_size, " < 256 bytes + ",
+                                                   special_tokens.size(), " specials"));
   }
   absl::StatusOr<std::u32string> text = DecodeUtf8(corpus);
   if (!text.ok()) return base::Annotate(text.status(), "training corpus");
@@ -92,12 +94,15 @@ absl::StatusOr<std::string> TrainTokenizerJson(absl::string_view corpus, int voc
   while (static_cast<int64_t>(tokens.size()) < max_learned) {
     absl::flat_hash_map<std::pair<int32_t, int32_t>, int64_t> pairs;
     for (const Word& w : words) {
-      for (size_t i = 0; i + 1 < w.symbols.size(); ++i) pairs[{w.symbols[i], w.symbols[i + 1]}] += w.count;
+      for (size_t i = 0; i + 1 < w.symbols.size(); ++i)
+        pairs[{w.symbols[i], w.symbols[i + 1]}] += w.count;
     }
     std::pair<int32_t, int32_t> best{-1, -1};
     int64_t best_count = 1;  // a pair seen once teaches nothing
     for (const auto& [pair, n] : pairs) {
-      auto key = [&](std::pair<int32_t, int32_t> p) { return std::tie(tokens[p.first], tokens[p.second]); };
+      auto key = [&](std::pair<int32_t, int32_t> p) {
+        return std::tie(tokens[p.first], tokens[p.second]);
+      };
       if (n > best_count || (n == best_count && best.first >= 0 && key(pair) < key(best))) {
         best = pair;
         best_count = n;
@@ -115,12 +120,17 @@ absl::StatusOr<std::string> TrainTokenizerJson(absl::string_view corpus, int voc
     ordered_json vocab = ordered_json::object();
     for (size_t id = 0; id < tokens.size(); ++id) vocab[ByteLevel(tokens[id])] = id;
     ordered_json merge_list = ordered_json::array();
-    for (const auto& [l, r] : merges) merge_list.push_back({ByteLevel(tokens[l]), ByteLevel(tokens[r])});
+    for (const auto& [l, r] : merges)
+      merge_list.push_back({ByteLevel(tokens[l]), ByteLevel(tokens[r])});
     ordered_json added = ordered_json::array();
     for (size_t i = 0; i < special_tokens.size(); ++i) {
-      added.push_back({{"id", tokens.size() + i}, {"content", special_tokens[i]},
-                       {"single_word", false}, {"lstrip", false}, {"rstrip", false},
-                       {"normalized", false}, {"special", true}});
+      added.push_back({{"id", tokens.size() + i},
+                       {"content", special_tokens[i]},
+                       {"single_word", false},
+                       {"lstrip", false},
+                       {"rstrip", false},
+                       {"normalized", false},
+                       {"special", true}});
     }
     ordered_json split = {{"type", "Split"},
                           {"pattern", {{"Regex", SplitPatternRegex(SplitPattern::kQwen2)}}},
@@ -136,9 +146,15 @@ absl::StatusOr<std::string> TrainTokenizerJson(absl::string_view corpus, int voc
         {"post_processor", ByteLevelJson()},
         {"decoder", ByteLevelJson()},
         {"model",
-         {{"type", "BPE"}, {"dropout", nullptr}, {"unk_token", nullptr},
-          {"continuing_subword_prefix", ""}, {"end_of_word_suffix", ""}, {"fuse_unk", false},
-          {"byte_fallback", false}, {"ignore_merges", false}, {"vocab", vocab},
+         {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", ""},
+          {"end_of_word_suffix", ""},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"ignore_merges", false},
+          {"vocab", vocab},
           {"merges", merge_list}}}};
     return root.dump(1);
   } catch (const nlohmann::json::exception& e) {

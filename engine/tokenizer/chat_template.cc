@@ -73,8 +73,8 @@ absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
           absl::StrCat("messages[", i, "]: role 'tool' is not rendered by this ChatML subset"));
     }
     if (role != "system" && role != "user" && role != "assistant") {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "messages[", i, "]: role '", role, "' is not one of system, user, assistant"));
+      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "]: role '", role,
+                                                     "' is not one of system, user, assistant"));
     }
   }
   std::string out;

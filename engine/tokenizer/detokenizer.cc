@@ -14,8 +14,8 @@ std::string IncrementalDetokenizer::Push(int32_t id) {
   size_t i = 0, ready = 0;
   while (i < pending_.size()) {
     int len = Utf8SequenceLength(absl::string_view(pending_).substr(i));
-    if (len == 0) break;        // incomplete: wait for more bytes
-    i += len > 0 ? len : 1;     // invalid bytes are final too (Utf8Lossy replaces them)
+    if (len == 0) break;     // incomplete: wait for more bytes
+    i += len > 0 ? len : 1;  // invalid bytes are final too (Utf8Lossy replaces them)
     ready = i;
   }
   std::string out = Utf8Lossy(absl::string_view(pending_).substr(0, ready));

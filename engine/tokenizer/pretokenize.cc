@@ -94,8 +94,8 @@ const std::array<char32_t, 256>& ByteMap() {
 const char* SplitPatternRegex(SplitPattern pattern) {
   switch (pattern) {
     case SplitPattern::kQwen2:
-      return "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}| ?[^\\s\\p{L}\\p{N}]+"
-             "[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
+      return "(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\\r\\n\\p{L}\\p{N}]?\\p{L}+|\\p{N}"
+             "| ?[^\\s\\p{L}\\p{N}]+[\\r\\n]*|\\s*[\\r\\n]+|\\s+(?!\\S)|\\s+";
     case SplitPattern::kGpt2:
       return "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
   }

@@ -68,10 +68,9 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string
     tok->added_first_byte_[static_cast<uint8_t>(t.content[0])] = true;
   }
   tok->added_tokens_ = std::move(spec.added_tokens);
-  std::stable_sort(tok->added_tokens_.begin(), tok->added_tokens_.end(),
-                   [](const AddedToken& a, const AddedToken& b) {
-                     return a.content.size() > b.content.size();
-                   });
+  std::stable_sort(
+      tok->added_tokens_.begin(), tok->added_tokens_.end(),
+      [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
   return tok;
 }
 

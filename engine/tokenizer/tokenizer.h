@@ -70,8 +70,8 @@ class Tokenizer {
   bool nfc_ = false;
   SplitPattern split_ = SplitPattern::kQwen2;
   std::unique_ptr<BpeModel> bpe_;
-  std::vector<std::string> token_bytes_;  // id -> raw bytes
-  std::vector<uint8_t> id_kind_;          // id -> IdKind
+  std::vector<std::string> token_bytes_;                 // id -> raw bytes
+  std::vector<uint8_t> id_kind_;                         // id -> IdKind
   absl::flat_hash_map<std::string, int32_t> token_ids_;  // tokenizer.json spelling -> id
   std::vector<AddedToken> added_tokens_;                 // longest first
   std::array<bool, 256> added_first_byte_{};             // quick reject for MatchAddedToken

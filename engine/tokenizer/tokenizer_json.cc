@@ -17,7 +17,7 @@ bool IsNull(const json& j, const char* key) { return !j.contains(key) || j[key].
 
 std::string TypeOf(const json& j) {
   return j.is_object() && j.contains("type") && j["type"].is_string() ? j["type"].get<std::string>()
-                                                                       : std::string("?");
+                                                                      : std::string("?");
 }
 
 absl::Status Unsupported(absl::string_view field, absl::string_view what) {
@@ -104,7 +104,8 @@ absl::Status ParseModel(const json& root, TokenizerSpec* spec) {
   }
   for (const json& merge : m["merges"]) {
     if (merge.is_array()) {
-      if (merge.size() != 2) return absl::InvalidArgumentError("tokenizer.json: merge pair size != 2");
+      if (merge.size() != 2)
+        return absl::InvalidArgumentError("tokenizer.json: merge pair size != 2");
       spec->merges.emplace_back(merge[0].get<std::string>(), merge[1].get<std::string>());
       continue;
     }
@@ -129,9 +130,11 @@ absl::Status ParseAddedTokens(const json& root, TokenizerSpec* spec) {
     token.id = static_cast<int32_t>(id);
     token.content = t.at("content").get<std::string>();
     token.special = t.value("special", false);
-    if (token.content.empty()) return absl::InvalidArgumentError("tokenizer.json: empty added token");
+    if (token.content.empty())
+      return absl::InvalidArgumentError("tokenizer.json: empty added token");
     if (t.value("lstrip", false) || t.value("rstrip", false) || t.value("single_word", false)) {
-      return Unsupported("added token", absl::StrCat(token.content, " with lstrip/rstrip/single_word"));
+      return Unsupported("added token",
+                         absl::StrCat(token.content, " with lstrip/rstrip/single_word"));
     }
     // normalized: true tokens would be matched after normalization in HF; for the NFC-stable
     // ASCII markers real models use, matching them on the raw text gives the same result.

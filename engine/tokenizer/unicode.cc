@@ -117,8 +117,7 @@ std::string Utf8Lossy(absl::string_view bytes) {
     }
     // Maximal invalid subpart: the lead byte plus the continuation bytes that were still valid.
     size_t j = i + 1;
-    while (j < bytes.size() && j - i < 4 &&
-           Utf8SequenceLength(bytes.substr(i, j - i + 1)) == 0) {
+    while (j < bytes.size() && j - i < 4 && Utf8SequenceLength(bytes.substr(i, j - i + 1)) == 0) {
       ++j;
     }
     AppendUtf8(kReplacementChar, &out);
@@ -138,8 +137,9 @@ uint8_t CombiningClass(char32_t cp) {
 
 std::optional<CanonicalPair> CanonicalDecomposition(char32_t cp) {
   const ud::Decomposition* end = ud::kDecompositions + ud::kDecompositionsSize;
-  const ud::Decomposition* it = std::lower_bound(
-      ud::kDecompositions, end, cp, [](const ud::Decomposition& d, char32_t c) { return d.cp < c; });
+  const ud::Decomposition* it =
+      std::lower_bound(ud::kDecompositions, end, cp,
+                       [](const ud::Decomposition& d, char32_t c) { return d.cp < c; });
   if (it == end || it->cp != cp) return std::nullopt;
   return CanonicalPair{it->first, it->second};
 }
@@ -149,7 +149,8 @@ std::optional<char32_t> CanonicalComposition(char32_t first, char32_t second) {
   auto less = [](const ud::Composition& c, std::pair<char32_t, char32_t> key) {
     return c.first != key.first ? c.first < key.first : c.second < key.second;
   };
-  const ud::Composition* it = std::lower_bound(ud::kCompositions, end, std::pair(first, second), less);
+  const ud::Composition* it =
+      std::lower_bound(ud::kCompositions, end, std::pair(first, second), less);
   if (it == end || it->first != first || it->second != second) return std::nullopt;
   return it->composite;
 }

@@ -40,7 +40,8 @@ bool Fail(const std::string& msg) {
 }
 
 // Writes `values` (code point -> value, 0 omitted) as merged [first, last] ranges.
-void WriteRanges(std::ostream& out, const std::string& name, const std::map<uint32_t, uint8_t>& values) {
+void WriteRanges(std::ostream& out, const std::string& name,
+                 const std::map<uint32_t, uint8_t>& values) {
   out << "const Range " << name << "[] = {\n";
   size_t count = 0;
   for (auto it = values.begin(); it != values.end();) {
@@ -115,7 +116,8 @@ bool Generate(const std::string& dir, std::ostream& out) {
   WriteRanges(out, "kCombiningClassRanges", ccc);
   out << "const Decomposition kDecompositions[] = {\n";
   for (const auto& [cp, d] : decomps) {
-    out << "  {0x" << std::hex << cp << ", 0x" << d.first << ", 0x" << d.second << std::dec << "},\n";
+    out << "  {0x" << std::hex << cp << ", 0x" << d.first << ", 0x" << d.second << std::dec
+        << "},\n";
   }
   out << "};\nconst size_t kDecompositionsSize = " << decomps.size() << ";\n\n";
   // Primary composites: pair decompositions whose first part is a starter, minus exclusions

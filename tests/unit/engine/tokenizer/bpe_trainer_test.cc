@@ -2,11 +2,11 @@
 // is deterministic; bad arguments are errors.
 #include "engine/tokenizer/bpe_trainer.h"
 
-#include <filesystem>
-#include <fstream>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
 
 #include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"

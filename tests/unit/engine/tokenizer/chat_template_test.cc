@@ -13,7 +13,8 @@ using ::testing::HasSubstr;
 // Stand-ins carrying the markers RenderChat keys on; the Jinja bodies are not interpreted.
 const std::string kChatMl = "{% for m in messages %}<|im_start|>...{% endfor %}";
 const std::string kQwen3 =
-    "<|im_start|> ... reasoning_content ... enable_thinking is defined and enable_thinking is false";
+    "<|im_start|> ... reasoning_content ... enable_thinking is defined and enable_thinking is "
+    "false";
 const std::string kQwen25 =
     "<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
 

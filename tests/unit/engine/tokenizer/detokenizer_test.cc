@@ -1,10 +1,10 @@
 // Tests of IncrementalDetokenizer (engine/tokenizer/detokenizer.h) over multi-byte characters.
 #include "engine/tokenizer/detokenizer.h"
 
-#include <random>
-
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
+
+#include <random>
 
 #include "tests/unit/engine/tokenizer/tiny_tokenizer.h"
 

@@ -25,9 +25,9 @@ struct TinyAdded {
 
 // Ids: 0..255 are the bytes, then one token per merge (in order), then the added tokens.
 // Merges are written as [a, b] pairs when `pair_form`, else as "a b" strings.
-inline nlohmann::json TinyTokenizerJson(const std::vector<std::pair<std::string, std::string>>& merges,
-                                        const std::vector<TinyAdded>& added = {},
-                                        bool pair_form = true) {
+inline nlohmann::json TinyTokenizerJson(
+    const std::vector<std::pair<std::string, std::string>>& merges,
+    const std::vector<TinyAdded>& added = {}, bool pair_form = true) {
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[ByteLevelText(std::string(1, static_cast<char>(b)))] = b;
   nlohmann::json merge_list = nlohmann::json::array();
@@ -43,12 +43,18 @@ inline nlohmann::json TinyTokenizerJson(const std::vector<std::pair<std::string,
   }
   nlohmann::json added_list = nlohmann::json::array();
   for (const TinyAdded& a : added) {
-    added_list.push_back({{"id", next_id++}, {"content", a.content}, {"special", a.special},
-                          {"normalized", false}, {"lstrip", false}, {"rstrip", false},
+    added_list.push_back({{"id", next_id++},
+                          {"content", a.content},
+                          {"special", a.special},
+                          {"normalized", false},
+                          {"lstrip", false},
+                          {"rstrip", false},
                           {"single_word", false}});
   }
-  nlohmann::json byte_level = {{"type", "ByteLevel"}, {"add_prefix_space", false},
-                               {"trim_offsets", false}, {"use_regex", false}};
+  nlohmann::json byte_level = {{"type", "ByteLevel"},
+                               {"add_prefix_space", false},
+                               {"trim_offsets", false},
+                               {"use_regex", false}};
   return {
       {"version", "1.0"},
       {"added_tokens", added_list},
