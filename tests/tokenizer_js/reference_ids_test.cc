@@ -4,6 +4,7 @@
 //   MOE_QWEN3_TOKENIZER_DIR  directory with tokenizer.json (+ tokenizer_config.json)
 //   MOE_TOKENIZER_CORPUS     corpus.json, a JSON array of strings
 //   MOE_JS_EXPECTED_IDS      ids written by make_expected.js
+//   MOE_JS_FUZZ_IDS          random strings and their ids from make_expected.js --fuzz
 //   MOE_HF_EXPECTED_IDS      ids written by hf_tokenizers_ids.py (compared only if the file exists)
 #include <gtest/gtest.h>
 
@@ -52,24 +53,27 @@ class Qwen3ReferenceTest : public ::testing::Test {
     ASSERT_GE(corpus_.size(), 200u);
   }
 
-  // Compares our ids with `expected_path`'s for every corpus string; reports each mismatch.
+  // Compares our ids with `expected_path`'s for every string (the corpus, or the file's own
+  // "texts" when it has them); reports each mismatch.
   void CompareWith(const std::string& expected_path) {
     nlohmann::json expected = ReadJson(expected_path);
     ASSERT_TRUE(expected.is_object() && expected.contains("ids")) << expected_path;
+    std::vector<std::string> texts = corpus_;
+    if (expected.contains("texts")) texts = expected["texts"].get<std::vector<std::string>>();
     const nlohmann::json& ids = expected["ids"];
-    ASSERT_EQ(ids.size(), corpus_.size()) << expected_path << " was made from another corpus";
+    ASSERT_EQ(ids.size(), texts.size()) << expected_path << " was made from another corpus";
     size_t mismatches = 0;
-    for (size_t i = 0; i < corpus_.size(); ++i) {
+    for (size_t i = 0; i < texts.size(); ++i) {
       std::vector<int32_t> want = ids[i].get<std::vector<int32_t>>();
-      absl::StatusOr<std::vector<int32_t>> got = tokenizer_->Encode(corpus_[i]);
+      absl::StatusOr<std::vector<int32_t>> got = tokenizer_->Encode(texts[i]);
       ASSERT_TRUE(got.ok()) << got.status();
-      if (*got != want) {
-        ++mismatches;
-        ADD_FAILURE() << "corpus[" << i << "] \"" << absl::CEscape(corpus_[i]) << "\"\n  want "
+      if (*got != want && ++mismatches <= 20) {  // the first 20 are enough to debug
+        ADD_FAILURE() << "text[" << i << "] \"" << absl::CEscape(texts[i]) << "\"\n  want "
                       << nlohmann::json(want).dump() << "\n  got  " << nlohmann::json(*got).dump();
       }
     }
-    std::cout << "compared " << corpus_.size() << " strings with "
+    EXPECT_EQ(mismatches, 0u);
+    std::cout << "compared " << texts.size() << " strings with "
               << expected.value("source", expected_path) << ": " << mismatches << " mismatches\n";
   }
 
@@ -79,6 +83,10 @@ class Qwen3ReferenceTest : public ::testing::Test {
 
 TEST_F(Qwen3ReferenceTest, IdsMatchLenmlTokenizersJs) {
   CompareWith(Env("MOE_JS_EXPECTED_IDS", ""));
+}
+
+TEST_F(Qwen3ReferenceTest, RandomStringsMatchLenmlTokenizersJs) {
+  CompareWith(Env("MOE_JS_FUZZ_IDS", ""));
 }
 
 TEST_F(Qwen3ReferenceTest, IdsMatchHuggingFaceTokenizers) {
