@@ -40,7 +40,8 @@ absl::Status KvCacheOptions::Validate() const {
     case kernels::KvFormat::kTqProd2:
     case kernels::KvFormat::kTqProd3:
     case kernels::KvFormat::kTqProd4:
-      return bad("format", kernels::KvFormatName(format), "keys-only test mode, not a cache format");
+      return bad("format", kernels::KvFormatName(format),
+                 "keys-only test mode, not a cache format");
     default:
       break;
   }
@@ -55,10 +56,10 @@ absl::StatusOr<KvCache> KvCache::Create(const KvCacheOptions& options) {
   const int64_t block_bytes = bytes_per_token * options.block_size;
   const uint64_t num_blocks = options.budget_bytes / static_cast<uint64_t>(block_bytes);
   if (num_blocks == 0) {
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "KV cache budget of ", options.budget_bytes, " bytes holds no block of ", block_bytes,
-        " bytes (", options.block_size, " tokens × ", bytes_per_token, " bytes/token, ",
-        kernels::KvFormatName(options.format), ")"));
+    return absl::ResourceExhaustedError(
+        absl::StrCat("KV cache budget of ", options.budget_bytes, " bytes holds no block of ",
+                     block_bytes, " bytes (", options.block_size, " tokens × ", bytes_per_token,
+                     " bytes/token, ", kernels::KvFormatName(options.format), ")"));
   }
   if (num_blocks > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
     return absl::InvalidArgumentError(absl::StrCat("KV cache budget of ", options.budget_bytes,
@@ -79,8 +80,8 @@ absl::StatusOr<KvCache> KvCache::Create(const KvCacheOptions& options) {
 
 absl::Status KvCache::NoRoom(int64_t seq_id, int64_t need) const {
   return absl::ResourceExhaustedError(absl::StrCat(
-      "KV cache budget of ", options_.budget_bytes, " bytes (", stats_.total_blocks,
-      " blocks of ", options_.block_size, " tokens, ", kernels::KvFormatName(options_.format),
+      "KV cache budget of ", options_.budget_bytes, " bytes (", stats_.total_blocks, " blocks of ",
+      options_.block_size, " tokens, ", kernels::KvFormatName(options_.format),
       ") is full: sequence ", seq_id, " needs ", need, " more blocks, ", available_blocks(),
       " are free or evictable"));
 }
@@ -88,10 +89,12 @@ absl::Status KvCache::NoRoom(int64_t seq_id, int64_t need) const {
 absl::StatusOr<SequenceBlocks> KvCache::Admit(int64_t seq_id,
                                               absl::Span<const int32_t> prompt_tokens) {
   if (sequences_.contains(seq_id)) {
-    return absl::AlreadyExistsError(absl::StrCat("KV cache: sequence ", seq_id, " is already admitted"));
+    return absl::AlreadyExistsError(
+        absl::StrCat("KV cache: sequence ", seq_id, " is already admitted"));
   }
   if (prompt_tokens.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("KV cache: sequence ", seq_id, " has an empty prompt"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV cache: sequence ", seq_id, " has an empty prompt"));
   }
   const int64_t bs = options_.block_size;
   const int64_t len = static_cast<int64_t>(prompt_tokens.size());
@@ -128,7 +131,8 @@ absl::StatusOr<SequenceBlocks> KvCache::Admit(int64_t seq_id,
   for (int64_t i = static_cast<int64_t>(hits.size()); i < num_blocks; ++i) {
     const int32_t b = TakeFreshBlock();
     seq.table.push_back(b);
-    if (i < num_full) Register(b, i == 0 ? 0 : hashes[i - 1], hashes[i], prompt_tokens.subspan(i * bs, bs));
+    if (i < num_full)
+      Register(b, i == 0 ? 0 : hashes[i - 1], hashes[i], prompt_tokens.subspan(i * bs, bs));
   }
   seq.num_tokens = len;
   seq.last_hash = num_full > 0 ? hashes[num_full - 1] : 0;
@@ -224,8 +228,10 @@ void KvCache::LruPushBack(int32_t b) {
   block.on_lru = true;
   block.lru_prev = lru_tail_;
   block.lru_next = -1;
-  if (lru_tail_ >= 0) blocks_[lru_tail_].lru_next = b;
-  else lru_head_ = b;
+  if (lru_tail_ >= 0)
+    blocks_[lru_tail_].lru_next = b;
+  else
+    lru_head_ = b;
   lru_tail_ = b;
   ++lru_size_;
 }
@@ -233,10 +239,14 @@ void KvCache::LruPushBack(int32_t b) {
 void KvCache::LruRemove(int32_t b) {
   Block& block = blocks_[b];
   MOE_CHECK(block.on_lru) << "block " << b << " is not on the LRU list";
-  if (block.lru_prev >= 0) blocks_[block.lru_prev].lru_next = block.lru_next;
-  else lru_head_ = block.lru_next;
-  if (block.lru_next >= 0) blocks_[block.lru_next].lru_prev = block.lru_prev;
-  else lru_tail_ = block.lru_prev;
+  if (block.lru_prev >= 0)
+    blocks_[block.lru_prev].lru_next = block.lru_next;
+  else
+    lru_head_ = block.lru_next;
+  if (block.lru_next >= 0)
+    blocks_[block.lru_next].lru_prev = block.lru_prev;
+  else
+    lru_tail_ = block.lru_prev;
   block.on_lru = false;
   block.lru_prev = block.lru_next = -1;
   --lru_size_;
@@ -272,13 +282,16 @@ std::vector<int32_t> KvCache::LruOrder() const {
 }
 
 absl::Status KvCache::CheckInvariants() const {
-  auto broken = [](auto&&... parts) { return absl::InternalError(absl::StrCat("KV cache invariant: ", parts...)); };
+  auto broken = [](auto&&... parts) {
+    return absl::InternalError(absl::StrCat("KV cache invariant: ", parts...));
+  };
   const int32_t n = stats_.total_blocks;
   std::vector<int32_t> named(n, 0);
   const int64_t bs = options_.block_size;
   for (const auto& [id, seq] : sequences_) {
     if (static_cast<int64_t>(seq.table.size()) != CeilDiv(seq.num_tokens, bs)) {
-      return broken("sequence ", id, " has ", seq.table.size(), " blocks for ", seq.num_tokens, " tokens");
+      return broken("sequence ", id, " has ", seq.table.size(), " blocks for ", seq.num_tokens,
+                    " tokens");
     }
     if (static_cast<int64_t>(seq.partial.size()) != seq.num_tokens % bs) {
       return broken("sequence ", id, " partial block holds ", seq.partial.size(), " tokens");
@@ -303,12 +316,14 @@ absl::Status KvCache::CheckInvariants() const {
   for (int32_t b = 0; b < n; ++b) {
     const Block& block = blocks_[b];
     if (block.refcount != named[b]) {
-      return broken("block ", b, " refcount ", block.refcount, " but named by ", named[b], " tables");
+      return broken("block ", b, " refcount ", block.refcount, " but named by ", named[b],
+                    " tables");
     }
     const bool referenced = block.refcount > 0;
     const bool cached = !referenced && block.on_lru;
     const bool free = !referenced && on_free[b] == 1;
-    if (referenced + cached + free != 1 || on_free[b] > 1 || block.on_free_list != (on_free[b] == 1) ||
+    if (referenced + cached + free != 1 || on_free[b] > 1 ||
+        block.on_free_list != (on_free[b] == 1) ||
         (referenced && (block.on_lru || on_free[b] > 0)) || (block.on_lru && on_free[b] > 0)) {
       return broken("block ", b, " is not exactly one of referenced/cached/free (refcount ",
                     block.refcount, ", lru ", block.on_lru, ", free list ", on_free[b], ")");
@@ -317,12 +332,15 @@ absl::Status KvCache::CheckInvariants() const {
     if (free && block.registered) return broken("free block ", b, " is still registered");
     if (block.registered) {
       auto it = registry_.find(block.hash);
-      if (it == registry_.end() || it->second != b) return broken("block ", b, " missing from the registry");
-      if (static_cast<int64_t>(block.tokens.size()) != bs) return broken("block ", b, " content size");
+      if (it == registry_.end() || it->second != b)
+        return broken("block ", b, " missing from the registry");
+      if (static_cast<int64_t>(block.tokens.size()) != bs)
+        return broken("block ", b, " content size");
     }
   }
   for (const auto& [hash, b] : registry_) {
-    if (!blocks_[b].registered || blocks_[b].hash != hash) return broken("registry entry for block ", b);
+    if (!blocks_[b].registered || blocks_[b].hash != hash)
+      return broken("registry entry for block ", b);
   }
   return absl::OkStatus();
 }

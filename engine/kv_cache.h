@@ -66,7 +66,7 @@ struct KvCacheStats {
   int32_t cached_blocks = 0;  // unreferenced, reusable, evictable
   int32_t free_blocks = 0;    // empty
   int64_t num_sequences = 0;
-  int64_t prompt_tokens = 0;      // admitted, cumulative
+  int64_t prompt_tokens = 0;         // admitted, cumulative
   int64_t cached_prompt_tokens = 0;  // of which served from the cache
   int64_t evictions = 0;
 };
@@ -121,8 +121,8 @@ class KvCache {
   struct Sequence {
     std::vector<int32_t> table;
     int64_t num_tokens = 0;
-    uint64_t last_hash = 0;             // hash of the last full block (0 before the first)
-    std::vector<int32_t> partial;       // tokens of the trailing, not yet full block
+    uint64_t last_hash = 0;        // hash of the last full block (0 before the first)
+    std::vector<int32_t> partial;  // tokens of the trailing, not yet full block
   };
 
   explicit KvCache(const KvCacheOptions& options) : options_(options) {}

@@ -11,9 +11,9 @@ absl::StatusOr<KvStorage> KvStorage::Create(kernels::KvFormat format, int num_la
                                             int num_kv_heads, int head_dim, int block_size,
                                             int32_t num_blocks) {
   if (num_layers <= 0 || num_kv_heads <= 0 || block_size <= 0 || num_blocks <= 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV storage needs positive sizes: num_layers ", num_layers, ", num_kv_heads ",
-        num_kv_heads, ", block_size ", block_size, ", num_blocks ", num_blocks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV storage needs positive sizes: num_layers ", num_layers, ", num_kv_heads ",
+                     num_kv_heads, ", block_size ", block_size, ", num_blocks ", num_blocks));
   }
   MOE_ASSIGN_OR_RETURN(const int64_t per_vector, kernels::KvBytesPerVector(format, head_dim));
   KvStorage storage;

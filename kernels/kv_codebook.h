@@ -1,4 +1,5 @@
-// Lloyd–Max scalar codebooks for TurboQuant: the committed tables and the generator that makes them.
+// Lloyd–Max scalar codebooks for TurboQuant: the committed tables and the generator that makes
+// them.
 //
 // A coordinate of a uniformly random unit vector in R^d has density
 //   f(x) ∝ (1 − x²)^((d−3)/2) on [−1, 1]       (turboquant.md §1.1)
@@ -13,11 +14,11 @@
 namespace moe::kernels {
 
 struct Codebook {
-  int dim = 0;   // d of the vector (or partition) this codebook was solved for
-  int bits = 0;  // b, 1..4
+  int dim = 0;                    // d of the vector (or partition) this codebook was solved for
+  int bits = 0;                   // b, 1..4
   std::vector<float> centroids;   // [2^b] ascending, symmetric around 0
   std::vector<float> boundaries;  // [2^b − 1] ascending midpoints; 0 is the middle one
-  double mse = 0;                 // D_b(d) = E‖u − ũ‖² for a unit u (whole vector, not per coordinate)
+  double mse = 0;  // D_b(d) = E‖u − ũ‖² for a unit u (whole vector, not per coordinate)
   double alpha() const { return 1.0 - mse; }  // E⟨u, ũ⟩ = E‖ũ‖²: the shrinkage of plain MSE
 };
 

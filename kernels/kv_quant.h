@@ -27,6 +27,11 @@
 //   AccumulateValues: acc += Σ_t p_t · s_t · C[idx_t]      (rotated frame)
 //   FinishValues: out = Πᵀ acc per part, scattered to the part's channels
 // For bf16 and fp8 the "rotated frame" is the identity.
+//
+// Arithmetic order (what a CUDA port must match; T9 allows index flips only from summation
+// order): n = sqrtf(Σ_j x_j²) summed in ascending j; u_j = x_j / n (a division, not a reciprocal
+// multiply); debiased s = n / float(α_b); norm-corrected s = n / sqrtf(Σ_j ỹ_j²); fp8 scale =
+// amax / 448 and code_j = E4M3(x_j / scale). Scales are rounded to fp16 round-to-nearest-even.
 #pragma once
 
 #include <cstdint>
@@ -46,10 +51,10 @@ enum class KvFormat : uint8_t {
   kTq4,
   kTq3,
   kTq2,
-  kTq1,       // tests only
-  kTq3p5,     // 32 outlier channels @ 4 b + 96 @ 3 b (+ two fp16 scales = 3.5 bits/value)
-  kTq2p5,     // 32 @ 3 b + 96 @ 2 b (the paper's "2.5-bit")
-  kTqProd4,   // TurboQuant_prod: 3-bit MSE + 1-bit QJL; keys only, tests and comparison
+  kTq1,      // tests only
+  kTq3p5,    // 32 outlier channels @ 4 b + 96 @ 3 b (+ two fp16 scales = 3.5 bits/value)
+  kTq2p5,    // 32 @ 3 b + 96 @ 2 b (the paper's "2.5-bit")
+  kTqProd4,  // TurboQuant_prod: 3-bit MSE + 1-bit QJL; keys only, tests and comparison
   kTqProd3,
   kTqProd2,
   kTqProd1,
@@ -98,8 +103,7 @@ struct ConstKvTile {
 
 // The `count` channels with the largest mean x² over x[num_tokens, head_dim] (ties to the lower
 // channel), ascending: the static outlier set of a split format, chosen over the first prefill.
-std::vector<int> SelectOutlierChannels(const float* x, int64_t num_tokens, int head_dim,
-                                       int count);
+std::vector<int> SelectOutlierChannels(const float* x, int64_t num_tokens, int head_dim, int count);
 
 // Everything needed to encode and read one (layer, kv-head, K|V) stream: codebooks, rotations,
 // plane layout. Immutable after Create, so one codec may be used from many threads.
@@ -135,11 +139,11 @@ class KvCodec {
 
   // One TurboQuant partition (all D channels unless split). Public for tests.
   struct Part {
-    std::vector<int> channels;  // ascending
-    int bits = 0;               // MSE index bits (0 for prod1)
-    Codebook codebook;          // empty when bits == 0
+    std::vector<int> channels;                     // ascending
+    int bits = 0;                                  // MSE index bits (0 for prod1)
+    Codebook codebook;                             // empty when bits == 0
     Rotation rotation{RotationKind::kRht2, 1, 0};  // replaced in Create
-    int64_t index_plane = 0;    // plane numbers (see plane_bytes_)
+    int64_t index_plane = 0;                       // plane numbers (see plane_bytes_)
     int64_t scale_plane = 0;
   };
   const std::vector<Part>& parts() const { return parts_; }

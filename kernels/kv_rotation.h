@@ -73,8 +73,8 @@ class Rotation {
  private:
   RotationKind kind_;
   int dim_;
-  std::vector<float> d1_, d2_;   // ±1 (Hadamard kinds)
-  std::vector<float> matrix_;    // [dim, dim] (kHaar)
+  std::vector<float> d1_, d2_;  // ±1 (Hadamard kinds)
+  std::vector<float> matrix_;   // [dim, dim] (kHaar)
 };
 
 }  // namespace moe::kernels

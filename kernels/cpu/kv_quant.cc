@@ -1,4 +1,5 @@
-// CPU reference of the KV formats: plane layout, quantize/dequantize, attention on compressed tiles.
+// CPU reference of the KV formats: plane layout, quantize/dequantize, attention on compressed
+// tiles.
 #include "kernels/kv_quant.h"
 
 #include <algorithm>
@@ -17,16 +18,15 @@ namespace {
 
 using kv_internal::FormatInfo;
 using kv_internal::Info;
-using kv_internal::Kind;
 using kv_internal::kF16Max;
 using kv_internal::kFp8Max;
+using kv_internal::Kind;
 using kv_internal::kSplitOutliers;
 
-
-constexpr KvFormat kAllFormats[] = {
-    KvFormat::kBf16,  KvFormat::kFp8E4m3, KvFormat::kTq4,     KvFormat::kTq3,
-    KvFormat::kTq2,   KvFormat::kTq1,     KvFormat::kTq3p5,   KvFormat::kTq2p5,
-    KvFormat::kTqProd4, KvFormat::kTqProd3, KvFormat::kTqProd2, KvFormat::kTqProd1};
+constexpr KvFormat kAllFormats[] = {KvFormat::kBf16,    KvFormat::kFp8E4m3, KvFormat::kTq4,
+                                    KvFormat::kTq3,     KvFormat::kTq2,     KvFormat::kTq1,
+                                    KvFormat::kTq3p5,   KvFormat::kTq2p5,   KvFormat::kTqProd4,
+                                    KvFormat::kTqProd3, KvFormat::kTqProd2, KvFormat::kTqProd1};
 
 bool IsPowerOfTwo(int n) { return n > 0 && (n & (n - 1)) == 0; }
 
@@ -36,19 +36,21 @@ absl::StatusOr<std::vector<int64_t>> PlaneBytes(KvFormat format, int d) {
   auto need_codebook = [&](int dim, int bits) -> absl::Status {
     if (bits == 0) return absl::OkStatus();
     if (dim * bits % 8 != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(KvFormatName(format), ": head_dim ", d,
-                                                     " does not pack into whole bytes"));
+      return absl::InvalidArgumentError(
+          absl::StrCat(KvFormatName(format), ": head_dim ", d, " does not pack into whole bytes"));
     }
     return CommittedCodebook(dim, bits).status();
   };
   auto annotate = [&](absl::Status s) {
-    return absl::InvalidArgumentError(absl::StrCat("KV format ", KvFormatName(format),
-                                                   " with head_dim ", d, ": ", s.message()));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV format ", KvFormatName(format), " with head_dim ", d, ": ", s.message()));
   };
   if (d <= 0) return absl::InvalidArgumentError(absl::StrCat("head_dim ", d, " must be > 0"));
   switch (info.kind) {
-    case Kind::kBf16: return std::vector<int64_t>{2 * d};
-    case Kind::kFp8: return std::vector<int64_t>{d, 4};
+    case Kind::kBf16:
+      return std::vector<int64_t>{2 * d};
+    case Kind::kFp8:
+      return std::vector<int64_t>{d, 4};
     case Kind::kMse:
       if (absl::Status s = need_codebook(d, info.bits); !s.ok()) return annotate(s);
       return std::vector<int64_t>{d * info.bits / 8, 2};
@@ -114,18 +116,30 @@ PartCode EncodePart(const KvCodec::Part& part, const float* x) {
 
 const char* KvFormatName(KvFormat format) {
   switch (format) {
-    case KvFormat::kBf16: return "bf16";
-    case KvFormat::kFp8E4m3: return "fp8_e4m3";
-    case KvFormat::kTq4: return "tq4";
-    case KvFormat::kTq3: return "tq3";
-    case KvFormat::kTq2: return "tq2";
-    case KvFormat::kTq1: return "tq1";
-    case KvFormat::kTq3p5: return "tq3.5";
-    case KvFormat::kTq2p5: return "tq2.5";
-    case KvFormat::kTqProd4: return "tq_prod4";
-    case KvFormat::kTqProd3: return "tq_prod3";
-    case KvFormat::kTqProd2: return "tq_prod2";
-    case KvFormat::kTqProd1: return "tq_prod1";
+    case KvFormat::kBf16:
+      return "bf16";
+    case KvFormat::kFp8E4m3:
+      return "fp8_e4m3";
+    case KvFormat::kTq4:
+      return "tq4";
+    case KvFormat::kTq3:
+      return "tq3";
+    case KvFormat::kTq2:
+      return "tq2";
+    case KvFormat::kTq1:
+      return "tq1";
+    case KvFormat::kTq3p5:
+      return "tq3.5";
+    case KvFormat::kTq2p5:
+      return "tq2.5";
+    case KvFormat::kTqProd4:
+      return "tq_prod4";
+    case KvFormat::kTqProd3:
+      return "tq_prod3";
+    case KvFormat::kTqProd2:
+      return "tq_prod2";
+    case KvFormat::kTqProd1:
+      return "tq_prod1";
   }
   return "?";
 }
@@ -157,12 +171,12 @@ std::vector<int> SelectOutlierChannels(const float* x, int64_t num_tokens, int h
                                        int count) {
   std::vector<double> energy(head_dim, 0.0);
   for (int64_t t = 0; t < num_tokens; ++t) {
-    for (int j = 0; j < head_dim; ++j) energy[j] += double{x[t * head_dim + j]} * x[t * head_dim + j];
+    for (int j = 0; j < head_dim; ++j)
+      energy[j] += double{x[t * head_dim + j]} * x[t * head_dim + j];
   }
   std::vector<int> order(head_dim);
   for (int j = 0; j < head_dim; ++j) order[j] = j;
-  std::stable_sort(order.begin(), order.end(),
-                   [&](int a, int b) { return energy[a] > energy[b]; });
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return energy[a] > energy[b]; });
   order.resize(std::min(count, head_dim));
   std::sort(order.begin(), order.end());
   return order;
@@ -173,12 +187,13 @@ absl::StatusOr<KvCodec> KvCodec::Create(const KvCodecOptions& options) {
   MOE_ASSIGN_OR_RETURN(std::vector<int64_t> planes, PlaneBytes(options.format, d));
   const FormatInfo info = Info(options.format);
   if (info.kind == Kind::kProd && options.role == KvRole::kValue) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV format ", KvFormatName(options.format), " is for keys only (spec §3.6)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("KV format ", KvFormatName(options.format), " is for keys only (spec §3.6)"));
   }
   if (info.kind != Kind::kSplit && !options.outlier_channels.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "outlier_channels given for KV format ", KvFormatName(options.format), ", which has no split"));
+    return absl::InvalidArgumentError(absl::StrCat("outlier_channels given for KV format ",
+                                                   KvFormatName(options.format),
+                                                   ", which has no split"));
   }
   KvCodec codec(options);
   codec.plane_bytes_ = std::move(planes);
@@ -192,8 +207,9 @@ absl::StatusOr<KvCodec> KvCodec::Create(const KvCodecOptions& options) {
       MOE_ASSIGN_OR_RETURN(part.codebook, CommittedCodebook(m, bits));
     }
     const RotationKind kind = IsPowerOfTwo(m) ? options.rotation : RotationKind::kHaar;
-    part.rotation = Rotation(kind, m, RotationSeed(options.model_fingerprint, options.layer,
-                                                   options.kv_head, seed_suffix));
+    part.rotation = Rotation(
+        kind, m,
+        RotationSeed(options.model_fingerprint, options.layer, options.kv_head, seed_suffix));
     part.index_plane = index_plane;
     part.scale_plane = scale_plane;
     codec.parts_.push_back(std::move(part));
@@ -260,8 +276,10 @@ int64_t KvCodec::PlaneOffset(int plane, int tokens, int slot) const {
 float KvCodec::PartScale(const Part& part, float norm, const float* centroid_vec) const {
   if (Info(options_.format).kind == Kind::kProd) return norm;
   switch (options_.norm) {
-    case TqNorm::kPlain: return norm;
-    case TqNorm::kDebiased: return norm / static_cast<float>(part.codebook.alpha());
+    case TqNorm::kPlain:
+      return norm;
+    case TqNorm::kDebiased:
+      return norm / static_cast<float>(part.codebook.alpha());
     case TqNorm::kNormCorrected: {
       float e = 0.f;
       for (size_t j = 0; j < part.channels.size(); ++j) e += centroid_vec[j] * centroid_vec[j];
@@ -272,18 +290,19 @@ float KvCodec::PartScale(const Part& part, float norm, const float* centroid_vec
 }
 
 absl::Status KvCodec::Quantize(const float* x, KvTile tile, int slot) const {
-  MOE_CHECK(slot >= 0 && slot < tile.tokens) << "slot " << slot << " of a " << tile.tokens
-                                             << "-token tile";
+  MOE_CHECK(slot >= 0 && slot < tile.tokens)
+      << "slot " << slot << " of a " << tile.tokens << "-token tile";
   const int d = head_dim();
   for (int j = 0; j < d; ++j) {
     if (!std::isfinite(x[j])) {
-      return absl::InvalidArgumentError(absl::StrCat("KV ", KvFormatName(options_.format),
-                                                     " quantization: element ", j, " of layer ",
-                                                     options_.layer, " kv-head ",
-                                                     options_.kv_head, " is ", x[j]));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV ", KvFormatName(options_.format), " quantization: element ", j,
+                       " of layer ", options_.layer, " kv-head ", options_.kv_head, " is ", x[j]));
     }
   }
-  auto plane = [&](int64_t p) { return tile.data + PlaneOffset(static_cast<int>(p), tile.tokens, slot); };
+  auto plane = [&](int64_t p) {
+    return tile.data + PlaneOffset(static_cast<int>(p), tile.tokens, slot);
+  };
   const Kind kind = Info(options_.format).kind;
   if (kind == Kind::kBf16) {
     for (int j = 0; j < d; ++j) {
@@ -307,10 +326,10 @@ absl::Status KvCodec::Quantize(const float* x, KvTile tile, int slot) const {
     codes.push_back(EncodePart(part, x));
     scales.push_back(PartScale(part, codes.back().norm, codes.back().ytilde.data()));
     if (!(scales.back() <= kF16Max)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "KV ", KvFormatName(options_.format), " quantization: layer ", options_.layer,
-          " kv-head ", options_.kv_head, ": scale ", scales.back(), " (norm ", codes.back().norm,
-          ") exceeds the fp16 range"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("KV ", KvFormatName(options_.format), " quantization: layer ",
+                       options_.layer, " kv-head ", options_.kv_head, ": scale ", scales.back(),
+                       " (norm ", codes.back().norm, ") exceeds the fp16 range"));
     }
   }
   for (size_t p = 0; p < parts_.size(); ++p) {
@@ -347,7 +366,7 @@ uint8_t F32ToE4m3(float f) {
   const uint8_t sign = std::signbit(f) ? 0x80 : 0x00;
   const float a = std::fabs(f);
   if (a >= kFp8Max) return sign | 0x7e;  // satfinite
-  if (a < 0x1.0p-6f) {                     // subnormal: multiples of 2^−9; 8·2^−9 = min normal
+  if (a < 0x1.0p-6f) {                   // subnormal: multiples of 2^−9; 8·2^−9 = min normal
     return sign | static_cast<uint8_t>(std::nearbyint(a * 0x1.0p9f));
   }
   int e;

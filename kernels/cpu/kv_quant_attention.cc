@@ -45,8 +45,8 @@ void KvCodec::PrepareQuery(const float* q, float* q_prep) const {
   }
 }
 
-void KvCodec::Score(const float* q_prep, ConstKvTile tile, int slot_begin, int count,
-                    float scale, float* logits) const {
+void KvCodec::Score(const float* q_prep, ConstKvTile tile, int slot_begin, int count, float scale,
+                    float* logits) const {
   MOE_CHECK(slot_begin >= 0 && count >= 0 && slot_begin + count <= tile.tokens)
       << "slots [" << slot_begin << ", " << slot_begin + count << ") of a " << tile.tokens
       << "-token tile";
@@ -54,7 +54,9 @@ void KvCodec::Score(const float* q_prep, ConstKvTile tile, int slot_begin, int c
   const Kind kind = Info(options_.format).kind;
   for (int i = 0; i < count; ++i) {
     const int slot = slot_begin + i;
-    auto plane = [&](int64_t p) { return tile.data + PlaneOffset(static_cast<int>(p), tile.tokens, slot); };
+    auto plane = [&](int64_t p) {
+      return tile.data + PlaneOffset(static_cast<int>(p), tile.tokens, slot);
+    };
     float logit = 0.f;
     if (kind == Kind::kBf16) {
       const uint8_t* k = plane(0);
@@ -77,7 +79,8 @@ void KvCodec::Score(const float* q_prep, ConstKvTile tile, int slot_begin, int c
         const uint8_t* idx = plane(part.index_plane);
         float dot = 0.f;
         for (int j = 0; j < m && part.bits > 0; ++j) {
-          dot += q_prep[offset + j] * part.codebook.centroids[GetBits(idx, int64_t{j} * part.bits, part.bits)];
+          dot += q_prep[offset + j] *
+                 part.codebook.centroids[GetBits(idx, int64_t{j} * part.bits, part.bits)];
         }
         logit += LoadF16(plane(part.scale_plane)) * dot;
         offset += m;
@@ -105,7 +108,9 @@ void KvCodec::AccumulateValues(const float* p, ConstKvTile tile, int slot_begin,
   const Kind kind = Info(options_.format).kind;
   for (int i = 0; i < count; ++i) {
     const int slot = slot_begin + i;
-    auto plane = [&](int64_t pl) { return tile.data + PlaneOffset(static_cast<int>(pl), tile.tokens, slot); };
+    auto plane = [&](int64_t pl) {
+      return tile.data + PlaneOffset(static_cast<int>(pl), tile.tokens, slot);
+    };
     if (kind == Kind::kBf16) {
       const uint8_t* v = plane(0);
       for (int j = 0; j < d; ++j) {
@@ -125,14 +130,17 @@ void KvCodec::AccumulateValues(const float* p, ConstKvTile tile, int slot_begin,
         const uint8_t* idx = plane(part.index_plane);
         const float ps = p[i] * LoadF16(plane(part.scale_plane));
         for (int j = 0; j < m && part.bits > 0; ++j) {
-          acc[offset + j] += ps * part.codebook.centroids[GetBits(idx, int64_t{j} * part.bits, part.bits)];
+          acc[offset + j] +=
+              ps * part.codebook.centroids[GetBits(idx, int64_t{j} * part.bits, part.bits)];
         }
         offset += m;
       }
-      if (kind == Kind::kProd) {  // test-only path (prod is for keys): + p n c γ S'ᵀ z, d² per token
+      if (kind ==
+          Kind::kProd) {  // test-only path (prod is for keys): + p n c γ S'ᵀ z, d² per token
         const uint8_t* signs = plane(sign_plane_);
         const float c = static_cast<float>(std::sqrt(std::numbers::pi / 2) / d);
-        const float coef = p[i] * LoadF16(plane(parts_[0].scale_plane)) * c * LoadF16(plane(gamma_plane_));
+        const float coef =
+            p[i] * LoadF16(plane(parts_[0].scale_plane)) * c * LoadF16(plane(gamma_plane_));
         for (int r = 0; r < d; ++r) {
           const float z = ((signs[r >> 3] >> (r & 7)) & 1u) ? coef : -coef;
           for (int j = 0; j < d; ++j) acc[j] += z * qjl_[r * d + j];

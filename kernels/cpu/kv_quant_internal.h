@@ -20,18 +20,30 @@ struct FormatInfo {
 
 inline FormatInfo Info(KvFormat f) {
   switch (f) {
-    case KvFormat::kBf16: return {Kind::kBf16};
-    case KvFormat::kFp8E4m3: return {Kind::kFp8};
-    case KvFormat::kTq4: return {Kind::kMse, 4};
-    case KvFormat::kTq3: return {Kind::kMse, 3};
-    case KvFormat::kTq2: return {Kind::kMse, 2};
-    case KvFormat::kTq1: return {Kind::kMse, 1};
-    case KvFormat::kTq3p5: return {Kind::kSplit, 4, 3};
-    case KvFormat::kTq2p5: return {Kind::kSplit, 3, 2};
-    case KvFormat::kTqProd4: return {Kind::kProd, 4};
-    case KvFormat::kTqProd3: return {Kind::kProd, 3};
-    case KvFormat::kTqProd2: return {Kind::kProd, 2};
-    case KvFormat::kTqProd1: return {Kind::kProd, 1};
+    case KvFormat::kBf16:
+      return {Kind::kBf16};
+    case KvFormat::kFp8E4m3:
+      return {Kind::kFp8};
+    case KvFormat::kTq4:
+      return {Kind::kMse, 4};
+    case KvFormat::kTq3:
+      return {Kind::kMse, 3};
+    case KvFormat::kTq2:
+      return {Kind::kMse, 2};
+    case KvFormat::kTq1:
+      return {Kind::kMse, 1};
+    case KvFormat::kTq3p5:
+      return {Kind::kSplit, 4, 3};
+    case KvFormat::kTq2p5:
+      return {Kind::kSplit, 3, 2};
+    case KvFormat::kTqProd4:
+      return {Kind::kProd, 4};
+    case KvFormat::kTqProd3:
+      return {Kind::kProd, 3};
+    case KvFormat::kTqProd2:
+      return {Kind::kProd, 2};
+    case KvFormat::kTqProd1:
+      return {Kind::kProd, 1};
   }
   MOE_CHECK(false) << "unknown KvFormat " << static_cast<int>(f);
   return {Kind::kBf16};

@@ -53,9 +53,12 @@ void Fwht(float* t, int n) {
 
 const char* RotationKindName(RotationKind kind) {
   switch (kind) {
-    case RotationKind::kRht2: return "rht2";
-    case RotationKind::kRht1: return "rht1";
-    case RotationKind::kHaar: return "haar";
+    case RotationKind::kRht2:
+      return "rht2";
+    case RotationKind::kRht1:
+      return "rht1";
+    case RotationKind::kHaar:
+      return "haar";
   }
   return "?";
 }

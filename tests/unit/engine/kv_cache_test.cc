@@ -54,10 +54,12 @@ std::vector<int32_t> Table(const KvCache& cache, int64_t seq) {
 // T10 (capacity half): the block count follows from the budget and the format's bytes per token.
 TEST(KvCacheTest, T10CapacityFollowsBudgetAndFormat) {
   constexpr uint64_t kGiB = uint64_t{1} << 30;
-  const struct { KvFormat format; int64_t bytes_per_token; } kRows[] = {
-      {KvFormat::kBf16, 98304}, {KvFormat::kFp8E4m3, 50688}, {KvFormat::kTq4, 25344},
-      {KvFormat::kTq3p5, 21504}, {KvFormat::kTq3, 19200},  {KvFormat::kTq2p5, 15360},
-      {KvFormat::kTq2, 13056}};
+  const struct {
+    KvFormat format;
+    int64_t bytes_per_token;
+  } kRows[] = {{KvFormat::kBf16, 98304},  {KvFormat::kFp8E4m3, 50688}, {KvFormat::kTq4, 25344},
+               {KvFormat::kTq3p5, 21504}, {KvFormat::kTq3, 19200},     {KvFormat::kTq2p5, 15360},
+               {KvFormat::kTq2, 13056}};
   for (const auto& row : kRows) {
     absl::StatusOr<KvCache> cache = KvCache::Create(Qwen3Options(row.format, 10 * kGiB));
     ASSERT_TRUE(cache.ok()) << cache.status();
@@ -67,7 +69,8 @@ TEST(KvCacheTest, T10CapacityFollowsBudgetAndFormat) {
     EXPECT_EQ(s.total_blocks, static_cast<int32_t>(10 * kGiB / (row.bytes_per_token * 16)));
     EXPECT_EQ(s.free_blocks, s.total_blocks);
     EXPECT_EQ(s.used_blocks + s.cached_blocks, 0);
-    absl::StatusOr<KvStorage> storage = KvStorage::Create(row.format, 48, 4, 128, 16, s.total_blocks);
+    absl::StatusOr<KvStorage> storage =
+        KvStorage::Create(row.format, 48, 4, 128, 16, s.total_blocks);
     ASSERT_TRUE(storage.ok()) << storage.status();
     EXPECT_EQ(storage->total_bytes(), int64_t{s.total_blocks} * s.block_bytes);
     EXPECT_LE(storage->total_bytes(), static_cast<int64_t>(10 * kGiB));
@@ -116,7 +119,8 @@ TEST(KvCacheTest, PrefixReuseOf1000TokenPrompt) {
   absl::StatusOr<SequenceBlocks> b = cache->Admit(2, prompt);
   ASSERT_TRUE(b.ok()) << b.status();
   EXPECT_EQ(b->num_cached_tokens, 992);
-  EXPECT_TRUE(std::equal(a->block_table.begin(), a->block_table.begin() + 62, b->block_table.begin()));
+  EXPECT_TRUE(
+      std::equal(a->block_table.begin(), a->block_table.begin() + 62, b->block_table.begin()));
   EXPECT_NE(a->block_table[62], b->block_table[62]);
   EXPECT_EQ(cache->Stats().used_blocks, 64);
   ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
@@ -154,7 +158,7 @@ TEST(KvCacheTest, BudgetExhaustionChangesNothing) {
   EXPECT_EQ(cache->Stats().free_blocks, 10);
   EXPECT_EQ(cache->BlockTable(1).status().code(), absl::StatusCode::kNotFound);
 
-  ASSERT_TRUE(cache->Admit(1, Range(0, 30)).ok());  // 8 blocks
+  ASSERT_TRUE(cache->Admit(1, Range(0, 30)).ok());           // 8 blocks
   ASSERT_TRUE(cache->AppendTokens(1, Range(100, 10)).ok());  // 40 tokens: 10 blocks
   const std::vector<int32_t> before = Table(*cache, 1);
   EXPECT_EQ(cache->AppendTokens(1, {7}).code(), absl::StatusCode::kResourceExhausted);
@@ -178,13 +182,13 @@ TEST(KvCacheTest, BudgetExhaustionChangesNothing) {
 TEST(KvCacheTest, EvictsLeastRecentlyUsedOnlyWhenNoFreeBlock) {
   absl::StatusOr<KvCache> cache = KvCache::Create(TinyOptions(6, 2));
   ASSERT_TRUE(cache.ok()) << cache.status();
-  ASSERT_TRUE(cache->Admit(1, Range(0, 4)).ok());    // blocks 0, 1
-  ASSERT_TRUE(cache->Admit(2, Range(10, 4)).ok());   // blocks 2, 3
+  ASSERT_TRUE(cache->Admit(1, Range(0, 4)).ok());   // blocks 0, 1
+  ASSERT_TRUE(cache->Admit(2, Range(10, 4)).ok());  // blocks 2, 3
   cache->Free(1);
   cache->Free(2);
   // Tails first: LRU order is 1, 0 (sequence 1), then 3, 2 (sequence 2).
   EXPECT_EQ(cache->LruOrder(), (std::vector<int32_t>{1, 0, 3, 2}));
-  ASSERT_TRUE(cache->Admit(3, Range(20, 4)).ok());   // 2 fresh blocks: the free list has 2
+  ASSERT_TRUE(cache->Admit(3, Range(20, 4)).ok());  // 2 fresh blocks: the free list has 2
   EXPECT_EQ(cache->Stats().evictions, 0);
   EXPECT_EQ(Table(*cache, 3), (std::vector<int32_t>{4, 5}));
   // Reusing sequence 2's first block takes it off the LRU; one fresh block evicts block 1.
@@ -212,7 +216,8 @@ TEST(KvCacheTest, RandomizedOperationsKeepInvariants) {
   const int32_t total = cache->Stats().total_blocks;
   std::mt19937_64 rng(42);
   auto uniform = [&](int lo, int hi) { return std::uniform_int_distribution<int>(lo, hi)(rng); };
-  // A small vocabulary makes equal blocks under different parents common: the chain must tell them apart.
+  // A small vocabulary makes equal blocks under different parents common: the chain must tell them
+  // apart.
   auto random_tokens = [&](int n) {
     std::vector<int32_t> v(n);
     for (int32_t& t : v) t = uniform(0, 7);
@@ -242,7 +247,8 @@ TEST(KvCacheTest, RandomizedOperationsKeepInvariants) {
         EXPECT_EQ(r->num_cached_tokens % kBlockSize, 0);
         EXPECT_LE(r->num_cached_tokens, static_cast<int64_t>(prompt.size()) - 1);
         EXPECT_EQ(r->block_table, Table(*cache, id));
-        for (int64_t i = 0; i < r->num_cached_tokens / kBlockSize; ++i) hits.insert(r->block_table[i]);
+        for (int64_t i = 0; i < r->num_cached_tokens / kBlockSize; ++i)
+          hits.insert(r->block_table[i]);
         fresh = static_cast<int64_t>(r->block_table.size()) - r->num_cached_tokens / kBlockSize;
         live[id] = prompt;
       } else {
@@ -262,8 +268,10 @@ TEST(KvCacheTest, RandomizedOperationsKeepInvariants) {
         ++refused;
         ASSERT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
         EXPECT_EQ(Table(*cache, it->first), old_table);
-        const int64_t need = (static_cast<int64_t>(it->second.size() + tokens.size()) + kBlockSize - 1) /
-                                 kBlockSize - static_cast<int64_t>(old_table.size());
+        const int64_t need =
+            (static_cast<int64_t>(it->second.size() + tokens.size()) + kBlockSize - 1) /
+                kBlockSize -
+            static_cast<int64_t>(old_table.size());
         EXPECT_GT(need, before.free_blocks + before.cached_blocks);
       }
     } else {  // finish or cancel: both release the table
@@ -314,7 +322,8 @@ TEST(KvCacheTest, RandomizedOperationsKeepInvariants) {
         if (inserted) continue;
         ASSERT_EQ(owner->second.second, i) << "block " << table[i] << " at two positions";
         const std::vector<int32_t>& other = live[owner->second.first];
-        ASSERT_TRUE(std::equal(tokens.begin(), tokens.begin() + (i + 1) * kBlockSize, other.begin()))
+        ASSERT_TRUE(
+            std::equal(tokens.begin(), tokens.begin() + (i + 1) * kBlockSize, other.begin()))
             << "block " << table[i] << " shared by sequences with different prefixes";
       }
     }
@@ -338,10 +347,11 @@ TEST(KvCacheTest, RandomizedOperationsKeepInvariants) {
   EXPECT_GT(appended, 500);
   EXPECT_GT(cached_tokens, 1000);
   EXPECT_GT(cache->Stats().evictions, 100);
-  std::printf("admitted %lld, refused %lld, appended %lld, cached prompt tokens %lld, evictions %lld\n",
-              static_cast<long long>(admitted), static_cast<long long>(refused),
-              static_cast<long long>(appended), static_cast<long long>(cached_tokens),
-              static_cast<long long>(cache->Stats().evictions));
+  std::printf(
+      "admitted %lld, refused %lld, appended %lld, cached prompt tokens %lld, evictions %lld\n",
+      static_cast<long long>(admitted), static_cast<long long>(refused),
+      static_cast<long long>(appended), static_cast<long long>(cached_tokens),
+      static_cast<long long>(cache->Stats().evictions));
   // No leak: with every sequence gone, every block is free or cached.
   for (const auto& [id, tokens] : live) cache->Free(id);
   const KvCacheStats end = cache->Stats();

@@ -96,18 +96,21 @@ TEST(KvCodebookTest, T1GeneratorReproducesCommittedTables) {
       EXPECT_NEAR(committed->mse, solved.mse, 1e-9);
     }
   }
-  const struct { int d, b; double mse; } kSpec[] = {
-      {128, 1, 0.360889}, {128, 2, 0.116000}, {128, 3, 0.033966}, {128, 4, 0.009315},
-      {256, 1, 0.362136}, {256, 2, 0.116740}, {256, 3, 0.034256}, {256, 4, 0.009408},
-      {32, 3, 0.032261},  {32, 4, 0.008774},  {64, 3, 0.033391},  {64, 4, 0.009132},
-      {96, 2, 0.115508},  {96, 3, 0.033773}};
+  const struct {
+    int d, b;
+    double mse;
+  } kSpec[] = {{128, 1, 0.360889}, {128, 2, 0.116000}, {128, 3, 0.033966}, {128, 4, 0.009315},
+               {256, 1, 0.362136}, {256, 2, 0.116740}, {256, 3, 0.034256}, {256, 4, 0.009408},
+               {32, 3, 0.032261},  {32, 4, 0.008774},  {64, 3, 0.033391},  {64, 4, 0.009132},
+               {96, 2, 0.115508},  {96, 3, 0.033773}};
   for (const auto& row : kSpec) {
     EXPECT_NEAR(SolveLloydMax(row.d, row.b).mse, row.mse, 5e-7) << "d " << row.d << " b " << row.b;
   }
   // b = 1: the centroid is E|x| = Γ(k + 3/2) / ((k + 1) √π Γ(k + 1)), k = (d − 3)/2.
   for (int d : {128, 256}) {
     const double k = (d - 3) / 2.0;
-    const double exact = std::exp(std::lgamma(k + 1.5) - std::lgamma(k + 1)) / ((k + 1) * std::sqrt(M_PI));
+    const double exact =
+        std::exp(std::lgamma(k + 1.5) - std::lgamma(k + 1)) / ((k + 1) * std::sqrt(M_PI));
     EXPECT_NEAR(SolveLloydMax(d, 1).centroids[1], exact, 1e-7 * exact);
   }
   // The Gaussian-limit table (× 1/√d) is close to the exact d = 128 centroids: within 1 % for the
@@ -149,9 +152,9 @@ double WorstCaseMse(int b, RotationKind rotation, int input) {
   for (int seed = 0; seed < kSeeds; ++seed) {
     const KvCodec codec = MakeCodec(kMseFormats[b - 1], seed, TqNorm::kPlain, rotation);
     std::vector<float> x(kD, 0.f);
-    if (input == 0) x[0] = 1.f;                                  // e₁
-    if (input == 1) x.assign(kD, 1.f / std::sqrt(float{kD}));    // (1, …, 1)/√d
-    if (input == 2) {                                            // one massive channel + noise
+    if (input == 0) x[0] = 1.f;                                // e₁
+    if (input == 1) x.assign(kD, 1.f / std::sqrt(float{kD}));  // (1, …, 1)/√d
+    if (input == 2) {                                          // one massive channel + noise
       x = Gaussian(rng, kD);
       x[7] += 40.f;
     }
@@ -279,10 +282,12 @@ TEST(KvQuantTest, T6ProdUnbiasedInnerProducts) {
 
 // T10: bytes per vector (spec §3.8) and per token for the Qwen3-30B-A3B shape.
 TEST(KvQuantTest, T10StorageAccounting) {
-  const struct { KvFormat format; int64_t bytes; } kTable[] = {
-      {KvFormat::kBf16, 256},   {KvFormat::kFp8E4m3, 132}, {KvFormat::kTq4, 66},
-      {KvFormat::kTq3, 50},     {KvFormat::kTq2, 34},      {KvFormat::kTq2p5, 40},
-      {KvFormat::kTq3p5, 56},   {KvFormat::kTqProd3, 52},  {KvFormat::kTqProd4, 68}};
+  const struct {
+    KvFormat format;
+    int64_t bytes;
+  } kTable[] = {{KvFormat::kBf16, 256}, {KvFormat::kFp8E4m3, 132}, {KvFormat::kTq4, 66},
+                {KvFormat::kTq3, 50},   {KvFormat::kTq2, 34},      {KvFormat::kTq2p5, 40},
+                {KvFormat::kTq3p5, 56}, {KvFormat::kTqProd3, 52},  {KvFormat::kTqProd4, 68}};
   for (const auto& row : kTable) {
     EXPECT_EQ(*KvBytesPerVector(row.format, kD), row.bytes) << KvFormatName(row.format);
     EXPECT_EQ(MakeCodec(row.format).bytes_per_vector(), row.bytes) << KvFormatName(row.format);
@@ -297,10 +302,10 @@ TEST(KvQuantTest, T10StorageAccounting) {
   EXPECT_EQ(ParseKvFormat("int4").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-const KvFormat kAllFormats[] = {
-    KvFormat::kBf16,  KvFormat::kFp8E4m3, KvFormat::kTq4,    KvFormat::kTq3,
-    KvFormat::kTq2,   KvFormat::kTq1,     KvFormat::kTq3p5,  KvFormat::kTq2p5,
-    KvFormat::kTqProd4, KvFormat::kTqProd3, KvFormat::kTqProd2, KvFormat::kTqProd1};
+const KvFormat kAllFormats[] = {KvFormat::kBf16,    KvFormat::kFp8E4m3, KvFormat::kTq4,
+                                KvFormat::kTq3,     KvFormat::kTq2,     KvFormat::kTq1,
+                                KvFormat::kTq3p5,   KvFormat::kTq2p5,   KvFormat::kTqProd4,
+                                KvFormat::kTqProd3, KvFormat::kTqProd2, KvFormat::kTqProd1};
 
 // T11: zero and denormal inputs decode to (near) zero; non-finite input fails and writes nothing.
 TEST(KvQuantTest, T11ZeroDenormalNonFinite) {
@@ -339,7 +344,8 @@ TEST(KvQuantTest, ScoreAndValuesMatchDequantized) {
     std::vector<std::vector<float>> deq(kTokens, std::vector<float>(kD));
     for (int t = 0; t < kTokens; ++t) {
       std::vector<uint8_t> before = tile;
-      ASSERT_TRUE(codec.Quantize(Gaussian(rng, kD, 2.f).data(), KvTile{tile.data(), kTokens}, t).ok());
+      ASSERT_TRUE(
+          codec.Quantize(Gaussian(rng, kD, 2.f).data(), KvTile{tile.data(), kTokens}, t).ok());
       for (int t2 = 0; t2 < t; ++t2) {
         std::vector<float> again(kD);
         codec.Dequantize(ConstKvTile{tile.data(), kTokens}, t2, again.data());
@@ -350,7 +356,8 @@ TEST(KvQuantTest, ScoreAndValuesMatchDequantized) {
     const std::vector<float> q = Gaussian(rng, kD);
     std::vector<float> q_prep(codec.query_floats()), logits(kTokens);
     codec.PrepareQuery(q.data(), q_prep.data());
-    codec.Score(q_prep.data(), ConstKvTile{tile.data(), kTokens}, 0, kTokens, 0.125f, logits.data());
+    codec.Score(q_prep.data(), ConstKvTile{tile.data(), kTokens}, 0, kTokens, 0.125f,
+                logits.data());
     std::vector<float> p(kTokens), acc(kD, 0.f), out(kD), want(kD, 0.f);
     for (int t = 0; t < kTokens; ++t) {
       const double ref = 0.125 * Dot(q, deq[t]);
@@ -393,9 +400,9 @@ TEST(KvQuantTest, Fp8E4m3Conversion) {
   EXPECT_EQ(F32ToE4m3(1000.f), 0x7e);
   EXPECT_EQ(F32ToE4m3(-448.f), 0xfe);
   EXPECT_EQ(F32ToE4m3(0x1.0p-9f), 0x01);
-  EXPECT_EQ(F32ToE4m3(0x1.0p-10f), 0x00);   // tie to even
-  EXPECT_EQ(F32ToE4m3(1.0625f), 0x38);      // 1 + 1/16: tie to even mantissa 0
-  EXPECT_EQ(F32ToE4m3(1.1875f), 0x3a);      // 1 + 3/16: tie to even mantissa 2
+  EXPECT_EQ(F32ToE4m3(0x1.0p-10f), 0x00);  // tie to even
+  EXPECT_EQ(F32ToE4m3(1.0625f), 0x38);     // 1 + 1/16: tie to even mantissa 0
+  EXPECT_EQ(F32ToE4m3(1.1875f), 0x3a);     // 1 + 3/16: tie to even mantissa 2
   for (int c = 0; c < 256; ++c) {
     if ((c & 0x7f) == 0x7f) continue;  // NaN
     EXPECT_EQ(F32ToE4m3(E4m3ToF32(static_cast<uint8_t>(c))), c == 0x80 ? 0x80 : c) << c;
