@@ -32,6 +32,7 @@
 // order): n = sqrtf(Σ_j x_j²) summed in ascending j; u_j = x_j / n (a division, not a reciprocal
 // multiply); debiased s = n / float(α_b); norm-corrected s = n / sqrtf(Σ_j ỹ_j²); fp8 scale =
 // amax / 448 and code_j = E4M3(x_j / scale). Scales are rounded to fp16 round-to-nearest-even.
+// No FMA contraction (the CPU build has none; nvcc needs --fmad=false for bit-exact parity).
 #pragma once
 
 #include <cstdint>

@@ -394,6 +394,42 @@ TEST(KvQuantTest, SplitFormatsOutliersAndValidation) {
   EXPECT_EQ(KvCodec::Create(options).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Pinned bytes: any change to the seed, sign stream, butterfly order, codebooks, packing or
+// rounding changes these, and a CUDA port can compare against the same numbers. (Haar-rotated
+// formats are left out: their matrix goes through the host's libm.)
+TEST(KvQuantTest, PinnedEncodings) {
+  EXPECT_EQ(RotationSeed("golden", 3, 1), 0xef30062e3a3f7f28ull);
+  std::vector<float> x(kD), y(kD);
+  for (int j = 0; j < kD; ++j)
+    x[j] = static_cast<float>((j * 37) % 23 - 11) / 8.f + (j == 5 ? 4.f : 0.f);
+  Rotation(RotationKind::kRht2, kD, RotationSeed("golden", 3, 1)).Apply(x.data(), y.data());
+  EXPECT_EQ(y[0], -0x1p-6f);
+  EXPECT_EQ(y[1], -0x1.d2p+0f);
+  EXPECT_EQ(y[2], -0x1.03p+0f);
+  EXPECT_EQ(y[3], 0x1.12p-1f);
+  const struct {
+    KvFormat format;
+    uint64_t fnv;
+  } kPins[] = {{KvFormat::kTq4, 0x9803d05350da2e36ull},
+               {KvFormat::kTq3, 0x465b90cd90a9bb8bull},
+               {KvFormat::kTq2, 0x9ce5eea7f22184ceull},
+               {KvFormat::kFp8E4m3, 0x5810ad2ca97c7445ull}};
+  for (const auto& pin : kPins) {
+    KvCodecOptions options;
+    options.format = pin.format;
+    options.model_fingerprint = "golden";
+    options.layer = 3;
+    options.kv_head = 1;
+    absl::StatusOr<KvCodec> codec = KvCodec::Create(options);
+    ASSERT_TRUE(codec.ok()) << codec.status();
+    std::vector<uint8_t> tile(codec->bytes_per_vector());
+    ASSERT_TRUE(codec->Quantize(x.data(), KvTile{tile.data(), 1}, 0).ok());
+    EXPECT_EQ(Fnv1a64(absl::string_view(reinterpret_cast<const char*>(tile.data()), tile.size())),
+              pin.fnv)
+        << KvFormatName(pin.format);
+  }
+}
+
 TEST(KvQuantTest, Fp8E4m3Conversion) {
   EXPECT_EQ(F32ToE4m3(1.f), 0x38);
   EXPECT_EQ(F32ToE4m3(448.f), 0x7e);
