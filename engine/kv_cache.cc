@@ -151,8 +151,8 @@ absl::Status KvCache::AppendTokens(int64_t seq_id, absl::Span<const int32_t> tok
   }
   Sequence& seq = it->second;
   const int64_t bs = options_.block_size;
-  const int64_t grow =
-      CeilDiv(seq.num_tokens + static_cast<int64_t>(tokens.size()), bs) - seq.table.size();
+  const int64_t new_total = seq.num_tokens + static_cast<int64_t>(tokens.size());
+  const int64_t grow = CeilDiv(new_total, bs) - static_cast<int64_t>(seq.table.size());
   if (grow > available_blocks()) return NoRoom(seq_id, grow);
   for (int64_t i = 0; i < grow; ++i) seq.table.push_back(TakeFreshBlock());
   for (int32_t t : tokens) {
