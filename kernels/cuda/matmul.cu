@@ -1,0 +1,260 @@
+// MatMul on the GPU: a grouped matrix-vector kernel (decode, weight-bandwidth bound) and a tiled
+// grouped GEMM (prefill), both fp32 accumulation over fp32/bf16/fp16 weights; bias added after.
+//
+// Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
+// Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
+#include "kernels/backend.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace moe::kernels::cuda {
+namespace {
+
+__device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGroup& single,
+                                             int g) {
+  return p.groups != nullptr ? p.groups[g] : single;
+}
+
+// C[rc, n] (+)= scale * v for logical row r (see GemmParams).
+__device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n, float v) {
+  const int64_t rc = p.c_rows != nullptr ? p.c_rows[r] : r;
+  if (p.c_scale != nullptr) v *= p.c_scale[r];
+  float* dst = p.c + rc * p.ldc + n;
+  if (p.accumulate) {
+    atomicAdd(dst, v);
+  } else {
+    *dst = v;
+  }
+}
+
+// ---- matrix-vector: one warp per weight row n, up to TB rows of A at once ----------------------
+// Each lane streams 16-byte weight vectors (kUnroll in flight) and dots them with the TB rows of
+// A, which stay in L1/L2 (they are re-read by every warp; weights are read once).
+constexpr int kMvWarps = 8;
+constexpr int kUnroll = 4;
+
+template <typename W, int TB>
+__global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
+                                                                       const GemmGroup single) {
+  const GemmGroup g = GroupOf(p, single, blockIdx.y);
+  const int lane = threadIdx.x % kWarp;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / kWarp;
+  if (n >= p.N || g.row_count == 0) return;
+  constexpr int V = Vec16<W>::kVec;
+  const int64_t K = p.K;
+  const W* w = static_cast<const W*>(g.w) + n * K;  // [K]
+  const bool vec = K % V == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
+                   (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
+
+  for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {
+    const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
+    const float* xr[TB];  // [TB][K]
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
+      xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+    }
+    float acc[TB];
+#pragma unroll
+    for (int j = 0; j < TB; ++j) acc[j] = 0.f;
+
+    if (vec) {
+      constexpr int64_t kStep = static_cast<int64_t>(kWarp) * V;
+      for (int64_t k0 = lane * V; k0 < K; k0 += kStep * kUnroll) {
+        float wv[kUnroll][V];
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          if (k0 + u * kStep < K) Vec16<W>::Load(w + k0 + u * kStep, wv[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int64_t k = k0 + u * kStep;
+          if (k >= K) break;
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
+#pragma unroll
+            for (int v = 0; v < V / 4; ++v) {
+              const float4 xv = __ldg(x4 + v);
+              acc[j] = fmaf(wv[u][4 * v + 0], xv.x, acc[j]);
+              acc[j] = fmaf(wv[u][4 * v + 1], xv.y, acc[j]);
+              acc[j] = fmaf(wv[u][4 * v + 2], xv.z, acc[j]);
+              acc[j] = fmaf(wv[u][4 * v + 3], xv.w, acc[j]);
+            }
+          }
+        }
+      }
+    } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
+      for (int64_t k = lane; k < K; k += kWarp) {
+        const float wk = ToF32(w[k]);
+#pragma unroll
+        for (int j = 0; j < TB; ++j) acc[j] = fmaf(wk, xr[j][k], acc[j]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      const float v = WarpSum(acc[j]);
+      if (lane == 0 && j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
+    }
+  }
+}
+
+// ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 -----------------
+// SIMT fp32 FMA. TODO(cuda): tensor-core (wgmma) path for bf16 prefill; this one is ~fp32 peak.
+constexpr int kBM = 64, kBN = 64, kBK = 16, kTileThreads = 256;
+
+template <typename W>
+__global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const GemmParams p,
+                                                                      const GemmGroup single) {
+  const GemmGroup g = GroupOf(p, single, blockIdx.z);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  if (m0 >= g.row_count) return;
+  __shared__ __align__(16) float As[kBK][kBM + 4];  // (BK, BM), A tile transposed
+  __shared__ __align__(16) float Ws[kBK][kBN + 4];  // (BK, BN), W tile transposed
+
+  const int tid = threadIdx.x;
+  const int lr = tid / 4, lk = (tid % 4) * 4;  // loader: row lr of the tile, k lk..lk+3
+  const int64_t m = m0 + lr, n = n0 + lr;
+  const float* arow = nullptr;
+  if (m < g.row_count) {
+    const int64_t r = g.row_begin + m;
+    arow = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+  }
+  const W* wrow = n < p.N ? static_cast<const W*>(g.w) + n * p.K : nullptr;
+
+  const int ty = tid / 16, tx = tid % 16;  // this thread's 4x4 outputs
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t k = k0 + lk + i;
+      As[lk + i][lr] = arow != nullptr && k < p.K ? arow[k] : 0.f;
+      Ws[lk + i][lr] = wrow != nullptr && k < p.K ? ToF32(wrow[k]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      const float4 a4 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+      const float4 b4 = *reinterpret_cast<const float4*>(&Ws[kk][tx * 4]);
+      const float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t mi = m0 + ty * 4 + i;
+    if (mi >= g.row_count) break;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t nj = n0 + tx * 4 + j;
+      if (nj < p.N) StoreC(p, g.row_begin + mi, nj, acc[i][j]);
+    }
+  }
+}
+
+// out[t, n] += bias[n]
+template <typename W>
+__global__ void AddBiasKernel(float* out, int64_t T, int64_t N, const W* bias) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < T * N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] += ToF32(bias[i % N]);
+  }
+}
+
+template <typename W>
+void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const unsigned groups = static_cast<unsigned>(p.num_groups);
+  if (p.max_rows <= kMatVecMaxRows) {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)), groups);
+    const dim3 block(kMvWarps * kWarp);
+    if (p.max_rows <= 1) {
+      GroupedMatVecKernel<W, 1><<<grid, block, 0, stream>>>(p, single);
+    } else if (p.max_rows <= 2) {
+      GroupedMatVecKernel<W, 2><<<grid, block, 0, stream>>>(p, single);
+    } else if (p.max_rows <= 4) {
+      GroupedMatVecKernel<W, 4><<<grid, block, 0, stream>>>(p, single);
+    } else {
+      GroupedMatVecKernel<W, 8><<<grid, block, 0, stream>>>(p, single);
+    }
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
+                    static_cast<unsigned>(CeilDiv(p.max_rows, kBM)), groups);
+    GroupedGemmTiledKernel<W><<<grid, kTileThreads, 0, stream>>>(p, single);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  MOE_CHECK(p.num_groups > 0 && p.num_groups <= 65535 && p.N > 0 && p.K > 0 &&
+            p.max_rows <= 65535LL * kBM)
+      << "GroupedGemm: groups " << p.num_groups << " N " << p.N << " K " << p.K << " rows "
+      << p.max_rows;
+  if (p.max_rows == 0) return;
+  switch (p.w_dtype) {
+    case DType::kF32: return LaunchTyped<float>(p, single, stream);
+    case DType::kBF16: return LaunchTyped<__nv_bfloat16>(p, single, stream);
+    case DType::kF16: return LaunchTyped<__half>(p, single, stream);
+    default: MOE_CHECK(false) << "GroupedGemm: unsupported weight dtype " << DTypeName(p.w_dtype);
+  }
+}
+
+}  // namespace
+
+void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream) {
+  MOE_CHECK(p.groups != nullptr) << "GroupedGemm: groups table is null";
+  Dispatch(p, GemmGroup{}, stream);
+}
+
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels {
+
+void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
+                         const TensorView* bias) {
+  MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
+  const int64_t N = w.dim(0), K = w.dim(1);
+  MOE_CHECK(bias == nullptr || bias->numel() == N)
+      << "MatMul: bias " << bias->numel() << " vs N " << N;
+  if (T == 0) return;
+  cuda::GemmParams p;
+  p.num_groups = 1;
+  p.max_rows = T;
+  p.w_dtype = w.dtype;
+  p.N = N;
+  p.K = K;
+  p.a = x;
+  p.lda = K;
+  p.c = out;
+  p.ldc = N;
+  // One group passed by value: no host->device copy on the decode path.
+  cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
+  if (bias == nullptr) return;
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(cuda::CeilDiv(T * N, threads),
+                                                                  num_sms_ * 8));
+  switch (bias->dtype) {
+    case DType::kF32:
+      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(out, T, N,
+                                                           static_cast<const float*>(bias->data));
+      break;
+    case DType::kBF16:
+      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(
+          out, T, N, static_cast<const __nv_bfloat16*>(bias->data));
+      break;
+    case DType::kF16:
+      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(out, T, N,
+                                                           static_cast<const __half*>(bias->data));
+      break;
+    default: MOE_CHECK(false) << "MatMul: unsupported bias dtype " << DTypeName(bias->dtype);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moe::kernels
