@@ -4,6 +4,7 @@
 //   gate_up[r, :I]  = x[rows[r]] Gate_e^T        one grouped launch (groups = experts)
 //   gate_up[r, I:]  = x[rows[r]] Up_e^T          one grouped launch
 //   act[r]          = F.silu(gate_up[r, :I]) * gate_up[r, I:]
+//   (at most 8 rows per expert, i.e. decode: these three are one matrix-vector launch)
 //   out[rows[r]]   += row_weights[r] * act[r] Down_e^T   one grouped launch, atomicAdd scatter
 // The atomics make the order of the (at most K) additions into one out element vary from run to
 // run: results can differ in the last bit, unlike the CPU reference.
@@ -61,15 +62,22 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   p.a = a.x;
   p.lda = H;
   p.a_rows = a.rows;
-  p.ldc = 2 * I;
   p.groups = groups;  // gate
-  p.c = gate_up;
-  cuda::LaunchGroupedGemm(p, stream_);
-  p.groups = groups + num_experts;  // up
-  p.c = gate_up + I;
-  cuda::LaunchGroupedGemm(p, stream_);
-
-  cuda::LaunchSiluMul(act, gate_up, total_rows, I, num_sms_, stream_);
+  if (max_rows <= cuda::kMatVecMaxRows) {
+    // Decode: gate, up and SiLU* in one matrix-vector launch, straight into act.
+    p.up_groups = groups + num_experts;
+    p.c = act;
+    p.ldc = I;
+    cuda::LaunchGroupedGemm(p, stream_);
+  } else {
+    p.ldc = 2 * I;
+    p.c = gate_up;
+    cuda::LaunchGroupedGemm(p, stream_);
+    p.groups = groups + num_experts;  // up
+    p.c = gate_up + I;
+    cuda::LaunchGroupedGemm(p, stream_);
+    cuda::LaunchSiluMul(act, gate_up, total_rows, I, num_sms_, stream_);
+  }
 
   cuda::GemmParams d;  // down, weighted scatter-add into out
   d.groups = groups + 2 * num_experts;

@@ -11,6 +11,8 @@ namespace moe::kernels::cuda {
 
 // One group of a grouped GEMM: rows [row_begin, row_begin + row_count) of the logical A and C
 // use weight `w` ([N, K] row-major, the call's dtype). Lives in device memory.
+constexpr int64_t kMatVecMaxRows = 8;
+
 struct GemmGroup {
   const void* w = nullptr;
   int64_t row_begin = 0;
@@ -36,11 +38,13 @@ struct GemmParams {
   const int32_t* c_rows = nullptr;
   const float* c_scale = nullptr;
   bool accumulate = false;
+  // When set (matrix-vector sizes only: max_rows <= kMatVecMaxRows), the call computes the SwiGLU
+  // product instead: C[rc, n] = F.silu(A W_g^T)[n] * (A U_g^T)[n], U_g = up_groups[g].w.
+  const GemmGroup* up_groups = nullptr;
 };
 
 // Picks the matrix-vector kernel when max_rows <= kMatVecMaxRows (decode: weight bytes dominate)
 // and the tiled kernel otherwise.
-constexpr int64_t kMatVecMaxRows = 8;
 void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream);
 
 }  // namespace moe::kernels::cuda

@@ -34,7 +34,48 @@ __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n
 constexpr int kMvWarps = 8;
 constexpr int kUnroll = 4;
 
+// acc[j] += w[0:K] . xr[j][0:K] over this lane's share of K (the caller reduces over the warp).
 template <typename W, int TB>
+__device__ __forceinline__ void RowDot(const W* w, int64_t K, const float* const (&xr)[TB],
+                                       bool vec, int lane, float (&acc)[TB]) {
+  constexpr int V = Vec16<W>::kVec;
+  if (vec) {
+    constexpr int64_t kStep = static_cast<int64_t>(kWarp) * V;
+    for (int64_t k0 = lane * V; k0 < K; k0 += kStep * kUnroll) {
+      float wv[kUnroll][V];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        if (k0 + u * kStep < K) Vec16<W>::Load(w + k0 + u * kStep, wv[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int64_t k = k0 + u * kStep;
+        if (k >= K) break;
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
+#pragma unroll
+          for (int v = 0; v < V / 4; ++v) {
+            const float4 xv = __ldg(x4 + v);
+            acc[j] = fmaf(wv[u][4 * v + 0], xv.x, acc[j]);
+            acc[j] = fmaf(wv[u][4 * v + 1], xv.y, acc[j]);
+            acc[j] = fmaf(wv[u][4 * v + 2], xv.z, acc[j]);
+            acc[j] = fmaf(wv[u][4 * v + 3], xv.w, acc[j]);
+          }
+        }
+      }
+    }
+  } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
+    for (int64_t k = lane; k < K; k += kWarp) {
+      const float wk = ToF32(w[k]);
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[j] = fmaf(wk, xr[j][k], acc[j]);
+    }
+  }
+}
+
+// kGlu: C = F.silu(A Wg^T) * (A Wu^T), Wg from groups, Wu from up_groups (same rows).
+template <typename W, int TB, bool kGlu>
 __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
                                                                        const GemmGroup single) {
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
@@ -44,7 +85,9 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
   constexpr int V = Vec16<W>::kVec;
   const int64_t K = p.K;
   const W* w = static_cast<const W*>(g.w) + n * K;  // [K]
+  const W* wu = kGlu ? static_cast<const W*>(p.up_groups[blockIdx.y].w) + n * K : nullptr;
   const bool vec = K % V == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
+                   (!kGlu || (reinterpret_cast<uintptr_t>(wu) & 15) == 0) &&
                    (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
 
   for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {
@@ -55,48 +98,33 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
       const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
       xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
     }
-    float acc[TB];
+    float acc[TB], acc_up[TB];
 #pragma unroll
-    for (int j = 0; j < TB; ++j) acc[j] = 0.f;
-
-    if (vec) {
-      constexpr int64_t kStep = static_cast<int64_t>(kWarp) * V;
-      for (int64_t k0 = lane * V; k0 < K; k0 += kStep * kUnroll) {
-        float wv[kUnroll][V];
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          if (k0 + u * kStep < K) Vec16<W>::Load(w + k0 + u * kStep, wv[u]);
-        }
-#pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
-          const int64_t k = k0 + u * kStep;
-          if (k >= K) break;
-#pragma unroll
-          for (int j = 0; j < TB; ++j) {
-            const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
-#pragma unroll
-            for (int v = 0; v < V / 4; ++v) {
-              const float4 xv = __ldg(x4 + v);
-              acc[j] = fmaf(wv[u][4 * v + 0], xv.x, acc[j]);
-              acc[j] = fmaf(wv[u][4 * v + 1], xv.y, acc[j]);
-              acc[j] = fmaf(wv[u][4 * v + 2], xv.z, acc[j]);
-              acc[j] = fmaf(wv[u][4 * v + 3], xv.w, acc[j]);
-            }
-          }
-        }
-      }
-    } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
-      for (int64_t k = lane; k < K; k += kWarp) {
-        const float wk = ToF32(w[k]);
-#pragma unroll
-        for (int j = 0; j < TB; ++j) acc[j] = fmaf(wk, xr[j][k], acc[j]);
-      }
-    }
+    for (int j = 0; j < TB; ++j) acc[j] = acc_up[j] = 0.f;
+    RowDot<W, TB>(w, K, xr, vec, lane, acc);
+    if constexpr (kGlu) RowDot<W, TB>(wu, K, xr, vec, lane, acc_up);
 #pragma unroll
     for (int j = 0; j < TB; ++j) {
-      const float v = WarpSum(acc[j]);
+      float v = WarpSum(acc[j]);
+      if constexpr (kGlu) v = v / (1.f + expf(-v)) * WarpSum(acc_up[j]);
       if (lane == 0 && j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
     }
+  }
+}
+
+template <typename W, bool kGlu>
+void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
+                  static_cast<unsigned>(p.num_groups));
+  const dim3 block(kMvWarps * kWarp);
+  if (p.max_rows <= 1) {
+    GroupedMatVecKernel<W, 1, kGlu><<<grid, block, 0, stream>>>(p, single);
+  } else if (p.max_rows <= 2) {
+    GroupedMatVecKernel<W, 2, kGlu><<<grid, block, 0, stream>>>(p, single);
+  } else if (p.max_rows <= 4) {
+    GroupedMatVecKernel<W, 4, kGlu><<<grid, block, 0, stream>>>(p, single);
+  } else {
+    GroupedMatVecKernel<W, 8, kGlu><<<grid, block, 0, stream>>>(p, single);
   }
 }
 
@@ -170,22 +198,14 @@ __global__ void AddBiasKernel(float* out, int64_t T, int64_t N, const W* bias) {
 
 template <typename W>
 void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  const unsigned groups = static_cast<unsigned>(p.num_groups);
-  if (p.max_rows <= kMatVecMaxRows) {
-    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)), groups);
-    const dim3 block(kMvWarps * kWarp);
-    if (p.max_rows <= 1) {
-      GroupedMatVecKernel<W, 1><<<grid, block, 0, stream>>>(p, single);
-    } else if (p.max_rows <= 2) {
-      GroupedMatVecKernel<W, 2><<<grid, block, 0, stream>>>(p, single);
-    } else if (p.max_rows <= 4) {
-      GroupedMatVecKernel<W, 4><<<grid, block, 0, stream>>>(p, single);
-    } else {
-      GroupedMatVecKernel<W, 8><<<grid, block, 0, stream>>>(p, single);
-    }
+  if (p.up_groups != nullptr) {
+    LaunchMatVec<W, true>(p, single, stream);
+  } else if (p.max_rows <= kMatVecMaxRows) {
+    LaunchMatVec<W, false>(p, single, stream);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
-                    static_cast<unsigned>(CeilDiv(p.max_rows, kBM)), groups);
+                    static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
+                    static_cast<unsigned>(p.num_groups));
     GroupedGemmTiledKernel<W><<<grid, kTileThreads, 0, stream>>>(p, single);
   }
   MOE_CUDA_CHECK(cudaGetLastError());
@@ -196,6 +216,9 @@ void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream)
             p.max_rows <= 65535LL * kBM)
       << "GroupedGemm: groups " << p.num_groups << " N " << p.N << " K " << p.K << " rows "
       << p.max_rows;
+  MOE_CHECK(p.up_groups == nullptr || (p.groups != nullptr && p.max_rows <= kMatVecMaxRows))
+      << "GroupedGemm: the SwiGLU form needs a groups table and at most " << kMatVecMaxRows
+      << " rows per group, got " << p.max_rows;
   if (p.max_rows == 0) return;
   switch (p.w_dtype) {
     case DType::kF32: return LaunchTyped<float>(p, single, stream);
