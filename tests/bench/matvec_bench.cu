@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -50,6 +51,7 @@ struct Bench {
   kernels::CudaBackend& gpu;
   cudaStream_t stream;
   size_t l2_bytes;
+  Buffer memset_scrub;  // only with --memset-scrub: the llm.c-style scrub, kept to compare
 
   Buffer Alloc(size_t bytes) {
     auto b = gpu.Allocate(bytes);
@@ -77,6 +79,9 @@ struct Bench {
     BENCH_CHECK(cudaEventCreate(&stop));
     std::vector<double> ms;
     for (int i = 0; i < kRuns; ++i) {
+      if (memset_scrub.data() != nullptr) {
+        BENCH_CHECK(cudaMemsetAsync(memset_scrub.data(), i & 0xff, memset_scrub.bytes(), stream));
+      }
       SpinKernel<<<1, 1, 0, stream>>>(40000);  // ~20 us at 1.98 GHz
       BENCH_CHECK(cudaGetLastError());
       BENCH_CHECK(cudaEventRecord(start, stream));
@@ -100,7 +105,7 @@ void PrintRow(const char* what, double bytes, double ms, double copy_bps) {
               bps / 1e9, 100 * bps / kHbmCeiling, 100 * bps / copy_bps);
 }
 
-int Main() {
+int Main(bool memset_scrub) {
   auto made = kernels::CudaBackend::Create({});
   if (!made.ok()) {
     std::fprintf(stderr, "%s\n", made.status().ToString().c_str());
@@ -109,7 +114,8 @@ int Main() {
   kernels::CudaBackend& gpu = **made;
   cudaDeviceProp prop{};
   BENCH_CHECK(cudaGetDeviceProperties(&prop, 0));
-  Bench b{gpu, gpu.stream(), static_cast<size_t>(prop.l2CacheSize)};
+  Bench b{gpu, gpu.stream(), static_cast<size_t>(prop.l2CacheSize), Buffer()};
+  if (memset_scrub) b.memset_scrub = b.Alloc(size_t{256} << 20);
 
   // The ceiling in this run: a 1 GiB device-to-device copy, bytes read + written.
   const size_t copy_bytes = size_t{1} << 30;
@@ -122,8 +128,9 @@ int Main() {
   src = Buffer();
   dst = Buffer();
 
-  std::printf("device: %s, %d SMs, L2 %zu MiB; %d runs per row, median\n", prop.name,
-              prop.multiProcessorCount, b.l2_bytes >> 20, kRuns);
+  std::printf("device: %s, %d SMs, L2 %zu MiB; %d runs per row, median%s\n", prop.name,
+              prop.multiProcessorCount, b.l2_bytes >> 20, kRuns,
+              memset_scrub ? "; 256 MiB memset before each run" : "");
   std::printf("measured d2d copy: %.0f GB/s (DEVICE.md ceiling %.0f GB/s)\n\n", copy_bps / 1e9,
               kHbmCeiling / 1e9);
   std::printf("%-44s %10s %9s %9s %8s %8s\n", "op (bf16 weights, T = 1)", "MB moved", "us",
@@ -204,4 +211,7 @@ int Main() {
 }  // namespace
 }  // namespace moe
 
-int main() { return moe::Main(); }
+// --memset-scrub: also rewrite 256 MiB before each run (to measure what that scrub costs).
+int main(int argc, char** argv) {
+  return moe::Main(argc > 1 && std::string(argv[1]) == "--memset-scrub");
+}
