@@ -62,6 +62,7 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   p.a = a.x;
   p.lda = H;
   p.a_rows = a.rows;
+  p.num_sms = num_sms_;
   p.groups = groups;  // gate
   if (max_rows <= cuda::kMatVecMaxRows) {
     // Decode: gate, up and SiLU* in one matrix-vector launch, straight into act.
@@ -93,6 +94,7 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   d.c_rows = a.rows;
   d.c_scale = a.row_weights;
   d.accumulate = true;
+  d.num_sms = num_sms_;
   cuda::LaunchGroupedGemm(d, stream_);
 }
 

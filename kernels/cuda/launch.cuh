@@ -41,6 +41,7 @@ struct GemmParams {
   // When set (matrix-vector sizes only: max_rows <= kMatVecMaxRows), the call computes the SwiGLU
   // product instead: C[rc, n] = F.silu(A W_g^T)[n] * (A U_g^T)[n], U_g = up_groups[g].w.
   const GemmGroup* up_groups = nullptr;
+  int num_sms = 132;  // of the device: sizes the matrix-vector grid
 };
 
 // Picks the matrix-vector kernel when max_rows <= kMatVecMaxRows (decode: weight bytes dominate)

@@ -28,28 +28,33 @@ __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n
   }
 }
 
-// ---- matrix-vector: one warp per weight row n, up to TB rows of A at once ----------------------
+// ---- matrix-vector: `ws` warps per weight row n (each a 1/ws slice of K), up to TB rows of A ----
 // Each lane streams 16-byte weight vectors (kUnroll in flight) and dots them with the TB rows of
-// A, which stay in L1/L2 (they are re-read by every warp; weights are read once).
+// A, which stay in L1/L2 (they are re-read by every warp; weights are read once). Splitting K
+// over ws warps gives small-N matrices enough blocks to reach every SM.
 constexpr int kMvWarps = 8;
 constexpr int kUnroll = 4;
 
-// acc[j] += w[0:K] . xr[j][0:K] over this lane's share of K (the caller reduces over the warp).
-template <typename W, int TB>
+// acc[j] += w[k] * xr[j][k] over the k of thread `t` of kThreads (vector chunks of kVec, or
+// single elements when !vec); the caller reduces over the threads. kThreads is a compile-time
+// constant on purpose: the version with a run-time stride (and no early exit) ran the 623 MB
+// lm head at 76% of HBM bandwidth instead of 91% (H200, tests/bench/NOTES.md).
+template <typename W, int TB, int kThreads>
 __device__ __forceinline__ void RowDot(const W* w, int64_t K, const float* const (&xr)[TB],
-                                       bool vec, int lane, float (&acc)[TB]) {
+                                       bool vec, int t, float (&acc)[TB]) {
   constexpr int V = Vec16<W>::kVec;
+  constexpr int nt = kThreads;
   if (vec) {
-    constexpr int64_t kStep = static_cast<int64_t>(kWarp) * V;
-    for (int64_t k0 = lane * V; k0 < K; k0 += kStep * kUnroll) {
+    constexpr int64_t step = static_cast<int64_t>(nt) * V;
+    for (int64_t k0 = static_cast<int64_t>(t) * V; k0 < K; k0 += step * kUnroll) {
       float wv[kUnroll][V];
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        if (k0 + u * kStep < K) Vec16<W>::Load(w + k0 + u * kStep, wv[u]);
+        if (k0 + u * step < K) Vec16<W>::Load(w + k0 + u * step, wv[u]);
       }
 #pragma unroll
       for (int u = 0; u < kUnroll; ++u) {
-        const int64_t k = k0 + u * kStep;
+        const int64_t k = k0 + u * step;
         if (k >= K) break;
 #pragma unroll
         for (int j = 0; j < TB; ++j) {
@@ -66,7 +71,7 @@ __device__ __forceinline__ void RowDot(const W* w, int64_t K, const float* const
       }
     }
   } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
-    for (int64_t k = lane; k < K; k += kWarp) {
+    for (int64_t k = t; k < K; k += nt) {
       const float wk = ToF32(w[k]);
 #pragma unroll
       for (int j = 0; j < TB; ++j) acc[j] = fmaf(wk, xr[j][k], acc[j]);
@@ -75,22 +80,30 @@ __device__ __forceinline__ void RowDot(const W* w, int64_t K, const float* const
 }
 
 // kGlu: C = F.silu(A Wg^T) * (A Wu^T), Wg from groups, Wu from up_groups (same rows).
-template <typename W, int TB, bool kGlu>
+// Block: kMvWarps / ws weight rows; grid (ceil(N * ws / kMvWarps), groups). ws in {1, 4}.
+template <typename W, int TB, bool kGlu, int ws>
 __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
                                                                        const GemmGroup single) {
+  __shared__ float partial[kMvWarps][TB][2];  // per warp: gate (or plain) and up sums
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
-  const int lane = threadIdx.x % kWarp;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / kWarp;
-  if (n >= p.N || g.row_count == 0) return;
+  if (g.row_count == 0) return;  // block-uniform
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int slice = warp % ws;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (kMvWarps / ws) + warp / ws;
+  const bool active = n < p.N;  // with ws > 1 no early return: a row's warps meet at barriers
+  if constexpr (ws == 1) {
+    if (!active) return;
+  }
   constexpr int V = Vec16<W>::kVec;
   const int64_t K = p.K;
-  const W* w = static_cast<const W*>(g.w) + n * K;  // [K]
-  const W* wu = kGlu ? static_cast<const W*>(p.up_groups[blockIdx.y].w) + n * K : nullptr;
+  const W* w = static_cast<const W*>(g.w) + (active ? n : 0) * K;  // [K]
+  const W* wu = kGlu ? static_cast<const W*>(p.up_groups[blockIdx.y].w) + (active ? n : 0) * K
+                     : nullptr;
   const bool vec = K % V == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
                    (!kGlu || (reinterpret_cast<uintptr_t>(wu) & 15) == 0) &&
                    (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
 
-  for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {
+  for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {  // block-uniform trip count
     const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
     const float* xr[TB];  // [TB][K]
 #pragma unroll
@@ -101,30 +114,74 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
     float acc[TB], acc_up[TB];
 #pragma unroll
     for (int j = 0; j < TB; ++j) acc[j] = acc_up[j] = 0.f;
-    RowDot<W, TB>(w, K, xr, vec, lane, acc);
-    if constexpr (kGlu) RowDot<W, TB>(wu, K, xr, vec, lane, acc_up);
+    if (active) {
+      RowDot<W, TB, ws * kWarp>(w, K, xr, vec, slice * kWarp + lane, acc);
+      if constexpr (kGlu) RowDot<W, TB, ws * kWarp>(wu, K, xr, vec, slice * kWarp + lane, acc_up);
+    }
 #pragma unroll
     for (int j = 0; j < TB; ++j) {
-      float v = WarpSum(acc[j]);
-      if constexpr (kGlu) v = v / (1.f + expf(-v)) * WarpSum(acc_up[j]);
-      if (lane == 0 && j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
+      acc[j] = WarpSum(acc[j]);
+      if constexpr (kGlu) acc_up[j] = WarpSum(acc_up[j]);
     }
+    if constexpr (ws > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          partial[warp][j][0] = acc[j];
+          partial[warp][j][1] = acc_up[j];
+        }
+      }
+      __syncthreads();
+      if (slice == 0) {  // slices summed in a fixed order: deterministic
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          for (int s2 = 1; s2 < ws; ++s2) {
+            acc[j] += partial[warp + s2][j][0];
+            acc_up[j] += partial[warp + s2][j][1];
+          }
+        }
+      }
+      __syncthreads();  // partial is reused by the next chunk of rows
+    }
+    if (active && slice == 0 && lane == 0) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) {
+        float v = acc[j];
+        if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc_up[j];
+        if (j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
+      }
+    }
+  }
+}
+
+// Warps per row: 4 (each a quarter of K) only when one warp per row leaves SMs without a block
+// (k/v projections, the router). Measured on an H200 (tests/bench/NOTES.md): splitting whenever
+// there were under 16 blocks per SM made 2048x2048 to 8192x8192 and the expert FFN slower.
+template <typename W, int TB, bool kGlu>
+void LaunchMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const dim3 block(kMvWarps * kWarp);
+  const bool split = p.K >= 2048 && CeilDiv(p.N, kMvWarps) * p.num_groups < p.num_sms;
+  if (split) {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kMvWarps)),
+                    static_cast<unsigned>(p.num_groups));
+    GroupedMatVecKernel<W, TB, kGlu, 4><<<grid, block, 0, stream>>>(p, single);
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
+                    static_cast<unsigned>(p.num_groups));
+    GroupedMatVecKernel<W, TB, kGlu, 1><<<grid, block, 0, stream>>>(p, single);
   }
 }
 
 template <typename W, bool kGlu>
 void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
-                  static_cast<unsigned>(p.num_groups));
-  const dim3 block(kMvWarps * kWarp);
   if (p.max_rows <= 1) {
-    GroupedMatVecKernel<W, 1, kGlu><<<grid, block, 0, stream>>>(p, single);
+    LaunchMatVecRows<W, 1, kGlu>(p, single, stream);
   } else if (p.max_rows <= 2) {
-    GroupedMatVecKernel<W, 2, kGlu><<<grid, block, 0, stream>>>(p, single);
+    LaunchMatVecRows<W, 2, kGlu>(p, single, stream);
   } else if (p.max_rows <= 4) {
-    GroupedMatVecKernel<W, 4, kGlu><<<grid, block, 0, stream>>>(p, single);
+    LaunchMatVecRows<W, 4, kGlu>(p, single, stream);
   } else {
-    GroupedMatVecKernel<W, 8, kGlu><<<grid, block, 0, stream>>>(p, single);
+    LaunchMatVecRows<W, 8, kGlu>(p, single, stream);
   }
 }
 
@@ -256,6 +313,7 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   p.lda = K;
   p.c = out;
   p.ldc = N;
+  p.num_sms = num_sms_;
   // One group passed by value: no host->device copy on the decode path.
   cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
   if (bias == nullptr) return;

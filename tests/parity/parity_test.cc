@@ -60,6 +60,10 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{1, 733, 7, DType::kF32, false},
                       MatMulCase{1, 7, 733, DType::kBF16, true},
                       MatMulCase{1, 1, 1, DType::kF32, false},
+                      MatMulCase{1, 733, 4099, DType::kBF16, false},  // K split over 4 warps, scalar
+                      MatMulCase{1, 512, 2048, DType::kBF16, false},  // K split, vector loads
+                      MatMulCase{2, 8191, 8192, DType::kF16, false},
+                      MatMulCase{5, 100, 2048, DType::kF32, true},  // K split, 5 rows
                       MatMulCase{3, 733, 257, DType::kF16, true},
                       MatMulCase{7, 129, 2048, DType::kBF16, false},
                       MatMulCase{8, 64, 733, DType::kF32, false},
@@ -322,7 +326,8 @@ INSTANTIATE_TEST_SUITE_P(
                       FfnCase{3, 64, 32, 8, 2, DType::kF16},
                       FfnCase{733, 256, 96, 32, 8, DType::kBF16},  // prefill, tiled kernel
                       FfnCase{200, 512, 129, 4, 2, DType::kF32},
-                      FfnCase{1, 7, 1, 3, 1, DType::kBF16}));
+                      FfnCase{1, 7, 1, 3, 1, DType::kBF16},
+                      FfnCase{2, 2051, 64, 8, 2, DType::kF32}));  // odd H, K split over warps
 
 // ---- Embed, Add, Sigmoid -----------------------------------------------------------------------
 struct EmbedCase {
