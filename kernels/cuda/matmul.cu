@@ -35,25 +35,31 @@ __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n
 constexpr int kMvWarps = 8;
 constexpr int kUnroll = 4;
 
-// acc[j] += w[k] * xr[j][k] over the k of thread `t` of kThreads (vector chunks of kVec, or
-// single elements when !vec); the caller reduces over the threads. kThreads is a compile-time
-// constant on purpose: the version with a run-time stride (and no early exit) ran the 623 MB
-// lm head at 76% of HBM bandwidth instead of 91% (H200, tests/bench/NOTES.md).
-template <typename W, int TB, int kThreads>
-__device__ __forceinline__ void RowDot(const W* w, int64_t K, const float* const (&xr)[TB],
-                                       bool vec, int t, float (&acc)[TB]) {
+// acc[r][j] += w[r][k] * xr[j][k] for the NW weight rows w[r], over the k of thread `t` of
+// kThreads (vector chunks of kVec, or single elements when !vec); the caller reduces over the
+// threads. The NW rows' loads are issued together (kUnroll in flight per lane in all), so the
+// SwiGLU form does not wait for the gate row before loading the up row, and shares the x loads.
+// kThreads is a compile-time constant on purpose: the version with a run-time stride (and no
+// early exit) ran the 623 MB lm head at 76% of HBM bandwidth instead of 91% (H200, NOTES.md).
+template <typename W, int TB, int kThreads, int NW>
+__device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
+                                       const float* const (&xr)[TB], bool vec, int t,
+                                       float (&acc)[NW][TB]) {
   constexpr int V = Vec16<W>::kVec;
-  constexpr int nt = kThreads;
+  constexpr int kU = kUnroll / NW;
   if (vec) {
-    constexpr int64_t step = static_cast<int64_t>(nt) * V;
-    for (int64_t k0 = static_cast<int64_t>(t) * V; k0 < K; k0 += step * kUnroll) {
-      float wv[kUnroll][V];
+    constexpr int64_t step = static_cast<int64_t>(kThreads) * V;
+    for (int64_t k0 = static_cast<int64_t>(t) * V; k0 < K; k0 += step * kU) {
+      float wv[NW][kU][V];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
-        if (k0 + u * step < K) Vec16<W>::Load(w + k0 + u * step, wv[u]);
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int r = 0; r < NW; ++r) {
+          if (k0 + u * step < K) Vec16<W>::Load(w[r] + k0 + u * step, wv[r][u]);
+        }
       }
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < kU; ++u) {
         const int64_t k = k0 + u * step;
         if (k >= K) break;
 #pragma unroll
@@ -62,19 +68,25 @@ __device__ __forceinline__ void RowDot(const W* w, int64_t K, const float* const
 #pragma unroll
           for (int v = 0; v < V / 4; ++v) {
             const float4 xv = __ldg(x4 + v);
-            acc[j] = fmaf(wv[u][4 * v + 0], xv.x, acc[j]);
-            acc[j] = fmaf(wv[u][4 * v + 1], xv.y, acc[j]);
-            acc[j] = fmaf(wv[u][4 * v + 2], xv.z, acc[j]);
-            acc[j] = fmaf(wv[u][4 * v + 3], xv.w, acc[j]);
+#pragma unroll
+            for (int r = 0; r < NW; ++r) {
+              acc[r][j] = fmaf(wv[r][u][4 * v + 0], xv.x, acc[r][j]);
+              acc[r][j] = fmaf(wv[r][u][4 * v + 1], xv.y, acc[r][j]);
+              acc[r][j] = fmaf(wv[r][u][4 * v + 2], xv.z, acc[r][j]);
+              acc[r][j] = fmaf(wv[r][u][4 * v + 3], xv.w, acc[r][j]);
+            }
           }
         }
       }
     }
   } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
-    for (int64_t k = t; k < K; k += nt) {
-      const float wk = ToF32(w[k]);
+    for (int64_t k = t; k < K; k += kThreads) {
 #pragma unroll
-      for (int j = 0; j < TB; ++j) acc[j] = fmaf(wk, xr[j][k], acc[j]);
+      for (int r = 0; r < NW; ++r) {
+        const float wk = ToF32(w[r][k]);
+#pragma unroll
+        for (int j = 0; j < TB; ++j) acc[r][j] = fmaf(wk, xr[j][k], acc[r][j]);
+      }
     }
   }
 }
@@ -111,33 +123,42 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
       const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
       xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
     }
-    float acc[TB], acc_up[TB];
+    constexpr int NW = kGlu ? 2 : 1;  // gate and up rows, or the one weight row
+    float acc[NW][TB];
 #pragma unroll
-    for (int j = 0; j < TB; ++j) acc[j] = acc_up[j] = 0.f;
+    for (int r = 0; r < NW; ++r) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[r][j] = 0.f;
+    }
     if (active) {
-      RowDot<W, TB, ws * kWarp>(w, K, xr, vec, slice * kWarp + lane, acc);
-      if constexpr (kGlu) RowDot<W, TB, ws * kWarp>(wu, K, xr, vec, slice * kWarp + lane, acc_up);
+      if constexpr (kGlu) {
+        const W* const rows[2] = {w, wu};
+        RowDot<W, TB, ws * kWarp, 2>(rows, K, xr, vec, slice * kWarp + lane, acc);
+      } else {
+        const W* const rows[1] = {w};
+        RowDot<W, TB, ws * kWarp, 1>(rows, K, xr, vec, slice * kWarp + lane, acc);
+      }
     }
 #pragma unroll
-    for (int j = 0; j < TB; ++j) {
-      acc[j] = WarpSum(acc[j]);
-      if constexpr (kGlu) acc_up[j] = WarpSum(acc_up[j]);
+    for (int r = 0; r < NW; ++r) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[r][j] = WarpSum(acc[r][j]);
     }
     if constexpr (ws > 1) {
       if (lane == 0) {
 #pragma unroll
-        for (int j = 0; j < TB; ++j) {
-          partial[warp][j][0] = acc[j];
-          partial[warp][j][1] = acc_up[j];
+        for (int r = 0; r < NW; ++r) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
         }
       }
       __syncthreads();
       if (slice == 0) {  // slices summed in a fixed order: deterministic
 #pragma unroll
-        for (int j = 0; j < TB; ++j) {
-          for (int s2 = 1; s2 < ws; ++s2) {
-            acc[j] += partial[warp + s2][j][0];
-            acc_up[j] += partial[warp + s2][j][1];
+        for (int r = 0; r < NW; ++r) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
           }
         }
       }
@@ -146,8 +167,8 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
     if (active && slice == 0 && lane == 0) {
 #pragma unroll
       for (int j = 0; j < TB; ++j) {
-        float v = acc[j];
-        if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc_up[j];
+        float v = acc[0][j];
+        if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[NW - 1][j];
         if (j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
       }
     }
