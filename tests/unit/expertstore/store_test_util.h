@@ -97,3 +97,43 @@ inline void Scribble(const std::string& path, uint64_t offset, uint64_t bytes, u
 }
 
 }  // namespace moe::store::testing
+
+namespace moe::store::testing {
+
+// A tiny model imported into dir/store; keeps the checkpoint open to compare against.
+struct ImportedTiny {
+  TinyModel model;
+  ImportOptions import;
+  std::unique_ptr<Checkpoint> checkpoint;
+  std::string store_dir;
+};
+
+inline ImportedTiny ImportTiny(const std::string& dir, uint64_t max_blob_file_bytes = 1 << 30,
+                               kernels::DType format = kernels::DType::kBF16) {
+  ImportedTiny t;
+  t.import = WriteTinyCheckpoint(dir, t.model);
+  t.import.max_blob_file_bytes = max_blob_file_bytes;
+  t.import.format = format;
+  t.checkpoint = std::move(Checkpoint::Open(dir)).value();
+  t.store_dir = dir + "/store";
+  absl::StatusOr<ImportResult> r = ImportModel(*t.checkpoint, t.store_dir, t.import);
+  if (!r.ok()) std::abort();
+  return t;
+}
+
+// True when the weights behind `w` are byte-for-byte the checkpoint's (bf16 imports).
+inline bool SameAsCheckpoint(const Checkpoint& ckpt, const kernels::ExpertWeights& w,
+                             int32_t layer, int32_t expert) {
+  const std::pair<const kernels::TensorView*, const char*> parts[] = {
+      {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
+  for (const auto& [view, which] : parts) {
+    absl::StatusOr<kernels::TensorView> src = ckpt.Get(ExpertTensor(layer, expert, which));
+    if (!src.ok() || src->bytes() != view->bytes() ||
+        std::memcmp(src->data, view->data, src->bytes()) != 0) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace moe::store::testing
