@@ -14,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "expertstore/importer.h"
+#include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "nlohmann/json.hpp"
 
