@@ -13,7 +13,9 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "expertstore/blob_index.h"
 #include "expertstore/blob_reader.h"
 #include "expertstore/expert_store.h"
@@ -28,7 +30,9 @@ ABSL_FLAG(int32_t, experts, 64, "Experts to write (one layer)");
 ABSL_FLAG(int64_t, hidden, 2048, "H (Qwen3-30B-A3B: 2048)");
 ABSL_FLAG(int64_t, intermediate, 768, "I (Qwen3-30B-A3B: 768)");
 ABSL_FLAG(std::string, format, "int4", "Expert format");
-ABSL_FLAG(int32_t, io_threads, 8, "Reads in flight");
+ABSL_FLAG(std::string, io_threads, "8", "Reads in flight; a comma-separated list runs each");
+ABSL_FLAG(int32_t, device_slots, -1, "Store run: device tier slots (-1: every expert)");
+ABSL_FLAG(int32_t, host_slots, -1, "Store run: host tier slots (-1: every expert)");
 ABSL_FLAG(bool, o_direct, true, "Read with O_DIRECT");
 
 namespace {
@@ -94,15 +98,18 @@ int main(int argc, char** argv) {
               static_cast<long>(imported->imported), base::FormatBytes(imported->bytes_written).c_str(),
               base::NowSeconds() - t0, GBps(imported->bytes_written, base::NowSeconds() - t0));
 
-  // 1. Blob reader alone: every blob once, io_threads in flight.
   auto index = store::BlobIndex::Open(store_dir + "/index", "", false).value();
   const std::vector<store::BlobLocation> entries = index->List().value();
   index.reset();
   const uint64_t length = entries[0].length;
+  // 1. Blob reader alone: every blob once, io_threads in flight.
+  for (absl::string_view threads_text : absl::StrSplit(absl::GetFlag(FLAGS_io_threads), ',')) {
+  int io_threads = 8;
+  if (!absl::SimpleAtoi(threads_text, &io_threads) || io_threads <= 0) return 1;
   std::vector<void*> buffers;
   for (size_t i = 0; i < entries.size(); ++i) buffers.push_back(std::aligned_alloc(4096, length));
   for (int rep = 0; rep < 3; ++rep) {
-    store::BlobReader reader(store_dir, {.io_threads = absl::GetFlag(FLAGS_io_threads),
+    store::BlobReader reader(store_dir, {.io_threads = io_threads,
                                          .verify_checksums = rep != 2,
                                          .use_o_direct = absl::GetFlag(FLAGS_o_direct)});
     std::atomic<int> errors{0};
@@ -120,7 +127,7 @@ int main(int argc, char** argv) {
     const double dt = base::NowSeconds() - t0;
     std::printf("disk->host (blob reader, %d in flight, checksum %s, o_direct %d): %zu x %s in "
                 "%.3fs = %.2f GB/s, errors %d\n",
-                absl::GetFlag(FLAGS_io_threads), rep != 2 ? "on " : "off", absl::GetFlag(FLAGS_o_direct),
+                io_threads, rep != 2 ? "on " : "off", absl::GetFlag(FLAGS_o_direct),
                 entries.size(), base::FormatBytes(length).c_str(), dt,
                 GBps(length * entries.size(), dt), errors.load());
   }
@@ -130,9 +137,10 @@ int main(int argc, char** argv) {
   auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {}).value();
   store::StoreOptions so;
   so.store_dir = store_dir;
-  so.device_budget_bytes = length * entries.size();
-  so.host_budget_bytes = length * entries.size();
-  so.io_threads = absl::GetFlag(FLAGS_io_threads);
+  const int32_t dslots = absl::GetFlag(FLAGS_device_slots), hslots = absl::GetFlag(FLAGS_host_slots);
+  so.device_budget_bytes = length * (dslots < 0 ? entries.size() : static_cast<size_t>(dslots));
+  so.host_budget_bytes = length * (hslots < 0 ? entries.size() : static_cast<size_t>(hslots));
+  so.io_threads = io_threads;
   so.use_o_direct = absl::GetFlag(FLAGS_o_direct);
   auto es = store::ExpertStore::Open(so, backend.get()).value();
   std::vector<int32_t> all;
@@ -146,10 +154,12 @@ int main(int argc, char** argv) {
   }
   const double dt = base::NowSeconds() - t0;
   const store::StoreStats s = es->Stats();
-  std::printf("store cold load (disk->host->device[cpu]): %zu experts in %.3fs = %.2f GB/s; "
-              "mean load latency %.0f us\n",
-              entries.size(), dt, GBps(length * entries.size(), dt),
+  std::printf("store cold load (disk->host->device[cpu], %s device, %s host): %zu experts in "
+              "%.3fs = %.2f GB/s; mean load latency %.0f us\n",
+              base::FormatBytes(so.device_budget_bytes).c_str(),
+              base::FormatBytes(so.host_budget_bytes).c_str(), entries.size(), dt, GBps(length * entries.size(), dt),
               static_cast<double>(s.load_latency_us.total_us) / std::max<uint64_t>(1, s.load_latency_us.count));
+  }
   std::filesystem::remove_all(dir);
   return 0;
 }
