@@ -20,7 +20,7 @@ SimResult SimulateBelady(const std::vector<ExpertId>& accesses, int64_t capacity
     seen[accesses[i]] = i;
   }
   SimResult r;
-  std::set<std::pair<int64_t, ExpertId>> by_next;  // farthest next use last
+  std::set<std::pair<int64_t, ExpertId>> by_next;   // farthest next use last
   absl::flat_hash_map<ExpertId, int64_t> resident;  // id -> its next use
   for (int64_t i = 0; i < n; ++i) {
     const ExpertId id = accesses[i];

@@ -15,8 +15,8 @@ uint64_t MatrixBytes(kernels::DType dtype, int32_t group, int64_t rows, int64_t 
   return static_cast<uint64_t>(rows * cols) * kernels::DTypeSize(dtype);
 }
 
-kernels::TensorView Matrix(const void* blob, uint64_t offset, const BlobLocation& loc,
-                           int64_t rows, int64_t cols) {
+kernels::TensorView Matrix(const void* blob, uint64_t offset, const BlobLocation& loc, int64_t rows,
+                           int64_t cols) {
   kernels::TensorView v =
       kernels::View(static_cast<const uint8_t*>(blob) + offset, loc.dtype, {rows, cols});
   v.group_size = kernels::IsQuantized(loc.dtype) ? loc.group_size : 0;
@@ -57,8 +57,8 @@ absl::Status VerifyBlob(const BlobLocation& loc, const void* blob, bool checksum
                                          " at offset ", loc.offset, " (", loc.length, " bytes)");
   const uint64_t got = checksum ? BlobChecksum(blob, loc.length) : loc.checksum;
   if (got != loc.checksum) {
-    return absl::DataLossError(absl::StrFormat("%s: xxh3 checksum mismatch: want 0x%016x, got 0x%016x",
-                                               where, loc.checksum, got));
+    return absl::DataLossError(absl::StrFormat(
+        "%s: xxh3 checksum mismatch: want 0x%016x, got 0x%016x", where, loc.checksum, got));
   }
   BlobHeader h;
   std::memcpy(&h, blob, sizeof(h));

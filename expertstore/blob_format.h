@@ -47,15 +47,15 @@ static_assert(sizeof(BlobHeader) <= kBlobHeaderBytes);
 struct BlobLocation {
   int32_t layer = 0;
   int32_t expert = 0;
-  std::string file;          // relative to the store directory, e.g. "blobs/000001.blob"
-  uint64_t offset = 0;       // multiple of kBlobAlignment
-  uint64_t length = 0;       // multiple of kBlobAlignment, padding included
-  uint64_t checksum = 0;     // XXH3-64 of the `length` bytes
+  std::string file;       // relative to the store directory, e.g. "blobs/000001.blob"
+  uint64_t offset = 0;    // multiple of kBlobAlignment
+  uint64_t length = 0;    // multiple of kBlobAlignment, padding included
+  uint64_t checksum = 0;  // XXH3-64 of the `length` bytes
   uint32_t version = kStoreFormatVersion;
   kernels::DType dtype = kernels::DType::kBF16;  // of all three matrices
-  int32_t group_size = 0;    // quantized dtypes only
-  int64_t hidden_size = 0;   // H
-  int64_t intermediate_size = 0;  // I (moe_intermediate_size)
+  int32_t group_size = 0;                        // quantized dtypes only
+  int64_t hidden_size = 0;                       // H
+  int64_t intermediate_size = 0;                 // I (moe_intermediate_size)
 };
 
 // Offsets of the three matrices inside a blob and its padded length.

@@ -49,7 +49,8 @@ absl::StatusOr<BlobLocation> Decode(const std::string& key, const std::string& v
     l.checksum = j.at("checksum").get<uint64_t>();
     l.version = j.at("version").get<uint32_t>();
     const int dtype = j.at("dtype").get<int>();
-    if (dtype < 0 || dtype > static_cast<int>(kernels::DType::kQ2)) throw std::runtime_error("dtype");
+    if (dtype < 0 || dtype > static_cast<int>(kernels::DType::kQ2))
+      throw std::runtime_error("dtype");
     l.dtype = static_cast<kernels::DType>(dtype);
     l.group_size = j.at("group_size").get<int32_t>();
     l.hidden_size = j.at("hidden_size").get<int64_t>();
@@ -103,7 +104,8 @@ absl::StatusOr<std::unique_ptr<BlobIndex>> BlobIndex::Open(const std::string& pa
       manifest.model = j.at("model").get<std::string>();
       manifest.format_version = j.at("format_version").get<uint32_t>();
     } catch (const std::exception& e) {
-      return absl::DataLossError(absl::StrCat("index ", path, ": manifest does not decode: ", e.what()));
+      return absl::DataLossError(
+          absl::StrCat("index ", path, ": manifest does not decode: ", e.what()));
     }
     if (manifest.format_version != kStoreFormatVersion) {
       return absl::FailedPreconditionError(absl::StrCat(
@@ -111,8 +113,8 @@ absl::StatusOr<std::unique_ptr<BlobIndex>> BlobIndex::Open(const std::string& pa
           "; this binary reads version ", kStoreFormatVersion, " (re-import the model)"));
     }
     if (!model.empty() && manifest.model != model) {
-      return absl::FailedPreconditionError(absl::StrCat("index ", path, " is for model '",
-                                                        manifest.model, "', not '", model, "'"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("index ", path, " is for model '", manifest.model, "', not '", model, "'"));
     }
   }
   return std::unique_ptr<BlobIndex>(new BlobIndex(path, std::move(db), std::move(manifest)));
@@ -135,7 +137,8 @@ absl::StatusOr<std::vector<BlobLocation>> BlobIndex::List() const {
   std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
   std::vector<BlobLocation> out;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
-    MOE_ASSIGN_OR_RETURN(BlobLocation l, Decode(it->key().ToString(), it->value().ToString(), path_));
+    MOE_ASSIGN_OR_RETURN(BlobLocation l,
+                         Decode(it->key().ToString(), it->value().ToString(), path_));
     out.push_back(std::move(l));
   }
   if (!it->status().ok()) {

@@ -60,8 +60,8 @@ absl::Status BlobReader::Read(const BlobLocation& loc, void* dst) {
   auto* out = static_cast<uint8_t*>(dst);
   uint64_t done = 0;
   while (done < loc.length) {
-    const ssize_t n = ::pread(f->fd, out + done, loc.length - done,
-                              static_cast<off_t>(loc.offset + done));
+    const ssize_t n =
+        ::pread(f->fd, out + done, loc.length - done, static_cast<off_t>(loc.offset + done));
     if (n < 0) {
       if (errno == EINTR) continue;
       return absl::InternalError(absl::StrCat(where, ": read error: ", std::strerror(errno)));

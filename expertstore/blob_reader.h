@@ -60,8 +60,8 @@ class BlobReader {
   const BlobReaderOptions options_;
   std::mutex mu_;
   absl::flat_hash_map<std::string, OpenFile> files_;  // by relative path; guarded by mu_
-  std::unique_ptr<base::ThreadPool> pool_;  // reset first in the destructor: reads finish
-                                            // before their files close
+  std::unique_ptr<base::ThreadPool> pool_;            // reset first in the destructor: reads finish
+                                                      // before their files close
 };
 
 }  // namespace moe::store

@@ -88,8 +88,8 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
     const int64_t n = static_cast<int64_t>(options.host_budget_bytes / slot);
     MOE_ASSIGN_OR_RETURN(kernels::Buffer memory, store->host_allocator_->Allocate(n * slot));
     MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(options.policy));
-    store->host_ = std::make_unique<SlotTier>("host", std::move(memory), slot, n,
-                                              std::move(policy), &store->stats_.host);
+    store->host_ = std::make_unique<SlotTier>("host", std::move(memory), slot, n, std::move(policy),
+                                              &store->stats_.host);
   }
   store->copy_thread_ = std::make_unique<base::ThreadPool>(1);
   store->reader_ = std::make_unique<BlobReader>(
@@ -122,11 +122,11 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
     const ExpertId id{layer, e};
     auto loc_it = locations_.find(id);
     if (loc_it == locations_.end()) {
-      handles.push_back(ExpertHandle{layer, e,
-                                     Failed(absl::NotFoundError(absl::StrCat(
-                                         ExpertName(layer, e), " is not in the index of ",
-                                         options_.store_dir))),
-                                     nullptr});
+      handles.push_back(
+          ExpertHandle{layer, e,
+                       Failed(absl::NotFoundError(absl::StrCat(
+                           ExpertName(layer, e), " is not in the index of ", options_.store_dir))),
+                       nullptr});
       continue;
     }
     const BlobLocation& loc = loc_it->second;
@@ -166,10 +166,10 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
     t->device = std::move(*buffer);
     FillFromBelow(loc, Target{-1, t});
     auto* weights = new kernels::ExpertWeights(BlobWeights(loc, t->device.data()));
-    handles.push_back(ExpertHandle{
-        layer, e, t->ready,
-        std::shared_ptr<const kernels::ExpertWeights>(
-            weights, [t](const kernels::ExpertWeights* w) { delete w; })});
+    handles.push_back(
+        ExpertHandle{layer, e, t->ready,
+                     std::shared_ptr<const kernels::ExpertWeights>(
+                         weights, [t](const kernels::ExpertWeights* w) { delete w; })});
   }
   return handles;
 }

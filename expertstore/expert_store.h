@@ -118,10 +118,10 @@ class ExpertStore final : public ExpertProvider {
   absl::flat_hash_map<ExpertId, BlobLocation> locations_;  // immutable after Open
 
   mutable std::mutex mu_;
-  StoreStats stats_;                  // guarded by mu_
-  std::unique_ptr<SlotTier> device_;  // null when its budget is 0; guarded by mu_
-  std::unique_ptr<SlotTier> host_;    // likewise
-  std::vector<CopyJob> copy_queue_;   // guarded by mu_
+  StoreStats stats_;                   // guarded by mu_
+  std::unique_ptr<SlotTier> device_;   // null when its budget is 0; guarded by mu_
+  std::unique_ptr<SlotTier> host_;     // likewise
+  std::vector<CopyJob> copy_queue_;    // guarded by mu_
   bool copy_drain_scheduled_ = false;  // guarded by mu_
 
   // Reset in this order by the destructor: reads finish (and queue their copies), then copies.

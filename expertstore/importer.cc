@@ -142,9 +142,9 @@ absl::StatusOr<BlobLocation> BuildBlob(const Checkpoint& ckpt, const ExpertTenso
   MOE_ASSIGN_OR_RETURN(const kernels::TensorView down, get(names.down));
   const int64_t I = gate.dim(0), H = gate.dim(1);
   if (up.dim(0) != I || up.dim(1) != H || down.dim(0) != H || down.dim(1) != I) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        who, ": shapes gate [", I, ",", H, "] up [", up.dim(0), ",", up.dim(1), "] down [",
-        down.dim(0), ",", down.dim(1), "] are not [I,H] [I,H] [H,I]"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": shapes gate [", I, ",", H, "] up [", up.dim(0), ",", up.dim(1),
+                     "] down [", down.dim(0), ",", down.dim(1), "] are not [I,H] [I,H] [H,I]"));
   }
   BlobLocation loc;
   loc.layer = names.layer;
@@ -274,8 +274,8 @@ absl::StatusOr<ImportResult> ImportModel(const Checkpoint& checkpoint, const std
     const double elapsed = std::max(1e-6, base::NowSeconds() - start);
     progress.bytes_per_second = static_cast<double>(progress.bytes_written) / elapsed;
     progress.eta_seconds =
-        static_cast<double>(progress.bytes_total - std::min(progress.bytes_total,
-                                                            progress.bytes_written)) /
+        static_cast<double>(progress.bytes_total -
+                            std::min(progress.bytes_total, progress.bytes_written)) /
         std::max(1.0, progress.bytes_per_second);
     if (options.on_progress) options.on_progress(progress);
     return absl::OkStatus();
@@ -314,8 +314,8 @@ absl::StatusOr<ImportResult> ImportModel(const Checkpoint& checkpoint, const std
   return result;
 }
 
-absl::StatusOr<VerifyResult> VerifyStore(
-    const std::string& store_dir, const std::function<void(int64_t, int64_t)>& on_progress) {
+absl::StatusOr<VerifyResult> VerifyStore(const std::string& store_dir,
+                                         const std::function<void(int64_t, int64_t)>& on_progress) {
   MOE_ASSIGN_OR_RETURN(std::unique_ptr<BlobIndex> index,
                        BlobIndex::Open(store_dir + "/index", "", /*create=*/false));
   MOE_ASSIGN_OR_RETURN(std::vector<BlobLocation> entries, index->List());

@@ -92,8 +92,8 @@ struct VerifyResult {
 };
 // Re-reads every indexed blob of store_dir and verifies checksum and header. The Status is for
 // the store as a whole (index missing or of another version); bad blobs are listed in the result.
-absl::StatusOr<VerifyResult> VerifyStore(const std::string& store_dir,
-                                         const std::function<void(int64_t done, int64_t total)>&
-                                             on_progress = nullptr);
+absl::StatusOr<VerifyResult> VerifyStore(
+    const std::string& store_dir,
+    const std::function<void(int64_t done, int64_t total)>& on_progress = nullptr);
 
 }  // namespace moe::store

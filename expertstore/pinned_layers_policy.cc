@@ -17,7 +17,8 @@ class PinnedLayersPolicy final : public EvictionPolicy {
   void OnAccess(ExpertId id) override { inner_->OnAccess(id); }
   void OnErase(ExpertId id) override { inner_->OnErase(id); }
   std::optional<ExpertId> Victim(const std::function<bool(ExpertId)>& evictable) override {
-    return inner_->Victim([&](ExpertId id) { return !layers_.contains(id.layer) && evictable(id); });
+    return inner_->Victim(
+        [&](ExpertId id) { return !layers_.contains(id.layer) && evictable(id); });
   }
 
  private:

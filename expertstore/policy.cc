@@ -25,9 +25,8 @@ absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakePolicy(const PolicyOptions& 
     }
     policy = MakeLfuAgingPolicy(options.aging_period);
   } else {
-    return absl::InvalidArgumentError(absl::StrCat("eviction policy '", options.name,
-                                                   "' is not one of ",
-                                                   absl::StrJoin(PolicyNames(), ", ")));
+    return absl::InvalidArgumentError(absl::StrCat(
+        "eviction policy '", options.name, "' is not one of ", absl::StrJoin(PolicyNames(), ", ")));
   }
   if (!options.pinned_layers.empty()) {
     policy = MakePinnedLayersPolicy(std::move(policy), options.pinned_layers);

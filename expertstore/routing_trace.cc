@@ -84,7 +84,8 @@ std::vector<ExpertId> TraceAccesses(const RoutingTrace& trace) {
 
 absl::StatusOr<RoutingTrace> MakeSyntheticTrace(const SyntheticTraceOptions& o) {
   if (o.num_layers <= 0 || o.num_experts <= 0 || o.steps < 0) {
-    return absl::InvalidArgumentError("synthetic trace: layers, experts and steps must be positive");
+    return absl::InvalidArgumentError(
+        "synthetic trace: layers, experts and steps must be positive");
   }
   if (o.top_k <= 0 || o.top_k > o.num_experts) {
     return absl::InvalidArgumentError(

@@ -43,7 +43,7 @@ std::vector<ExpertId> TraceAccesses(const RoutingTrace& trace);
 struct SyntheticTraceOptions {
   int32_t num_layers = 48;
   int32_t num_experts = 128;
-  int32_t top_k = 8;      // experts per (step, layer)
+  int32_t top_k = 8;  // experts per (step, layer)
   int64_t steps = 1000;
   // Popularity: expert of rank r (per layer, in a random order per layer) is drawn with
   // probability proportional to 1 / (r + 1)^zipf_s. 0 is uniform. Default: 1.

@@ -6,8 +6,8 @@
 
 namespace moe::store {
 
-SlotTier::SlotTier(std::string name, kernels::Buffer memory, uint64_t slot_bytes,
-                   int64_t num_slots, std::unique_ptr<EvictionPolicy> policy, TierStats* stats)
+SlotTier::SlotTier(std::string name, kernels::Buffer memory, uint64_t slot_bytes, int64_t num_slots,
+                   std::unique_ptr<EvictionPolicy> policy, TierStats* stats)
     : name_(std::move(name)),
       memory_(std::move(memory)),
       slot_bytes_(slot_bytes),
@@ -54,7 +54,8 @@ int SlotTier::Claim(ExpertId id, int64_t now_us) {
   return s;
 }
 
-std::vector<std::function<void(absl::Status)>> SlotTier::Complete(int s, const absl::Status& status) {
+std::vector<std::function<void(absl::Status)>> SlotTier::Complete(int s,
+                                                                  const absl::Status& status) {
   Slot& slot = slots_[s];
   MOE_CHECK(slot.state == SlotState::kLoading) << name_ << ": slot " << s << " completed twice";
   if (status.ok()) {

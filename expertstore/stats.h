@@ -11,9 +11,9 @@ namespace moe::store {
 struct TierStats {
   int64_t slots = 0;
   uint64_t slot_bytes = 0;
-  uint64_t hits = 0;       // found resident (or already loading: see StoreStats::joined)
-  uint64_t misses = 0;     // had to be brought in from the tier below
-  uint64_t bytes_in = 0;   // bytes copied into this tier
+  uint64_t hits = 0;      // found resident (or already loading: see StoreStats::joined)
+  uint64_t misses = 0;    // had to be brought in from the tier below
+  uint64_t bytes_in = 0;  // bytes copied into this tier
   uint64_t evictions = 0;
 };
 
@@ -38,12 +38,12 @@ struct StoreStats {
   TierStats host;
   uint64_t blob_reads = 0;
   uint64_t blob_bytes_read = 0;
-  uint64_t blob_errors = 0;      // reads that failed (missing, truncated, checksum, I/O)
-  uint64_t joined = 0;           // requests that found their expert's load already in flight
-  uint64_t transient_loads = 0;  // no slot free (all pinned) or no tiers: a per-handle buffer
-  uint64_t prefetch_issued = 0;  // loads started by Prefetch
-  uint64_t prefetch_used = 0;    // of those, later acquired before being evicted
-  uint64_t prefetch_dropped = 0; // Prefetch calls that found no evictable slot
+  uint64_t blob_errors = 0;          // reads that failed (missing, truncated, checksum, I/O)
+  uint64_t joined = 0;               // requests that found their expert's load already in flight
+  uint64_t transient_loads = 0;      // no slot free (all pinned) or no tiers: a per-handle buffer
+  uint64_t prefetch_issued = 0;      // loads started by Prefetch
+  uint64_t prefetch_used = 0;        // of those, later acquired before being evicted
+  uint64_t prefetch_dropped = 0;     // Prefetch calls that found no evictable slot
   LatencyHistogram load_latency_us;  // Acquire -> ready, for requests that waited on a load
 };
 

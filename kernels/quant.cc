@@ -64,8 +64,9 @@ float QuantizedAt(const TensorView& q, int64_t i) {
   const int64_t r = i / cols, c = i % cols;
   MOE_DCHECK(r < rows) << "QuantizedAt: element " << i << " of " << rows << "x" << cols;
   const auto* base = static_cast<const uint8_t*>(q.data);
-  const auto* params = reinterpret_cast<const uint16_t*>(base + QuantParamsOffset(q.dtype, rows, cols)) +
-                       (r * QuantGroups(cols, q.group_size) + c / q.group_size) * 2;
+  const auto* params =
+      reinterpret_cast<const uint16_t*>(base + QuantParamsOffset(q.dtype, rows, cols)) +
+      (r * QuantGroups(cols, q.group_size) + c / q.group_size) * 2;
   const uint32_t code = QuantCode(base, q.dtype, QuantRowBytes(q.dtype, cols), r, c);
   return static_cast<float>(code) * F16ToF32(params[0]) + F16ToF32(params[1]);
 }
@@ -99,9 +100,9 @@ absl::StatusOr<TensorView> Quantize(const TensorView& src, DType dtype, int32_t 
       const uint16_t m16 = F32ToF16(lo);
       const float s = F16ToF32(s16), m = F16ToF32(m16);
       if (!std::isfinite(s) || !std::isfinite(m) || !std::isfinite(hi - lo)) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "Quantize: row ", r, " group ", g, " spans [", lo, ", ", hi,
-            "], outside what fp16 scales can represent"));
+        return absl::InvalidArgumentError(
+            absl::StrCat("Quantize: row ", r, " group ", g, " spans [", lo, ", ", hi,
+                         "], outside what fp16 scales can represent"));
       }
       params[(r * groups + g) * 2] = s16;
       params[(r * groups + g) * 2 + 1] = m16;

@@ -54,7 +54,8 @@ inline uint32_t QuantCode(const uint8_t* codes, DType t, int64_t row_bytes, int6
 // InvalidArgument unless dtype is kQ8/kQ4/kQ2 and group_size is 32, 64, 128 or 256.
 absl::Status ValidateQuantFormat(DType dtype, int32_t group_size);
 
-// Parses "bf16", "f16", "f32", "int8", "int4", "int2" (the CLI spelling). InvalidArgument lists them.
+// Parses "bf16", "f16", "f32", "int8", "int4", "int2" (the CLI spelling). InvalidArgument lists
+// them.
 absl::StatusOr<DType> ParseWeightFormat(const std::string& name);
 // The inverse: "bf16", ..., "int2".
 const char* WeightFormatName(DType dtype);

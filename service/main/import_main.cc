@@ -25,7 +25,8 @@
 ABSL_FLAG(std::string, model_dir, "",
           "Hugging Face checkpoint directory (config.json + *.safetensors). Empty with --verify: "
           "only verify --store_dir");
-ABSL_FLAG(std::string, store_dir, "", "Store directory to write (created; an existing one resumes)");
+ABSL_FLAG(std::string, store_dir, "",
+          "Store directory to write (created; an existing one resumes)");
 ABSL_FLAG(std::string, model, "", "Model id recorded in the index. Default: the model_dir's name");
 ABSL_FLAG(std::string, format, "bf16", "Expert format: bf16, f16, f32, int8, int4, int2");
 ABSL_FLAG(int32_t, group_size, 64, "Group size of quantized formats: 32, 64, 128 or 256");

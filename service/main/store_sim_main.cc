@@ -82,8 +82,8 @@ int main(int argc, char** argv) {
   PolicyOptions base;
   base.frequency_weight = absl::GetFlag(FLAGS_frequency_weight);
   base.aging_period = absl::GetFlag(FLAGS_aging_period);
-  for (absl::string_view l : absl::StrSplit(absl::GetFlag(FLAGS_pinned_layers), ',',
-                                            absl::SkipEmpty())) {
+  for (absl::string_view l :
+       absl::StrSplit(absl::GetFlag(FLAGS_pinned_layers), ',', absl::SkipEmpty())) {
     int32_t layer;
     if (!absl::SimpleAtoi(l, &layer)) {
       return Fail(absl::InvalidArgumentError(absl::StrCat("--pinned_layers: '", l, "'")));

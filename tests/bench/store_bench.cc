@@ -45,14 +45,15 @@ void WriteCheckpoint(const std::string& dir, int32_t experts, int64_t H, int64_t
   std::vector<std::pair<std::string, uint64_t>> tensors;
   for (int32_t e = 0; e < experts; ++e) {
     const std::string p = absl::StrCat("model.layers.0.mlp.experts.", e, ".");
-    o->experts.push_back({0, e, p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"});
+    o->experts.push_back(
+        {0, e, p + "gate_proj.weight", p + "up_proj.weight", p + "down_proj.weight"});
     for (const char* w : {"gate_proj", "up_proj", "down_proj"}) {
       const bool down = std::string(w) == "down_proj";
       const uint64_t bytes = static_cast<uint64_t>(H * I * 2);
-      header[p + w + ".weight"] = {{"dtype", "BF16"},
-                                   {"shape", down ? std::vector<int64_t>{H, I}
-                                                  : std::vector<int64_t>{I, H}},
-                                   {"data_offsets", {offset, offset + bytes}}};
+      header[p + w + ".weight"] = {
+          {"dtype", "BF16"},
+          {"shape", down ? std::vector<int64_t>{H, I} : std::vector<int64_t>{I, H}},
+          {"data_offsets", {offset, offset + bytes}}};
       offset += bytes;
     }
   }
@@ -76,7 +77,8 @@ double GBps(uint64_t bytes, double seconds) { return static_cast<double>(bytes) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage("Measures blob-tier read throughput and store cold-load throughput.");
+  absl::SetProgramUsageMessage(
+      "Measures blob-tier read throughput and store cold-load throughput.");
   absl::ParseCommandLine(argc, argv);
   const std::string dir = absl::GetFlag(FLAGS_dir);
   std::filesystem::remove_all(dir);
@@ -95,8 +97,9 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::printf("import: %ld experts, %s in %.2fs (%.2f GB/s written, quantization included)\n",
-              static_cast<long>(imported->imported), base::FormatBytes(imported->bytes_written).c_str(),
-              base::NowSeconds() - t0, GBps(imported->bytes_written, base::NowSeconds() - t0));
+              static_cast<long>(imported->imported),
+              base::FormatBytes(imported->bytes_written).c_str(), base::NowSeconds() - t0,
+              GBps(imported->bytes_written, base::NowSeconds() - t0));
 
   auto index = store::BlobIndex::Open(store_dir + "/index", "", false).value();
   const std::vector<store::BlobLocation> entries = index->List().value();
@@ -104,61 +107,65 @@ int main(int argc, char** argv) {
   const uint64_t length = entries[0].length;
   // 1. Blob reader alone: every blob once, io_threads in flight.
   for (absl::string_view threads_text : absl::StrSplit(absl::GetFlag(FLAGS_io_threads), ',')) {
-  int io_threads = 8;
-  if (!absl::SimpleAtoi(threads_text, &io_threads) || io_threads <= 0) return 1;
-  std::vector<void*> buffers;
-  for (size_t i = 0; i < entries.size(); ++i) buffers.push_back(std::aligned_alloc(4096, length));
-  for (int rep = 0; rep < 3; ++rep) {
-    store::BlobReader reader(store_dir, {.io_threads = io_threads,
-                                         .verify_checksums = rep != 2,
-                                         .use_o_direct = absl::GetFlag(FLAGS_o_direct)});
-    std::atomic<int> errors{0};
+    int io_threads = 8;
+    if (!absl::SimpleAtoi(threads_text, &io_threads) || io_threads <= 0) return 1;
+    std::vector<void*> buffers;
+    for (size_t i = 0; i < entries.size(); ++i) buffers.push_back(std::aligned_alloc(4096, length));
+    for (int rep = 0; rep < 3; ++rep) {
+      store::BlobReader reader(store_dir, {.io_threads = io_threads,
+                                           .verify_checksums = rep != 2,
+                                           .use_o_direct = absl::GetFlag(FLAGS_o_direct)});
+      std::atomic<int> errors{0};
+      t0 = base::NowSeconds();
+      {
+        std::vector<std::promise<void>> done(entries.size());
+        for (size_t i = 0; i < entries.size(); ++i) {
+          reader.ReadAsync(entries[i], buffers[i], [&, i](absl::Status s) {
+            if (!s.ok()) ++errors;
+            done[i].set_value();
+          });
+        }
+        for (auto& d : done) d.get_future().wait();
+      }
+      const double dt = base::NowSeconds() - t0;
+      std::printf(
+          "disk->host (blob reader, %d in flight, checksum %s, o_direct %d): %zu x %s in "
+          "%.3fs = %.2f GB/s, errors %d\n",
+          io_threads, rep != 2 ? "on " : "off", absl::GetFlag(FLAGS_o_direct), entries.size(),
+          base::FormatBytes(length).c_str(), dt, GBps(length * entries.size(), dt), errors.load());
+    }
+    for (void* b : buffers) std::free(b);
+
+    // 2. The whole store, cold: disk -> host tier -> device tier (CPU backend: memcpy).
+    auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {}).value();
+    store::StoreOptions so;
+    so.store_dir = store_dir;
+    const int32_t dslots = absl::GetFlag(FLAGS_device_slots),
+                  hslots = absl::GetFlag(FLAGS_host_slots);
+    so.device_budget_bytes = length * (dslots < 0 ? entries.size() : static_cast<size_t>(dslots));
+    so.host_budget_bytes = length * (hslots < 0 ? entries.size() : static_cast<size_t>(hslots));
+    so.io_threads = io_threads;
+    so.use_o_direct = absl::GetFlag(FLAGS_o_direct);
+    auto es = store::ExpertStore::Open(so, backend.get()).value();
+    std::vector<int32_t> all;
+    for (const auto& e : entries) all.push_back(e.expert);
     t0 = base::NowSeconds();
     {
-      std::vector<std::promise<void>> done(entries.size());
-      for (size_t i = 0; i < entries.size(); ++i) {
-        reader.ReadAsync(entries[i], buffers[i], [&, i](absl::Status s) {
-          if (!s.ok()) ++errors;
-          done[i].set_value();
-        });
+      auto handles = es->Acquire(0, all).value();
+      for (auto& h : handles) {
+        if (!h.ready.get().ok()) return 1;
       }
-      for (auto& d : done) d.get_future().wait();
     }
     const double dt = base::NowSeconds() - t0;
-    std::printf("disk->host (blob reader, %d in flight, checksum %s, o_direct %d): %zu x %s in "
-                "%.3fs = %.2f GB/s, errors %d\n",
-                io_threads, rep != 2 ? "on " : "off", absl::GetFlag(FLAGS_o_direct),
-                entries.size(), base::FormatBytes(length).c_str(), dt,
-                GBps(length * entries.size(), dt), errors.load());
-  }
-  for (void* b : buffers) std::free(b);
-
-  // 2. The whole store, cold: disk -> host tier -> device tier (CPU backend: memcpy).
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {}).value();
-  store::StoreOptions so;
-  so.store_dir = store_dir;
-  const int32_t dslots = absl::GetFlag(FLAGS_device_slots), hslots = absl::GetFlag(FLAGS_host_slots);
-  so.device_budget_bytes = length * (dslots < 0 ? entries.size() : static_cast<size_t>(dslots));
-  so.host_budget_bytes = length * (hslots < 0 ? entries.size() : static_cast<size_t>(hslots));
-  so.io_threads = io_threads;
-  so.use_o_direct = absl::GetFlag(FLAGS_o_direct);
-  auto es = store::ExpertStore::Open(so, backend.get()).value();
-  std::vector<int32_t> all;
-  for (const auto& e : entries) all.push_back(e.expert);
-  t0 = base::NowSeconds();
-  {
-    auto handles = es->Acquire(0, all).value();
-    for (auto& h : handles) {
-      if (!h.ready.get().ok()) return 1;
-    }
-  }
-  const double dt = base::NowSeconds() - t0;
-  const store::StoreStats s = es->Stats();
-  std::printf("store cold load (disk->host->device[cpu], %s device, %s host): %zu experts in "
-              "%.3fs = %.2f GB/s; mean load latency %.0f us\n",
-              base::FormatBytes(so.device_budget_bytes).c_str(),
-              base::FormatBytes(so.host_budget_bytes).c_str(), entries.size(), dt, GBps(length * entries.size(), dt),
-              static_cast<double>(s.load_latency_us.total_us) / std::max<uint64_t>(1, s.load_latency_us.count));
+    const store::StoreStats s = es->Stats();
+    std::printf(
+        "store cold load (disk->host->device[cpu], %s device, %s host): %zu experts in "
+        "%.3fs = %.2f GB/s; mean load latency %.0f us\n",
+        base::FormatBytes(so.device_budget_bytes).c_str(),
+        base::FormatBytes(so.host_budget_bytes).c_str(), entries.size(), dt,
+        GBps(length * entries.size(), dt),
+        static_cast<double>(s.load_latency_us.total_us) /
+            std::max<uint64_t>(1, s.load_latency_us.count));
   }
   std::filesystem::remove_all(dir);
   return 0;

@@ -83,9 +83,7 @@ TEST(ExpertStoreTest, HitsAreReadyAtOnce) {
   TempDir dir;
   auto t = ImportTiny(dir.path());
   auto backend = Cpu();
-  auto store = ExpertStore::Open(
-      Options(t.store_dir, 1 << 20, 1 << 20),
-      backend.get());
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
   ASSERT_TRUE(store.ok());
   {
     auto first = (*store)->Acquire(1, std::vector<int32_t>{2});
@@ -102,9 +100,7 @@ TEST(ExpertStoreTest, DuplicateRequestsShareOneLoad) {
   TempDir dir;
   auto t = ImportTiny(dir.path());
   auto backend = Cpu();
-  auto store = ExpertStore::Open(
-      Options(t.store_dir, 1 << 20, 1 << 20),
-      backend.get());
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
   ASSERT_TRUE(store.ok());
   auto handles = (*store)->Acquire(0, std::vector<int32_t>{1, 1, 1});
   ASSERT_TRUE(handles.ok());
@@ -134,9 +130,7 @@ TEST(ExpertStoreTest, PrefetchIsCountedWhenUsed) {
   TempDir dir;
   auto t = ImportTiny(dir.path());
   auto backend = Cpu();
-  auto store = ExpertStore::Open(
-      Options(t.store_dir, 1 << 20, 1 << 20),
-      backend.get());
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
   ASSERT_TRUE(store.ok());
   (*store)->Prefetch(2, std::vector<int32_t>{0, 3});
   auto handles = (*store)->Acquire(2, std::vector<int32_t>{3});
@@ -153,8 +147,7 @@ TEST(ExpertStoreTest, HandlesPinTheirSlots) {
   auto t = ImportTiny(dir.path());
   auto backend = Cpu();
   // Two device slots, both held: a third expert must not evict them; it gets its own buffer.
-  auto store = ExpertStore::Open(Options(t.store_dir, 2 * 16384, 0),
-                                 backend.get());
+  auto store = ExpertStore::Open(Options(t.store_dir, 2 * 16384, 0), backend.get());
   ASSERT_TRUE(store.ok());
   auto held = (*store)->Acquire(0, std::vector<int32_t>{0, 1});
   ASSERT_TRUE(held.ok());

@@ -225,14 +225,16 @@ TEST(ImporterCrash, KilledAtEveryStepThenResumed) {
     for (const BlobLocation& l : *entries) clean_checksums[{l.layer, l.expert}] = l.checksum;
   }
   // sync_bytes 1: a sync per blob; 3 blobs' worth: batches of 3.
-  const uint64_t blob_bytes = ComputeBlobLayout(kernels::DType::kBF16, 0, m.hidden, m.intermediate).length;
+  const uint64_t blob_bytes =
+      ComputeBlobLayout(kernels::DType::kBF16, 0, m.hidden, m.intermediate).length;
   for (const uint64_t sync_bytes : {uint64_t{1}, 3 * blob_bytes}) {
     int total_steps = 0;
     {
       ImportOptions count = options;
       count.sync_bytes = sync_bytes;
       count.on_step = [&](ImportStep) { ++total_steps; };
-      ASSERT_TRUE(ImportModel(**ckpt, dir.path() + "/count_" + std::to_string(sync_bytes), count).ok());
+      ASSERT_TRUE(
+          ImportModel(**ckpt, dir.path() + "/count_" + std::to_string(sync_bytes), count).ok());
     }
     ASSERT_GT(total_steps, 2 * m.layers * m.experts);
     for (int n = 1; n <= total_steps; ++n) {

@@ -57,7 +57,8 @@ TEST_P(StoreStress, ConcurrentAcquireLosesAndDoublesNothing) {
         }
         for (const ExpertHandle& h : *handles) {
           if (h.ready.wait_for(std::chrono::seconds(20)) != std::future_status::ready ||
-              !h.ready.get().ok() || !SameAsCheckpoint(*t.checkpoint, *h.weights, layer, h.expert)) {
+              !h.ready.get().ok() ||
+              !SameAsCheckpoint(*t.checkpoint, *h.weights, layer, h.expert)) {
             ++failures;
           }
         }

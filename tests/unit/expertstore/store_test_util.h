@@ -78,14 +78,16 @@ inline ImportOptions WriteTinyCheckpoint(const std::string& dir, const TinyModel
     std::mt19937 rng(static_cast<uint32_t>(std::hash<std::string>()(name)));
     std::normal_distribution<float> dist(0.f, 0.05f);
     for (int64_t i = 0; i < n; ++i) data.push_back(kernels::F32ToBf16(dist(rng)));
-    header[name] = {{"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {begin, data.size() * 2}}};
+    header[name] = {
+        {"dtype", "BF16"}, {"shape", shape}, {"data_offsets", {begin, data.size() * 2}}};
   }
   std::string text = header.dump();
   const uint64_t len = text.size();
   std::ofstream out(dir + "/model.safetensors", std::ios::binary);
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(text.data(), static_cast<std::streamsize>(text.size()));
-  out.write(reinterpret_cast<const char*>(data.data()), static_cast<std::streamsize>(data.size() * 2));
+  out.write(reinterpret_cast<const char*>(data.data()),
+            static_cast<std::streamsize>(data.size() * 2));
   return options;
 }
 
@@ -123,8 +125,8 @@ inline ImportedTiny ImportTiny(const std::string& dir, uint64_t max_blob_file_by
 }
 
 // True when the weights behind `w` are byte-for-byte the checkpoint's (bf16 imports).
-inline bool SameAsCheckpoint(const Checkpoint& ckpt, const kernels::ExpertWeights& w,
-                             int32_t layer, int32_t expert) {
+inline bool SameAsCheckpoint(const Checkpoint& ckpt, const kernels::ExpertWeights& w, int32_t layer,
+                             int32_t expert) {
   const std::pair<const kernels::TensorView*, const char*> parts[] = {
       {&w.gate, "gate"}, {&w.up, "up"}, {&w.down, "down"}};
   for (const auto& [view, which] : parts) {

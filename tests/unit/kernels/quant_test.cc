@@ -50,7 +50,8 @@ TEST_P(QuantTest, RoundTripWithinBound) {
         hi = std::max(hi, w[r * c.cols + k]);
       }
       const float s = F16ToF32(F32ToF16((hi - lo) / qmax));
-      const double bound = 0.5 * s * 1.0001 + std::ldexp(1.0, -11) * (std::fabs(lo) + hi - lo) + 1e-7;
+      const double bound =
+          0.5 * s * 1.0001 + std::ldexp(1.0, -11) * (std::fabs(lo) + hi - lo) + 1e-7;
       for (int64_t k = g0; k < g1; ++k) {
         const double err = std::fabs(back[r * c.cols + k] - w[r * c.cols + k]);
         ASSERT_LE(err, bound) << "row " << r << " col " << k << " w " << w[r * c.cols + k]
@@ -82,7 +83,8 @@ TEST_P(QuantTest, MatMulMatchesDequantizedReference) {
   for (int64_t t = 0; t < T; ++t) {
     for (int64_t n = 0; n < c.rows; ++n) {
       double mag = 0;
-      for (int64_t k = 0; k < c.cols; ++k) mag += std::fabs(x[t * c.cols + k] * deq[n * c.cols + k]);
+      for (int64_t k = 0; k < c.cols; ++k)
+        mag += std::fabs(x[t * c.cols + k] * deq[n * c.cols + k]);
       ASSERT_NEAR(got[t * c.rows + n], want[t * c.rows + n], 1e-5 * mag + 1e-7)
           << "token " << t << " row " << n;
     }
@@ -96,8 +98,8 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{DType::kQ4, 64, 1, 1}, Case{DType::kQ2, 64, 9, 130},
                       Case{DType::kQ2, 128, 2, 7}, Case{DType::kQ4, 32, 33, 96}),
     [](const auto& p) {
-      return std::string(DTypeName(p.param.dtype)) + "_g" + std::to_string(p.param.group) +
-             "_" + std::to_string(p.param.rows) + "x" + std::to_string(p.param.cols);
+      return std::string(DTypeName(p.param.dtype)) + "_g" + std::to_string(p.param.group) + "_" +
+             std::to_string(p.param.rows) + "x" + std::to_string(p.param.cols);
     });
 
 TEST(QuantFormat, RejectsBadGroupAndDenseDtype) {
