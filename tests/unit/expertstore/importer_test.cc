@@ -172,6 +172,26 @@ TEST(Importer, RerunSkipsVerifiedAndReimportsDamaged) {
   EXPECT_EQ(verify->blobs_ok, static_cast<int64_t>(options.experts.size()));
 }
 
+TEST(Importer, ReportsProgress) {
+  TempDir dir;
+  ImportOptions options = WriteTinyCheckpoint(dir.path(), TinyModel{});
+  options.sync_bytes = 1;  // a batch per blob: a report per expert
+  std::vector<ImportProgress> reports;
+  options.on_progress = [&](const ImportProgress& p) { reports.push_back(p); };
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok());
+  ASSERT_TRUE(ImportModel(**ckpt, dir.path() + "/store", options).ok());
+  const int64_t total = static_cast<int64_t>(options.experts.size());
+  ASSERT_EQ(static_cast<int64_t>(reports.size()), total);
+  for (size_t i = 0; i < reports.size(); ++i) {
+    EXPECT_EQ(reports[i].experts_done, static_cast<int64_t>(i + 1));
+    EXPECT_EQ(reports[i].experts_total, total);
+    EXPECT_GT(reports[i].bytes_per_second, 0);
+  }
+  EXPECT_EQ(reports.back().bytes_written, reports.back().bytes_total);
+  EXPECT_EQ(reports.back().eta_seconds, 0);
+}
+
 TEST(Importer, ChangingFormatOnResumeIsRefused) {
   TempDir dir;
   ImportOptions options = WriteTinyCheckpoint(dir.path(), TinyModel{});
