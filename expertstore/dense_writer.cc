@@ -12,8 +12,10 @@
 #include <cstring>
 #include <vector>
 
+#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "expertstore/blob_format.h"
+#include "expertstore/safetensors.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
@@ -63,22 +65,43 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
                                    const ImportOptions& options) {
   std::vector<std::string> names = options.dense_tensors;
   std::sort(names.begin(), names.end());
+  const absl::flat_hash_set<std::string> keep(options.dense_full_precision.begin(),
+                                              options.dense_full_precision.end());
   json header = json::object();
-  std::vector<kernels::TensorView> views;
+  json quant = json::object();  // name -> {dtype, group_size, shape}: see safetensors.h
+  struct Planned {
+    kernels::TensorView src;
+    kernels::DType dtype;
+    uint64_t offset, bytes;
+  };
+  std::vector<Planned> planned;
   uint64_t offset = 0;
   for (const std::string& name : names) {
     absl::StatusOr<kernels::TensorView> v = checkpoint.Get(name);
     if (!v.ok()) return base::Annotate(v.status(), "dense weights");
-    kernels::TensorView out = *v;
-    out.dtype = options.dense_format;
     std::vector<int64_t> shape(v->shape.begin(), v->shape.begin() + v->rank);
-    header[name] = {{"dtype", SafetensorsDType(out.dtype)},
+    // Quantized formats apply to matrices only; vectors (norms, biases) and the tensors the
+    // caller keeps (routers) stay in their checkpoint dtype.
+    kernels::DType dtype = options.dense_format;
+    if (kernels::IsQuantized(dtype) && (v->rank != 2 || keep.contains(name))) dtype = v->dtype;
+    kernels::TensorView out = *v;
+    out.dtype = dtype;
+    out.group_size = kernels::IsQuantized(dtype) ? options.group_size : 0;
+    const uint64_t bytes = out.bytes();
+    if (kernels::IsQuantized(dtype)) {
+      quant[name] = {{"dtype", kernels::DTypeName(dtype)},
+                     {"group_size", options.group_size},
+                     {"shape", shape}};
+      shape = {static_cast<int64_t>(bytes)};
+    }
+    header[name] = {{"dtype", kernels::IsQuantized(dtype) ? "U8" : SafetensorsDType(dtype)},
                     {"shape", shape},
-                    {"data_offsets", {offset, offset + out.bytes()}}};
-    offset += out.bytes();
-    views.push_back(*v);
+                    {"data_offsets", {offset, offset + bytes}}};
+    planned.push_back({*v, dtype, offset, bytes});
+    offset += bytes;
   }
   header["__metadata__"] = {{"format", "pt"}, {"model", options.model}};
+  if (!quant.empty()) header["__metadata__"][kQuantMetadataKey] = quant.dump();
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   std::vector<uint8_t> file(8 + text.size() + offset);
@@ -86,11 +109,14 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
   std::memcpy(file.data(), &len, 8);
   std::memcpy(file.data() + 8, text.data(), text.size());
   uint8_t* data = file.data() + 8 + text.size();
-  for (const kernels::TensorView& v : views) {
-    kernels::ConvertDense(v, options.dense_format, data);
-    kernels::TensorView out = v;
-    out.dtype = options.dense_format;
-    data += out.bytes();
+  for (const Planned& p : planned) {
+    if (kernels::IsQuantized(p.dtype)) {
+      absl::StatusOr<kernels::TensorView> q =
+          kernels::Quantize(p.src, p.dtype, options.group_size, data + p.offset);
+      if (!q.ok()) return base::Annotate(q.status(), "dense weights");
+    } else {
+      kernels::ConvertDense(p.src, p.dtype, data + p.offset);
+    }
   }
   MOE_RETURN_IF_ERROR(WriteFileAtomically(store_dir, "dense.safetensors", file));
 

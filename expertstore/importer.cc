@@ -186,8 +186,13 @@ absl::Status ImportOptions::Validate() const {
       return base::Annotate(s, "import: format");
     }
   }
+  if (dense_format == kernels::DType::kQ2) {
+    return absl::InvalidArgumentError("import: dense_format int2 is not offered (too lossy)");
+  }
   if (kernels::IsQuantized(dense_format)) {
-    return absl::InvalidArgumentError("import: dense_format must be bf16, f16 or f32");
+    if (absl::Status s = kernels::ValidateQuantFormat(dense_format, group_size); !s.ok()) {
+      return base::Annotate(s, "import: dense_format");
+    }
   }
   if (max_blob_file_bytes < kBlobAlignment) {
     return absl::InvalidArgumentError("import: max_blob_file_bytes is below 4 KiB");

@@ -58,10 +58,12 @@ struct ImportOptions {
   kernels::DType format = kernels::DType::kBF16;
   int32_t group_size = 64;  // quantized formats only: 32, 64, 128 or 256. Default: 64.
   std::vector<ExpertTensorNames> experts;
-  // Dense tensors copied into dense.safetensors, converted to dense_format (kBF16, kF16 or kF32:
-  // quantized dense weights are not written yet). Default: kBF16.
+  // Dense tensors copied into dense.safetensors, converted to dense_format: kBF16, kF16, kF32,
+  // or kQ8/kQ4 (group_size) for matrices, the others keeping their checkpoint dtype, as do the
+  // tensors named in dense_full_precision (routers). Default: kBF16.
   std::vector<std::string> dense_tensors;
   kernels::DType dense_format = kernels::DType::kBF16;
+  std::vector<std::string> dense_full_precision;
   uint64_t max_blob_file_bytes = uint64_t{4} << 30;  // Default: 4 GiB per blob file
   uint64_t sync_bytes = uint64_t{256} << 20;  // Blobs per fsync + index batch. Default: 256 MiB.
   bool verify_existing = true;  // re-read and verify already-indexed blobs before skipping them

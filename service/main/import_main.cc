@@ -30,7 +30,9 @@ ABSL_FLAG(std::string, store_dir, "",
 ABSL_FLAG(std::string, model, "", "Model id recorded in the index. Default: the model_dir's name");
 ABSL_FLAG(std::string, format, "bf16", "Expert format: bf16, f16, f32, int8, int4, int2");
 ABSL_FLAG(int32_t, group_size, 64, "Group size of quantized formats: 32, 64, 128 or 256");
-ABSL_FLAG(std::string, dense_format, "bf16", "Dense weight format: bf16, f16, f32");
+ABSL_FLAG(std::string, dense_format, "bf16",
+          "Dense weight format: bf16, f16, f32, int8, int4 (quantized: matrices only, with "
+          "--group_size; norms, biases and routers keep the checkpoint's dtype)");
 ABSL_FLAG(std::string, max_blob_file_bytes, "4GiB", "Size at which a new blob file is started");
 ABSL_FLAG(bool, verify, false,
           "Re-read every indexed blob and check its checksum and header (after the import, or "
@@ -66,6 +68,12 @@ absl::StatusOr<store::ImportOptions> BuildImportOptions(const engine::ModelConfi
   }
   for (const auto& [name, info] : ckpt.tensors()) {
     if (!expert_tensors.contains(name)) o.dense_tensors.push_back(name);
+  }
+  // Routers stay in full precision when dense weights are quantized (ARCHITECTURE.md: formats).
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string block = absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".");
+    o.dense_full_precision.push_back(block + "gate.weight");
+    o.dense_full_precision.push_back(block + "shared_expert_gate.weight");
   }
   return o;
 }

@@ -172,6 +172,39 @@ TEST(Importer, RerunSkipsVerifiedAndReimportsDamaged) {
   EXPECT_EQ(verify->blobs_ok, static_cast<int64_t>(options.experts.size()));
 }
 
+// Quantized dense weights: matrices in the chosen format (read back as quantized views through
+// the safetensors extension), vectors and kept tensors in their checkpoint dtype.
+TEST(Importer, QuantizedDenseWeights) {
+  TempDir dir;
+  ImportOptions options = WriteTinyCheckpoint(dir.path(), TinyModel{});
+  options.dense_format = kernels::DType::kQ8;
+  options.group_size = 32;
+  options.dense_tensors.push_back(options.experts[0].gate);  // a matrix kept as is
+  options.dense_full_precision = {options.experts[0].gate};
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok());
+  const std::string store = dir.path() + "/store";
+  ASSERT_TRUE(ImportModel(**ckpt, store, options).ok());
+  auto dense = Checkpoint::Open(store);
+  ASSERT_TRUE(dense.ok()) << dense.status();
+  auto embed = (*dense)->Get("model.embed_tokens.weight", {16, 64});
+  ASSERT_TRUE(embed.ok()) << embed.status();
+  EXPECT_EQ(embed->dtype, kernels::DType::kQ8);
+  EXPECT_EQ(embed->group_size, 32);
+  auto src = (*ckpt)->Get("model.embed_tokens.weight");
+  for (int64_t i = 0; i < src->numel(); ++i) {
+    // int8 over a row range of ~0.4: half a step is ~0.0008.
+    ASSERT_NEAR(embed->at(i), src->at(i), 2e-3) << i;
+  }
+  auto norm = (*dense)->Get("model.norm.weight");
+  ASSERT_TRUE(norm.ok());
+  EXPECT_EQ(norm->dtype, kernels::DType::kBF16);
+  auto kept = (*dense)->Get(options.experts[0].gate);
+  ASSERT_TRUE(kept.ok());
+  EXPECT_EQ(kept->dtype, kernels::DType::kBF16);
+  EXPECT_EQ(std::memcmp(kept->data, (*ckpt)->Get(options.experts[0].gate)->data, kept->bytes()), 0);
+}
+
 TEST(Importer, ReportsProgress) {
   TempDir dir;
   ImportOptions options = WriteTinyCheckpoint(dir.path(), TinyModel{});
