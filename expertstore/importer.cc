@@ -177,6 +177,57 @@ absl::StatusOr<BlobLocation> BuildBlob(const Checkpoint& ckpt, const ExpertTenso
   return loc;
 }
 
+// The experts already in the index, by (layer, expert). FailedPrecondition when one was written
+// in another format: a store holds one format.
+absl::StatusOr<absl::flat_hash_map<std::pair<int32_t, int32_t>, BlobLocation>> IndexedExperts(
+    const BlobIndex& index, const std::string& store_dir, const ImportOptions& options) {
+  MOE_ASSIGN_OR_RETURN(std::vector<BlobLocation> existing, index.List());
+  absl::flat_hash_map<std::pair<int32_t, int32_t>, BlobLocation> indexed;
+  const int32_t want_group = kernels::IsQuantized(options.format) ? options.group_size : 0;
+  for (BlobLocation& l : existing) {
+    if (l.dtype != options.format || l.group_size != want_group) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "store ", store_dir, " holds ", ExpertName(l.layer, l.expert), " as ",
+          kernels::WeightFormatName(l.dtype), " group ", l.group_size, "; this import asks ",
+          kernels::WeightFormatName(options.format), " group ", want_group, " (use a new store)"));
+    }
+    indexed[{l.layer, l.expert}] = std::move(l);
+  }
+  return indexed;
+}
+
+// The experts this run writes: those not indexed, and (with verify_existing) those indexed whose
+// blob no longer verifies. Counts skipped and re-imported experts into `result`.
+std::vector<const ExpertTensorNames*> ExpertsToWrite(
+    const absl::flat_hash_map<std::pair<int32_t, int32_t>, BlobLocation>& indexed,
+    const std::string& store_dir, const ImportOptions& options, ImportResult* result) {
+  std::vector<const ExpertTensorNames*> todo;
+  BlobReader reader(store_dir, BlobReaderOptions{.io_threads = 1});
+  std::unique_ptr<void, decltype(&std::free)> buf(nullptr, &std::free);
+  uint64_t buf_bytes = 0;
+  for (const ExpertTensorNames& e : options.experts) {
+    auto it = indexed.find({e.layer, e.expert});
+    if (it == indexed.end()) {
+      todo.push_back(&e);
+      continue;
+    }
+    if (options.verify_existing) {
+      if (it->second.length > buf_bytes) {
+        buf_bytes = it->second.length;
+        buf.reset(std::aligned_alloc(kBlobAlignment, buf_bytes));
+      }
+      if (absl::Status s = reader.Read(it->second, buf.get()); !s.ok()) {
+        MOE_LOG(WARNING) << "[import] re-importing: " << s;
+        ++result->reimported;
+        todo.push_back(&e);
+        continue;
+      }
+    }
+    ++result->skipped;
+  }
+  return todo;
+}
+
 }  // namespace
 
 absl::Status ImportOptions::Validate() const {
@@ -208,55 +259,17 @@ absl::StatusOr<ImportResult> ImportModel(const Checkpoint& checkpoint, const std
   if (ec) return absl::InternalError(absl::StrCat("mkdir ", store_dir, ": ", ec.message()));
   MOE_ASSIGN_OR_RETURN(std::unique_ptr<BlobIndex> index,
                        BlobIndex::Open(store_dir + "/index", options.model, /*create=*/true));
-  MOE_ASSIGN_OR_RETURN(std::vector<BlobLocation> existing, index->List());
-  absl::flat_hash_map<std::pair<int32_t, int32_t>, BlobLocation> indexed;
-  const int32_t want_group = kernels::IsQuantized(options.format) ? options.group_size : 0;
-  for (BlobLocation& l : existing) {
-    if (l.dtype != options.format || l.group_size != want_group) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "store ", store_dir, " holds ", ExpertName(l.layer, l.expert), " as ",
-          kernels::WeightFormatName(l.dtype), " group ", l.group_size, "; this import asks ",
-          kernels::WeightFormatName(options.format), " group ", want_group, " (use a new store)"));
-    }
-    indexed[{l.layer, l.expert}] = std::move(l);
-  }
-
+  using Indexed = absl::flat_hash_map<std::pair<int32_t, int32_t>, BlobLocation>;
+  MOE_ASSIGN_OR_RETURN(const Indexed indexed, IndexedExperts(*index, store_dir, options));
   ImportResult result;
   ImportProgress progress;
   progress.experts_total = static_cast<int64_t>(options.experts.size());
-  // Which experts to write: those not indexed, or indexed but not whole.
-  std::vector<const ExpertTensorNames*> todo;
-  {
-    BlobReader reader(store_dir, BlobReaderOptions{.io_threads = 1});
-    void* buf = nullptr;
-    uint64_t buf_bytes = 0;
-    for (const ExpertTensorNames& e : options.experts) {
-      auto it = indexed.find({e.layer, e.expert});
-      if (it == indexed.end()) {
-        todo.push_back(&e);
-        continue;
-      }
-      if (options.verify_existing) {
-        if (it->second.length > buf_bytes) {
-          std::free(buf);
-          buf_bytes = it->second.length;
-          buf = std::aligned_alloc(kBlobAlignment, buf_bytes);
-        }
-        if (absl::Status s = reader.Read(it->second, buf); !s.ok()) {
-          MOE_LOG(WARNING) << "[import] re-importing: " << s;
-          ++result.reimported;
-          todo.push_back(&e);
-          continue;
-        }
-      }
-      ++result.skipped;
-    }
-    std::free(buf);
-  }
+  const std::vector<const ExpertTensorNames*> todo =
+      ExpertsToWrite(indexed, store_dir, options, &result);
   progress.experts_skipped = result.skipped;
   progress.experts_done = result.skipped;
   // Bytes to write, for the ETA: every expert of one model has the same shape in practice, so
-  // the first blob's length times the count is exact; it is corrected as blobs are built.
+  // the first blob's length times the count is exact for them (an estimate otherwise).
   uint64_t first_length = 0;
 
   BlobAppender appender(store_dir, options.max_blob_file_bytes);
