@@ -96,6 +96,30 @@ TEST(ExpertStoreTest, HitsAreReadyAtOnce) {
   EXPECT_EQ((*store)->Stats().device.hits, 1u);
 }
 
+TEST(ExpertStoreTest, CountsBytesPerTierAndLatency) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
+  ASSERT_TRUE(store.ok());
+  {
+    auto h = (*store)->Acquire(2, std::vector<int32_t>{0, 1, 2});
+    ASSERT_TRUE(h.ok());
+    for (const auto& x : *h) ASSERT_TRUE(x.ready.get().ok());
+  }
+  StoreStats s = (*store)->Stats();
+  const uint64_t slot = (*store)->slot_bytes();
+  EXPECT_EQ(s.device.misses, 3u);
+  EXPECT_EQ(s.host.misses, 3u);
+  EXPECT_EQ(s.device.bytes_in, 3 * slot);
+  EXPECT_EQ(s.host.bytes_in, 3 * slot);
+  EXPECT_EQ(s.blob_bytes_read, 3 * slot);
+  EXPECT_EQ(s.blob_reads, 3u);
+  EXPECT_EQ(s.load_latency_us.count, 3u);
+  EXPECT_EQ(s.device.slots, 64);  // 1 MiB / 16 KiB
+  EXPECT_EQ(s.device.slot_bytes, slot);
+}
+
 TEST(ExpertStoreTest, DuplicateRequestsShareOneLoad) {
   TempDir dir;
   auto t = ImportTiny(dir.path());
