@@ -74,6 +74,32 @@ absl::Status WriteRoutingTrace(const std::string& path, const RoutingTrace& trac
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<RoutingTraceWriter>> RoutingTraceWriter::Create(
+    const std::string& path, int32_t num_layers, int32_t num_experts) {
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    return absl::InternalError(absl::StrCat("routing trace ", path, ": cannot create"));
+  }
+  std::fprintf(f, "moe-routing-trace 1 %d %d\n", num_layers, num_experts);
+  return std::unique_ptr<RoutingTraceWriter>(new RoutingTraceWriter(path, f));
+}
+
+RoutingTraceWriter::~RoutingTraceWriter() { std::fclose(file_); }
+
+void RoutingTraceWriter::Append(int64_t step, int32_t layer, const std::vector<int32_t>& experts) {
+  std::fprintf(file_, "%lld %d", static_cast<long long>(step), layer);
+  for (int32_t e : experts) std::fprintf(file_, " %d", e);
+  std::fputc('\n', file_);
+}
+
+absl::Status RoutingTraceWriter::Flush() {
+  if (std::fflush(file_) != 0 || std::ferror(file_)) {
+    std::clearerr(file_);
+    return absl::InternalError(absl::StrCat("routing trace ", path_, ": write failed"));
+  }
+  return absl::OkStatus();
+}
+
 std::vector<ExpertId> TraceAccesses(const RoutingTrace& trace) {
   std::vector<ExpertId> out;
   for (const RoutingRecord& r : trace.records) {

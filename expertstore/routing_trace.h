@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <cstdio>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,26 @@ struct RoutingTrace {
 absl::StatusOr<RoutingTrace> ReadRoutingTrace(const std::string& path);
 // Internal names the file on an I/O error.
 absl::Status WriteRoutingTrace(const std::string& path, const RoutingTrace& trace);
+
+// Appends records to a trace file as the engine runs (one line per Append, flushed on Flush and
+// on destruction), so a long recording needs no memory and a crash loses at most the tail.
+// Not thread-safe: one writer per engine loop.
+class RoutingTraceWriter {
+ public:
+  // Creates (truncates) `path` and writes the header. Internal names the file on failure.
+  static absl::StatusOr<std::unique_ptr<RoutingTraceWriter>> Create(const std::string& path,
+                                                                    int32_t num_layers,
+                                                                    int32_t num_experts);
+  ~RoutingTraceWriter();
+  void Append(int64_t step, int32_t layer, const std::vector<int32_t>& experts);
+  // Internal when a write failed since the last call.
+  absl::Status Flush();
+
+ private:
+  RoutingTraceWriter(std::string path, std::FILE* file) : path_(std::move(path)), file_(file) {}
+  std::string path_;
+  std::FILE* file_;
+};
 
 // The accesses a trace makes, in order: record by record, experts in the order listed.
 std::vector<ExpertId> TraceAccesses(const RoutingTrace& trace);

@@ -65,6 +65,15 @@ TEST(RoutingTraceTest, RoundTripAndErrors) {
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(TraceAccesses(*back), TraceAccesses(*trace));
   {
+    auto writer = RoutingTraceWriter::Create(path + ".2", o.num_layers, o.num_experts);
+    ASSERT_TRUE(writer.ok());
+    for (const RoutingRecord& r : trace->records) (*writer)->Append(r.step, r.layer, r.experts);
+    ASSERT_TRUE((*writer)->Flush().ok());
+  }
+  auto streamed = ReadRoutingTrace(path + ".2");
+  ASSERT_TRUE(streamed.ok()) << streamed.status();
+  EXPECT_EQ(TraceAccesses(*streamed), TraceAccesses(*trace));
+  {
     std::ofstream bad(path);
     bad << "moe-routing-trace 1 3 10\n0 0 1 2\n0 1 11\n";
   }
