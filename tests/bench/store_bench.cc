@@ -13,6 +13,8 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -79,6 +81,12 @@ double GBps(uint64_t bytes, double seconds) { return static_cast<double>(bytes) 
 int main(int argc, char** argv) {
   absl::SetProgramUsageMessage(
       "Measures blob-tier read throughput and store cold-load throughput.");
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "store_bench.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
   absl::ParseCommandLine(argc, argv);
   const std::string dir = absl::GetFlag(FLAGS_dir);
   std::filesystem::remove_all(dir);
