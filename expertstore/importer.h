@@ -66,6 +66,7 @@ struct ImportOptions {
   std::vector<std::string> dense_full_precision;
   uint64_t max_blob_file_bytes = uint64_t{4} << 30;  // Default: 4 GiB per blob file
   uint64_t sync_bytes = uint64_t{256} << 20;  // Blobs per fsync + index batch. Default: 256 MiB.
+  int num_threads = 0;          // threads converting/quantizing blobs; 0: all cores. Default: 0.
   bool verify_existing = true;  // re-read and verify already-indexed blobs before skipping them
   std::function<void(const ImportProgress&)> on_progress;  // after every batch
   std::function<void(ImportStep)> on_step;                 // tests only
