@@ -4,7 +4,7 @@
 // Expert tensors are named from the engine's architecture table and config.json:
 //   model.layers.{L}.{moe_block}.experts.{E}.{expert_gate|expert_up|expert_down}.weight
 // for every sparse layer L (ModelConfig::IsSparseLayer) and E < num_experts. Every other tensor
-// of the checkpoint is dense.
+// of the checkpoint is dense. config.json and the tokenizer files are copied beside them.
 #include <cstdio>
 #include <filesystem>
 #include <string>
@@ -89,6 +89,31 @@ void PrintProgress(const store::ImportProgress& p) {
                base::FormatBytes(static_cast<uint64_t>(p.bytes_per_second)).c_str(), p.eta_seconds);
 }
 
+// Copies config, generation config and tokenizer files next to the store, so that the store
+// directory alone is a model directory for the engine (LoadModelConfig + Checkpoint::Open on it
+// read config.json and dense.safetensors). Each file goes through a temporary name.
+absl::Status CopyModelFiles(const std::string& model_dir, const std::string& store_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string ext = entry.path().extension().string();
+    const bool wanted = ext == ".json" || ext == ".txt" || ext == ".model" || ext == ".tiktoken";
+    if (!entry.is_regular_file() || !wanted || name == "model.safetensors.index.json" ||
+        name == "manifest.json") {
+      continue;
+    }
+    const fs::path tmp = fs::path(store_dir) / (name + ".tmp");
+    fs::copy_file(entry.path(), tmp, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(tmp, fs::path(store_dir) / name, ec);
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("copying ", entry.path().string(), ": ", ec.message()));
+  }
+  if (ec) return absl::InternalError(absl::StrCat("listing ", model_dir, ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 int Verify(const std::string& store_dir) {
   auto result = store::VerifyStore(store_dir, [](int64_t done, int64_t total) {
     if (done % 64 == 0 || done == total) {
@@ -156,6 +181,7 @@ int main(int argc, char** argv) {
   const double start = base::NowSeconds();
   auto result = store::ImportModel(**ckpt, store_dir, *options);
   if (!result.ok()) return Fail(result.status());
+  if (absl::Status s = CopyModelFiles(model_dir, store_dir); !s.ok()) return Fail(s);
   std::fprintf(stderr,
                "\n[import] model '%s': %ld experts written (%ld re-written), %ld already there, "
                "%s in %.1fs; %zu dense tensors\n",
