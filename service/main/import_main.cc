@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -18,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model_config.h"
+#include "engine/store_import.h"
 #include "expertstore/importer.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
@@ -46,38 +46,6 @@ using namespace moe;
 int Fail(const absl::Status& s) {
   std::fprintf(stderr, "\nmoe-import: %s\n", std::string(s.ToString()).c_str());
   return 1;
-}
-
-absl::StatusOr<store::ImportOptions> BuildImportOptions(const engine::ModelConfig& config,
-                                                        const store::Checkpoint& ckpt) {
-  store::ImportOptions o;
-  absl::flat_hash_set<std::string> expert_tensors;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (!config.IsSparseLayer(l)) continue;
-    for (int64_t e = 0; e < config.num_experts; ++e) {
-      const std::string prefix =
-          absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".experts.", e, ".");
-      store::ExpertTensorNames n{static_cast<int32_t>(l), static_cast<int32_t>(e),
-                                 absl::StrCat(prefix, config.arch.expert_gate, ".weight"),
-                                 absl::StrCat(prefix, config.arch.expert_up, ".weight"),
-                                 absl::StrCat(prefix, config.arch.expert_down, ".weight")};
-      expert_tensors.insert({n.gate, n.up, n.down});
-      o.experts.push_back(std::move(n));
-    }
-  }
-  if (o.experts.empty()) {
-    return absl::InvalidArgumentError("config.json describes no sparse layers: nothing to import");
-  }
-  for (const auto& [name, info] : ckpt.tensors()) {
-    if (!expert_tensors.contains(name)) o.dense_tensors.push_back(name);
-  }
-  // Routers stay in full precision when dense weights are quantized (ARCHITECTURE.md: formats).
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const std::string block = absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".");
-    o.dense_full_precision.push_back(block + "gate.weight");
-    o.dense_full_precision.push_back(block + "shared_expert_gate.weight");
-  }
-  return o;
 }
 
 void PrintProgress(const store::ImportProgress& p) {
@@ -157,7 +125,7 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status());
   auto ckpt = store::Checkpoint::Open(model_dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
-  auto options = BuildImportOptions(*config, **ckpt);
+  auto options = engine::ImportOptionsFor(*config, **ckpt);
   if (!options.ok()) return Fail(options.status());
   options->model = absl::GetFlag(FLAGS_model);
   if (options->model.empty()) {
