@@ -59,7 +59,7 @@ struct Event {
   FinishReason finish = FinishReason::kNone;
   absl::Status error;          // with kError
   Usage usage;                 // on the final event
-  double queue_seconds = 0;    // on the first event: time from Add to first scheduled step
+  double queue_seconds = 0;    // on the first token's event: time from Add to admission
 };
 
 struct EngineStats {
@@ -90,7 +90,8 @@ class Engine {
  private:
   struct Sequence;
   bool Admit(std::unique_ptr<Sequence>& seq);
-  void Finish(Sequence& seq, FinishReason reason, absl::Status error, std::vector<Event>* events);
+  void Finish(Sequence& seq, FinishReason reason, absl::Status error, bool flush_text,
+              std::vector<Event>* events);
   void Emit(Sequence& seq, int32_t token, const TokenLogprobs& lp, std::vector<Event>* events);
   int64_t KvBytes(int64_t capacity) const;
 

@@ -34,6 +34,21 @@ absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig
   return kv;
 }
 
+int64_t SequenceKv::BytesPerToken(const ModelConfig& c) {
+  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+void SequenceKv::CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend) {
+  MOE_CHECK(length_ == 0 && n <= src.length_ && n <= capacity_ && k_.size() == src.k_.size())
+      << "CopyPrefixFrom: " << n << " of " << src.length_ << " into capacity " << capacity_;
+  const size_t bytes = static_cast<size_t>(n) * (k_[0].bytes() / capacity_);
+  for (size_t l = 0; l < k_.size(); ++l) {
+    backend.CopyOnDevice(k_[l].data(), src.k_[l].data(), bytes);
+    backend.CopyOnDevice(v_[l].data(), src.v_[l].data(), bytes);
+  }
+  length_ = n;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    kernels::Backend& backend,
                                                    std::unique_ptr<store::ExpertProvider> experts) {

@@ -30,6 +30,10 @@ class SequenceKv {
                                                            int64_t capacity);
   int64_t capacity() const { return capacity_; }
   int64_t length() const { return length_; }
+  // Copies the first n positions of `src` (same model) into this empty cache.
+  void CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend);
+  // Bytes one position takes in every layer (keys and values).
+  static int64_t BytesPerToken(const ModelConfig& config);
 
  private:
   friend class Model;

@@ -198,4 +198,38 @@ absl::StatusOr<kernels::TensorView> Checkpoint::Get(
   return v;
 }
 
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors) {
+  json header = json::object();
+  uint64_t offset = 0;
+  for (const TensorToWrite& t : tensors) {
+    uint64_t numel = 1;
+    for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+    const uint64_t bytes = numel * kernels::DTypeSize(t.dtype);
+    header[t.name] = {{"dtype", kernels::DTypeName(t.dtype)},
+                      {"shape", t.shape},
+                      {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t header_len = text.size();
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+    out.write(reinterpret_cast<const char*>(&header_len), 8);
+    out.write(text.data(), static_cast<std::streamsize>(text.size()));
+    for (const TensorToWrite& t : tensors) {
+      uint64_t numel = 1;
+      for (int64_t d : t.shape) numel *= static_cast<uint64_t>(d);
+      out.write(static_cast<const char*>(t.data),
+                static_cast<std::streamsize>(numel * kernels::DTypeSize(t.dtype)));
+    }
+    if (!out.good()) return absl::InternalError(absl::StrCat(tmp, ": write failed"));
+  }
+  std::error_code ec;
+  fs::rename(tmp, path, ec);
+  if (ec) return absl::InternalError(absl::StrCat(path, ": rename: ", ec.message()));
+  return absl::OkStatus();
+}
+
 }  // namespace moe::store

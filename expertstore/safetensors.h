@@ -63,4 +63,16 @@ class Checkpoint {
   std::map<std::string, TensorInfo> tensors_;
 };
 
+// A tensor to write: `data` holds numel(shape) elements of `dtype`, row-major.
+struct TensorToWrite {
+  std::string name;
+  kernels::DType dtype = kernels::DType::kF32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+};
+
+// Writes one safetensors file (header padded to 8 bytes, tensors in the order given), to
+// `path`.tmp and renamed into place, so a crash never leaves a half-written file under `path`.
+absl::Status WriteSafetensors(const std::string& path, const std::vector<TensorToWrite>& tensors);
+
 }  // namespace moe::store

@@ -1,0 +1,18 @@
+// The built-in default model: a small Qwen3-MoE-architecture checkpoint with random weights and
+// a byte-level BPE tokenizer trained on a built-in corpus, written in Hugging Face format, so the
+// product runs on a fresh machine with no download. Deterministic from the seed.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace moe::engine {
+
+// Writes config.json, generation_config.json, model.safetensors (bf16), tokenizer.json and
+// tokenizer_config.json into `dir` (created if needed). The weights are random: the text it
+// generates is fluent only in the tokenizer's sense. Internal on a write failure.
+absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed = 20261121);
+
+}  // namespace moe::engine

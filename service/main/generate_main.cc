@@ -1,0 +1,185 @@
+// moe-generate: load a model, generate from a prompt or chat messages, stream the text, and
+// print time to first token, decode speed and peak memory. The offline twin of the service: it
+// runs the same Engine a worker runs.
+#include <sys/resource.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/default_model.h"
+#include "engine/engine.h"
+#include "engine/tokenizer/chat_template.h"
+#include "kernels/base/bytes.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/log.h"
+#include "nlohmann/json.hpp"
+
+constexpr char kDefaultModelDir[] = "models/default";
+
+ABSL_FLAG(std::string, model, kDefaultModelDir,
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). The default "
+          "is the built-in model (random weights), written there on first use");
+ABSL_FLAG(std::string, prompt, "", "Prompt text, tokenized as is (no chat template)");
+ABSL_FLAG(std::string, messages, "",
+          "Chat messages as JSON, e.g. '[{\"role\":\"user\",\"content\":\"Hi\"}]', rendered with "
+          "the model's chat template. Used when --prompt is empty");
+ABSL_FLAG(std::string, user, "Write a short poem about the sea.",
+          "A single user message, used when neither --prompt nor --messages is given");
+ABSL_FLAG(std::string, system, "", "Optional system message in front of --user");
+ABSL_FLAG(int64_t, max_tokens, 64, "Stop after this many generated tokens");
+ABSL_FLAG(double, temperature, 0.7, "Sampling temperature; 0 is greedy");
+ABSL_FLAG(int32_t, top_k, 0, "Keep the k most likely tokens; 0 keeps all");
+ABSL_FLAG(double, top_p, 1.0, "Nucleus sampling mass in (0, 1]");
+ABSL_FLAG(double, min_p, 0.0, "Drop tokens below min_p times the top probability");
+ABSL_FLAG(double, repetition_penalty, 1.0, "transformers-style repetition penalty (1 = off)");
+ABSL_FLAG(double, presence_penalty, 0.0, "OpenAI-style presence penalty in [-2, 2]");
+ABSL_FLAG(double, frequency_penalty, 0.0, "OpenAI-style frequency penalty in [-2, 2]");
+ABSL_FLAG(uint64_t, seed, 0, "Sampling seed: the same seed gives the same tokens");
+ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings");
+ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the model's EOS tokens");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory budget (e.g. 512MiB, 2GiB)");
+ABSL_FLAG(bool, timings, false, "Print the per-phase time breakdown of the forward pass");
+
+namespace moe {
+namespace {
+
+int64_t PeakRssBytes() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return static_cast<int64_t>(usage.ru_maxrss) * 1024;
+}
+
+absl::StatusOr<std::vector<engine::ChatMessage>> ParseMessages(const std::string& text) {
+  std::vector<engine::ChatMessage> messages;
+  try {
+    const auto j = nlohmann::json::parse(text);
+    if (!j.is_array()) return absl::InvalidArgumentError("--messages: not a JSON array");
+    for (const auto& m : j) {
+      messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("--messages: ", e.what()));
+  }
+  return messages;
+}
+
+absl::Status Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir == kDefaultModelDir && !std::filesystem::exists(std::filesystem::path(dir) / "config.json")) {
+    MOE_LOG(INFO) << "writing the built-in default model (random weights) to " << dir;
+    MOE_RETURN_IF_ERROR(engine::WriteDefaultModel(dir));
+  }
+  kernels::BackendOptions backend_options;
+  backend_options.num_threads = absl::GetFlag(FLAGS_threads);
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name != "cpu" && backend_name != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
+  }
+  MOE_ASSIGN_OR_RETURN(auto backend,
+                       kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
+                                                                  : kernels::BackendKind::kCuda,
+                                            backend_options));
+  const double t_load = base::NowSeconds();
+  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend));
+  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
+  MOE_LOG(INFO) << "loaded " << dir << " (" << model->config().arch.model_type << ", "
+                << model->config().num_hidden_layers << " layers, " << model->config().num_experts
+                << " experts) in " << base::NowSeconds() - t_load << " s";
+
+  std::string text = absl::GetFlag(FLAGS_prompt);
+  if (text.empty()) {
+    std::vector<engine::ChatMessage> messages;
+    if (!absl::GetFlag(FLAGS_messages).empty()) {
+      MOE_ASSIGN_OR_RETURN(messages, ParseMessages(absl::GetFlag(FLAGS_messages)));
+    } else {
+      if (!absl::GetFlag(FLAGS_system).empty()) messages.push_back({"system", absl::GetFlag(FLAGS_system)});
+      messages.push_back({"user", absl::GetFlag(FLAGS_user)});
+    }
+    MOE_ASSIGN_OR_RETURN(text, engine::RenderChat(tokenizer->chat_template(), messages, true));
+  }
+  engine::Request request;
+  request.id = "cli";
+  MOE_ASSIGN_OR_RETURN(request.prompt, tokenizer->Encode(text));
+  request.sampling.temperature = static_cast<float>(absl::GetFlag(FLAGS_temperature));
+  request.sampling.top_k = absl::GetFlag(FLAGS_top_k);
+  request.sampling.top_p = static_cast<float>(absl::GetFlag(FLAGS_top_p));
+  request.sampling.min_p = static_cast<float>(absl::GetFlag(FLAGS_min_p));
+  request.sampling.repetition_penalty = static_cast<float>(absl::GetFlag(FLAGS_repetition_penalty));
+  request.sampling.presence_penalty = static_cast<float>(absl::GetFlag(FLAGS_presence_penalty));
+  request.sampling.frequency_penalty = static_cast<float>(absl::GetFlag(FLAGS_frequency_penalty));
+  request.sampling.seed = absl::GetFlag(FLAGS_seed);
+  request.stop.max_tokens = absl::GetFlag(FLAGS_max_tokens);
+  request.stop.stop_strings = absl::GetFlag(FLAGS_stop);
+  request.stop.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
+
+  engine::EngineOptions options;
+  MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
+  options.kv_budget_bytes = static_cast<int64_t>(kv_budget);
+  options.max_batch_tokens = std::max<int64_t>(256, static_cast<int64_t>(request.prompt.size()));
+  MOE_RETURN_IF_ERROR(options.Validate());
+  engine::Engine eng(*model, *tokenizer, options);
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  MOE_RETURN_IF_ERROR(eng.Add(std::move(request)));
+
+  const double t0 = base::NowSeconds();
+  double t_first = 0;
+  engine::Event final_event;
+  while (eng.HasWork()) {
+    for (engine::Event& e : eng.Step()) {
+      if (e.token && t_first == 0) t_first = base::NowSeconds();
+      std::cout << e.text << std::flush;
+      if (e.finish != engine::FinishReason::kNone) final_event = std::move(e);
+    }
+  }
+  const double t_end = base::NowSeconds();
+  std::cout << std::endl;
+  if (final_event.finish == engine::FinishReason::kError) return final_event.error;
+  const int64_t n = final_event.usage.completion_tokens;
+  std::fprintf(stderr,
+               "\n[generate] finish=%s prompt_tokens=%lld completion_tokens=%lld\n"
+               "[generate] time to first token %.1f ms (prefill %.0f tok/s), decode %.1f tok/s, "
+               "peak memory %s\n",
+               engine::FinishReasonName(final_event.finish), static_cast<long long>(prompt_tokens),
+               static_cast<long long>(n), (t_first - t0) * 1e3,
+               prompt_tokens / std::max(t_first - t0, 1e-9),
+               n > 1 ? (n - 1) / std::max(t_end - t_first, 1e-9) : 0.0,
+               base::FormatBytes(PeakRssBytes()).c_str());
+  if (absl::GetFlag(FLAGS_timings)) {
+    const engine::PhaseTimes& t = model->phase_times();
+    const double steps = static_cast<double>(prompt_tokens > 0 ? n : 1);
+    std::fprintf(stderr,
+                 "[timings] ms per token: attention %.3f routing %.3f expert_wait %.3f "
+                 "expert_compute %.3f dense_mlp %.3f logits %.3f\n",
+                 t.attention_us / 1e3 / steps, t.routing_us / 1e3 / steps,
+                 t.expert_wait_us / 1e3 / steps, t.expert_compute_us / 1e3 / steps,
+                 t.dense_us / 1e3 / steps, t.logits_us / 1e3 / steps);
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Generates text with a Mixture-of-Experts model on this machine.\n"
+      "  moe-generate                       # built-in default model, a sample chat prompt\n"
+      "  moe-generate --model=/path/to/Qwen3-30B-A3B --user='Hello' --max_tokens=128");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = moe::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "moe-generate: %s\n", std::string(status.ToString()).c_str());
+    return 1;
+  }
+  return 0;
+}
