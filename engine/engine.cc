@@ -299,6 +299,8 @@ std::vector<Event> Engine::Step() {
   return events;
 }
 
+Engine::~Engine() = default;
+
 EngineStats Engine::Stats() const {
   EngineStats s;
   s.running = static_cast<int64_t>(running_.size());
