@@ -22,7 +22,7 @@ class FaultTest(unittest.TestCase):
             self.fe = self.c.add_frontend()
             self.stub = self.c.stub(self.fe)
             info = self.stub.GetModel(self.pb.GetModelRequest(model=harness.MODEL_NAME), timeout=5)
-            self.long = min(2000, info.context_length - len(PROMPT) - 1)
+            self.long = min(300, info.context_length - len(PROMPT) - 1)
         except Exception:
             self.c.close()
             raise

@@ -172,7 +172,7 @@ class ServiceTest(unittest.TestCase):
                 self.assertLess(metric(m, "moe_kv_cache_used_bytes"), per_session_max)
 
     def long_tokens(self):
-        return min(2000, self.info().context_length - len(PROMPT) - 1)
+        return 400  # a few seconds on the CPU backend; cancelled long before the end
 
     def test_deadline_exceeded(self):
         t0 = time.time()
@@ -245,7 +245,7 @@ class ServiceTest(unittest.TestCase):
         fe = self.c.add_frontend(["--max_running=2", "--max_queued=2"])
         stub = self.c.stub(fe)
         results = [None] * 8
-        n = self.long_tokens() // 4
+        n = 100
 
         def run(i):
             try:
