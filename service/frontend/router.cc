@@ -51,7 +51,11 @@ absl::StatusOr<std::shared_ptr<WorkerEndpoint>> Router::Pick(
   std::shared_ptr<WorkerEndpoint> best;
   int64_t best_load = std::numeric_limits<int64_t>::max();
   int known = 0;
-  for (const auto& w : workers_.Snapshot()) {
+  // Start the scan at a rotating offset so that equally loaded workers take turns.
+  const std::vector<std::shared_ptr<WorkerEndpoint>> all = workers_.Snapshot();
+  const size_t offset = all.empty() ? 0 : rotation_.fetch_add(1) % all.size();
+  for (size_t i = 0; i < all.size(); ++i) {
+    const std::shared_ptr<WorkerEndpoint>& w = all[(offset + i) % all.size()];
     if (!w->has_model() || w->model_name() != model) continue;
     ++known;
     if (!w->up() || exclude.count(w->target()) != 0) continue;

@@ -2,6 +2,7 @@
 // request's session (its KV is kept there), then the least loaded by outstanding tokens.
 #pragma once
 
+#include <atomic>
 #include <list>
 #include <map>
 #include <memory>
@@ -37,6 +38,7 @@ class Router {
 
   WorkerSet& workers_;
   const size_t max_sessions_;
+  std::atomic<uint64_t> rotation_{0};
   std::mutex mu_;
   std::list<std::string> lru_;  // session ids, most recent first
   std::map<std::string, std::pair<std::string, std::list<std::string>::iterator>> sessions_;

@@ -88,6 +88,8 @@ class Process:
         self.start()
 
     def start(self):
+        if getattr(self, "log", None) is not None:
+            self.log.close()
         self.log = open(self.log_path, "ab")
         self.popen = subprocess.Popen(self.argv, stdout=self.log, stderr=subprocess.STDOUT)
 
@@ -101,7 +103,7 @@ class Process:
     def stop(self):
         if self.popen.poll() is None:
             self.popen.kill()
-            self.popen.wait()
+        self.popen.wait()
         self.log.close()
 
     def tail(self, n=30):
