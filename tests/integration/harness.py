@@ -14,8 +14,8 @@ import urllib.request
 
 BUILD_DIR = os.environ.get("MOE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
 SOURCE_DIR = os.environ.get("MOE_SOURCE_DIR", os.path.join(os.path.dirname(__file__), "../.."))
-WORKER_BIN = os.path.join(BUILD_DIR, "service", "moe-worker")
-FRONTEND_BIN = os.path.join(BUILD_DIR, "service", "moe-frontend")
+WORKER_BIN = os.path.join(BUILD_DIR, "bin", "moe-worker")
+FRONTEND_BIN = os.path.join(BUILD_DIR, "bin", "moe-frontend")
 OFFLINE_BIN = os.path.join(BUILD_DIR, "tests", "integration", "moe_offline_tokens")
 MODEL_DIR = os.environ.get("MOE_TEST_MODEL", os.path.join(BUILD_DIR, "tests", "integration", "model"))
 MODEL_NAME = "model"  # the directory's base name, as moe-worker names it
