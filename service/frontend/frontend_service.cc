@@ -16,7 +16,7 @@ grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const abs
 }
 
 // A write reactor that only reports a status (refused before any work).
-class Refusal final : public grpc::ServerWriteReactor<moe::v1::GenerateResponse> {
+class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   explicit Refusal(const grpc::Status& status) { Finish(status); }
   void OnDone() override { delete this; }
@@ -106,8 +106,8 @@ void FrontendService::UpdateHealth(grpc::HealthCheckServiceInterface* health) {
   }
 }
 
-grpc::ServerWriteReactor<moe::v1::GenerateResponse>* FrontendService::Generate(
-    grpc::CallbackServerContext* context, const moe::v1::GenerateRequest* request) {
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
   if (absl::Status st = CheckAuth(*context); !st.ok()) {
     metrics_.RequestFinished(CodeLabel(st.code()));
     return new Refusal(ToGrpcStatus(st));
@@ -116,8 +116,18 @@ grpc::ServerWriteReactor<moe::v1::GenerateResponse>* FrontendService::Generate(
     metrics_.RequestFinished("unavailable");
     return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the frontend is draining"));
   }
+  grpc::ByteBuffer copy(*raw);  // Deserialize consumes its buffer; slices are shared, not copied
+  moe::v1::GenerateRequest request;
+  if (grpc::Status st =
+          grpc::SerializationTraits<moe::v1::GenerateRequest>::Deserialize(&copy, &request);
+      !st.ok()) {
+    metrics_.RequestFinished("invalid_argument");
+    return new Refusal(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                    "request: not a moe.v1.GenerateRequest (" +
+                                        st.error_message() + ")"));
+  }
   GenerateCall* call = nullptr;
-  GenerateCall::Start(&fe_, context, request, &call);
+  GenerateCall::Start(&fe_, context, &request, &call);
   return call;
 }
 

@@ -24,7 +24,11 @@ struct FrontendOptions {
 };
 
 // Thread-safe. Everything passed in must outlive it.
-class FrontendService final : public moe::v1::Inference::CallbackService {
+// Generate is registered raw (ByteBuffer in and out) so that parsing is ours: a message that is
+// not a GenerateRequest gets INVALID_ARGUMENT (gRPC 1.51's typed callback handler answers
+// UNIMPLEMENTED). Reflection still describes the typed method.
+class FrontendService final
+    : public moe::v1::Inference::WithRawCallbackMethod_Generate<moe::v1::Inference::CallbackService> {
  public:
   FrontendService(FrontendOptions options, WorkerSet& workers, Router& router,
                   Admission& admission, metrics::FrontendMetrics& metrics);
@@ -35,8 +39,8 @@ class FrontendService final : public moe::v1::Inference::CallbackService {
   // Refuses new calls (UNAVAILABLE); running ones go on.
   void StartDrain();
 
-  grpc::ServerWriteReactor<moe::v1::GenerateResponse>* Generate(
-      grpc::CallbackServerContext* context, const moe::v1::GenerateRequest* request) override;
+  grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
+                                                       const grpc::ByteBuffer* request) override;
   grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
                                      const moe::v1::TokenizeRequest* request,
                                      moe::v1::TokenizeResponse* response) override;

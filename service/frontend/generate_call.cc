@@ -204,8 +204,17 @@ void GenerateCall::OnUpstreamMessage(Upstream* up) {
   }
   relayed_ = true;
   writing_ = true;
+  bool own = false;
+  out_bytes_.Clear();  // the serializer wants an empty buffer; the last write is done with it
+  const grpc::Status serialized =
+      grpc::SerializationTraits<moe::v1::GenerateResponse>::Serialize(out_, &out_bytes_, &own);
   lock.unlock();
-  StartWrite(&out_);
+  if (!serialized.ok()) {  // cannot happen for a message we built; end cleanly if it does
+    up->Cancel();
+    up->ReadNext();
+    return;
+  }
+  StartWrite(&out_bytes_);
 }
 
 void GenerateCall::OnWriteDone(bool ok) {

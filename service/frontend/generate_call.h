@@ -30,7 +30,9 @@ struct FrontendContext {
   int max_attempts = 3;  // workers tried before the first token
 };
 
-class GenerateCall final : public grpc::ServerWriteReactor<moe::v1::GenerateResponse> {
+// Writes serialized GenerateResponse messages: Generate is a raw method (see FrontendService),
+// so that a request that does not parse gets INVALID_ARGUMENT instead of gRPC's UNIMPLEMENTED.
+class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
  public:
   // Starts the call; it deletes itself when both the client call and any worker stream are done.
   static void Start(FrontendContext* fe, grpc::CallbackServerContext* context,
@@ -72,6 +74,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<moe::v1::GenerateResp
   int64_t tokens_sent_ = 0;
   std::optional<grpc::Status> upstream_status_;  // arrived while a client write was in flight
   moe::v1::GenerateResponse out_;
+  grpc::ByteBuffer out_bytes_;  // out_, serialized for the write in flight
 };
 
 }  // namespace moe::service
