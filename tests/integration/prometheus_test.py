@@ -45,11 +45,15 @@ scrape_configs:
                 r = query('moe_generation_tokens_total{job="moe-worker"}')
                 return r and float(r[0]["value"][1]) >= 4
 
+            def finished():
+                r = query('moe_frontend_requests_total{outcome="length"}')
+                return r and float(r[0]["value"][1]) >= 1
+
+            # Each target is scraped on its own schedule: wait for both to have seen the call.
             wait_for(tokens, timeout=40, interval=0.5, what="Prometheus to scrape the worker")
+            wait_for(finished, timeout=40, interval=0.5, what="Prometheus to scrape the frontend")
             up = query('up{job="moe-frontend"}')
             self.assertEqual(up[0]["value"][1], "1")
-            stop = query('moe_frontend_requests_total{outcome="length"}')
-            self.assertGreaterEqual(float(stop[0]["value"][1]), 1)
         finally:
             if prom is not None:
                 prom.stop()
