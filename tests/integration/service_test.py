@@ -283,6 +283,22 @@ class ServiceTest(unittest.TestCase):
         ids, _, _ = generate(stub, self.pb, metadata=[("authorization", "Bearer s3cret")], **kw)
         self.assertGreater(len(ids), 0)
 
+    def test_loadgen(self):
+        out = os.path.join(self.c.log_dir, "loadgen.json")
+        r = subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-loadgen"),
+                            f"--target={self.fe.address}", f"--model={MODEL_NAME}",
+                            "--concurrency=2", "--duration_seconds=1", "--prompt_tokens=8",
+                            "--max_tokens=8", f"--json={out}"],
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("TTFT", r.stdout)
+        import json
+        with open(out) as f:
+            report = json.load(f)
+        self.assertGreater(report["calls_ok"], 0)
+        self.assertEqual(report["tokens"], 8 * report["calls_ok"])
+        self.assertEqual(report["errors"], {})
+
     # --- metrics -------------------------------------------------------------------------------
 
     def test_metrics_are_promtool_clean(self):
