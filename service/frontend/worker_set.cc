@@ -122,7 +122,9 @@ WorkerSet::WorkerSet(WorkerSetOptions options, Observer observer)
   }
 }
 
-WorkerSet::~WorkerSet() {
+WorkerSet::~WorkerSet() { Stop(); }
+
+void WorkerSet::Stop() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     stop_ = true;

@@ -77,6 +77,8 @@ class WorkerSet {
   // Resolves, polls once (so a frontend started with its workers routes at once) and starts the
   // poll thread.
   void Start();
+  // Stops the poll thread (no observer call after it returns). Idempotent.
+  void Stop();
   // Thread-safe. The current workers (removed ones stay alive while a call holds them).
   std::vector<std::shared_ptr<WorkerEndpoint>> Snapshot() const;
 

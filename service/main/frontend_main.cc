@@ -145,6 +145,8 @@ absl::Status Run() {
   while ((admission.running() > 0 || admission.queued() > 0) && base::NowSeconds() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  // The poll thread updates the server's health service: stop it before the server goes.
+  workers.Stop();
   // Calls still running are cancelled by Shutdown once its deadline passes.
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   MOE_LOG(INFO) << "[frontend] stopped";
