@@ -153,14 +153,19 @@ class Cluster:
         self.workers = [Worker(i, self.log_dir, worker_args) for i in range(workers)]
         self.frontends = []
 
-    def add_frontend(self, extra_args=(), ready_workers=None):
+    def add_frontend(self, extra_args=(), ready_workers=None, tls_root=None):
         fe = Frontend(f"frontend{len(self.frontends)}", self.workers, self.log_dir, extra_args)
+        fe.tls_root = tls_root  # PEM of the CA that signed --tls_cert, for clients
         self.frontends.append(fe)
         self.wait_ready(fe, len(self.workers) if ready_workers is None else ready_workers)
         return fe
 
     def channel(self, fe, **options):
         opts = [("grpc.max_send_message_length", 64 << 20)] + list(options.items())
+        if getattr(fe, "tls_root", None):
+            creds = self.grpc.ssl_channel_credentials(root_certificates=fe.tls_root)
+            opts.append(("grpc.ssl_target_name_override", "localhost"))
+            return self.grpc.secure_channel(fe.address, creds, options=opts)
         return self.grpc.insecure_channel(fe.address, options=opts)
 
     def stub(self, fe):

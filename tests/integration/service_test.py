@@ -299,6 +299,26 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual(report["tokens"], 8 * report["calls_ok"])
         self.assertEqual(report["errors"], {})
 
+    def test_tls(self):
+        d = self.c.log_dir
+        key, cert = os.path.join(d, "tls.key"), os.path.join(d, "tls.crt")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                        "-keyout", key, "-out", cert], check=True, capture_output=True)
+        with open(cert, "rb") as f:
+            root = f.read()
+        fe = self.c.add_frontend([f"--tls_cert={cert}", f"--tls_key={key}"], tls_root=root)
+        ids, _, _ = generate(self.c.stub(fe), self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),
+                             max_tokens=2)
+        self.assertEqual(len(ids), 2)
+        # A plaintext client cannot talk to it.
+        plain = self.pb_grpc().InferenceStub(grpc.insecure_channel(fe.address))
+        self.assertCode(grpc.StatusCode.UNAVAILABLE, [], lambda: plain.ListModels(
+            self.pb.ListModelsRequest(), timeout=2))
+
+    def pb_grpc(self):
+        return self.c.pb_grpc
+
     # --- metrics -------------------------------------------------------------------------------
 
     def test_metrics_are_promtool_clean(self):
