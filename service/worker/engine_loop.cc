@@ -131,8 +131,9 @@ void EngineLoop::Run() {
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = stats;
     }
-    Deliver(std::move(events));
+    // Gauges first: a client that sees its final message also sees its KV freed.
     if (observer_) observer_(stats, steps_);
+    Deliver(std::move(events));
   }
   // Shutting down: finish what is live so every sink hears its end, then report the empty engine.
   for (const auto& [id, sink] : sinks_) engine_.Cancel(id);
