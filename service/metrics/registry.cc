@@ -1,6 +1,7 @@
 // The names, help texts and buckets of every exported metric.
 #include "service/metrics/registry.h"
 
+#include <algorithm>
 #include <exception>
 
 #include "absl/strings/str_cat.h"
@@ -82,23 +83,30 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
                      .Name("moe_model_info")
                      .Help("The model this worker serves (value 1)")
                      .Register(r);
-  expert_lookups_ = &BuildCounter()
-                         .Name("moe_expert_lookups_total")
-                         .Help("Expert store lookups by tier and result (hit, miss)")
+  store_lookups_ = &BuildCounter()
+                        .Name("moe_store_lookups_total")
+                        .Help("Expert store lookups by tier (device, host) and result (hit, miss)")
+                        .Register(r);
+  store_bytes_in_ = &BuildCounter()
+                         .Name("moe_store_bytes_in_total")
+                         .Help("Expert bytes copied into a tier")
                          .Register(r);
-  expert_bytes_ = &BuildCounter()
-                       .Name("moe_expert_loaded_bytes_total")
-                       .Help("Expert bytes copied into a tier")
-                       .Register(r);
-  expert_loads_ = &BuildCounter()
-                       .Name("moe_expert_loads_total")
-                       .Help("Expert loads into a tier")
-                       .Register(r);
-  expert_load_seconds_ = &BuildCounter()
-                              .Name("moe_expert_load_seconds_total")
-                              .Help("Total latency of expert loads into a tier (divide by "
-                                    "moe_expert_loads_total for the mean)")
-                              .Register(r);
+  store_evictions_ = &BuildCounter()
+                          .Name("moe_store_evictions_total")
+                          .Help("Experts evicted from a tier")
+                          .Register(r);
+  store_slots_ = &BuildGauge().Name("moe_store_slots").Help("Expert slots of a tier").Register(r);
+  store_slot_bytes_ =
+      &BuildGauge().Name("moe_store_slot_bytes").Help("Bytes of one slot of a tier").Register(r);
+  blob_reads_ = Counter(r, "moe_store_blob_reads_total", "Expert reads from the blob files");
+  blob_bytes_ = Counter(r, "moe_store_blob_read_bytes_total", "Bytes read from the blob files");
+  blob_errors_ = Counter(r, "moe_store_blob_errors_total",
+                         "Blob reads that failed (missing, truncated, checksum, I/O)");
+  // The store counts latency in power-of-two microsecond buckets; these are their bounds.
+  prometheus::Histogram::BucketBoundaries load_bounds;
+  for (int b = 0; b < 31; ++b) load_bounds.push_back(static_cast<double>(int64_t{1} << b) * 1e-6);
+  load_latency_ = Hist(r, "moe_store_load_latency_seconds",
+                       "Seconds a lookup waited for its expert to load", load_bounds);
   for (const char* outcome : {"stop", "length", "cancelled", "error"}) {
     requests_->Add({{"outcome", outcome}});
   }
@@ -106,8 +114,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
        {"attention", "routing", "expert_wait", "expert_compute", "dense", "logits"}) {
     phase_seconds_->Add({{"phase", phase}});
   }
-  UpdateExpertStore(std::vector<ExpertTierCounters>{{.tier = "device"}, {.tier = "host"},
-                                                    {.tier = "blob"}});
+  UpdateExpertStore(StoreCounters{});
 }
 
 void WorkerMetrics::RequestFinished(absl::string_view outcome, int64_t prompt_tokens,
@@ -143,16 +150,39 @@ void WorkerMetrics::SetModelInfo(absl::string_view model, absl::string_view arch
       .Set(1);
 }
 
-void WorkerMetrics::UpdateExpertStore(absl::Span<const ExpertTierCounters> tiers) {
-  for (const ExpertTierCounters& t : tiers) {
-    AdvanceTo(expert_lookups_->Add({{"tier", t.tier}, {"result", "hit"}}),
-              static_cast<double>(t.hits));
-    AdvanceTo(expert_lookups_->Add({{"tier", t.tier}, {"result", "miss"}}),
-              static_cast<double>(t.misses));
-    AdvanceTo(expert_bytes_->Add({{"tier", t.tier}}), static_cast<double>(t.bytes_loaded));
-    AdvanceTo(expert_loads_->Add({{"tier", t.tier}}), static_cast<double>(t.loads));
-    AdvanceTo(expert_load_seconds_->Add({{"tier", t.tier}}), t.load_seconds);
+void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
+  const std::pair<const char*, const StoreTierCounters*> tiers[] = {{"device", &store.device},
+                                                                     {"host", &store.host}};
+  for (const auto& [tier, t] : tiers) {
+    AdvanceTo(store_lookups_->Add({{"tier", tier}, {"result", "hit"}}),
+              static_cast<double>(t->hits));
+    AdvanceTo(store_lookups_->Add({{"tier", tier}, {"result", "miss"}}),
+              static_cast<double>(t->misses));
+    AdvanceTo(store_bytes_in_->Add({{"tier", tier}}), static_cast<double>(t->bytes_in));
+    AdvanceTo(store_evictions_->Add({{"tier", tier}}), static_cast<double>(t->evictions));
+    store_slots_->Add({{"tier", tier}}).Set(static_cast<double>(t->slots));
+    store_slot_bytes_->Add({{"tier", tier}}).Set(static_cast<double>(t->slot_bytes));
   }
+  AdvanceTo(*blob_reads_, static_cast<double>(store.blob_reads));
+  AdvanceTo(*blob_bytes_, static_cast<double>(store.blob_bytes_read));
+  AdvanceTo(*blob_errors_, static_cast<double>(store.blob_errors));
+  // Feed the histogram the loads counted since the last call, bucket by bucket (the store's
+  // bucket b is our bucket b; its open last bucket is our +Inf).
+  const size_t n = store.load_latency_us_buckets.size();
+  if (n == 0) return;
+  load_buckets_seen_.resize(std::max(load_buckets_seen_.size(), n), 0);
+  std::vector<double> increments(32, 0.0);
+  bool any = false;
+  for (size_t b = 0; b < n; ++b) {
+    const uint64_t delta = store.load_latency_us_buckets[b] - load_buckets_seen_[b];
+    increments[std::min<size_t>(b, 31)] += static_cast<double>(delta);
+    any = any || delta > 0;
+    load_buckets_seen_[b] = store.load_latency_us_buckets[b];
+  }
+  if (!any) return;
+  load_latency_->ObserveMultiple(increments,
+                                 static_cast<double>(store.load_total_us - load_us_seen_) * 1e-6);
+  load_us_seen_ = store.load_total_us;
 }
 
 FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {

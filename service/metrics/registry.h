@@ -31,13 +31,21 @@ struct EngineGauges {
   int64_t sessions = 0;
 };
 
-// Cumulative counters of one expert-store tier ("device", "host", "blob").
-struct ExpertTierCounters {
-  std::string tier;
+// The expert store's cumulative counters, in the shape of expertstore/stats.h's StoreStats
+// (being written on feat-store): copy its fields in, call UpdateExpertStore.
+struct StoreTierCounters {
+  int64_t slots = 0;
+  uint64_t slot_bytes = 0;
   uint64_t hits = 0, misses = 0;
-  uint64_t bytes_loaded = 0;      // bytes copied into this tier
-  uint64_t loads = 0;             // loads into this tier
-  double load_seconds = 0;        // their total latency
+  uint64_t bytes_in = 0;  // bytes copied into this tier
+  uint64_t evictions = 0;
+};
+struct StoreCounters {
+  StoreTierCounters device, host;
+  uint64_t blob_reads = 0, blob_bytes_read = 0, blob_errors = 0;
+  // Load latency: bucket b counts loads that took [2^(b-1), 2^b) microseconds (b = 0: < 1 us).
+  std::vector<uint64_t> load_latency_us_buckets;
+  uint64_t load_total_us = 0;
 };
 
 class WorkerMetrics {
@@ -56,10 +64,10 @@ class WorkerMetrics {
   void SetPhaseTimes(const engine::PhaseTimes& times, int64_t steps);
   void SetServing(bool serving) { serving_->Set(serving ? 1 : 0); }
   void SetModelInfo(absl::string_view model, absl::string_view architecture);
-  // Where the expert store's counters plug in: call after each step with the cumulative
-  // counters of every tier. Until the tiered store lands, the model reads experts straight from
-  // the checkpoint and nothing calls this, so the device/host/blob series stay at 0.
-  void UpdateExpertStore(absl::Span<const ExpertTierCounters> tiers);
+  // Where the expert store's counters plug in: call after each step with its cumulative
+  // counters. Until the tiered store lands, the model reads experts straight from the checkpoint
+  // and nothing calls this, so the moe_store_* series stay at 0.
+  void UpdateExpertStore(const StoreCounters& store);
 
  private:
   prometheus::Family<prometheus::Counter>* requests_;
@@ -69,10 +77,15 @@ class WorkerMetrics {
       *serving_;
   prometheus::Family<prometheus::Counter>* phase_seconds_;
   prometheus::Family<prometheus::Gauge>* model_info_;
-  prometheus::Family<prometheus::Counter>* expert_lookups_;
-  prometheus::Family<prometheus::Counter>* expert_bytes_;
-  prometheus::Family<prometheus::Counter>* expert_loads_;
-  prometheus::Family<prometheus::Counter>* expert_load_seconds_;
+  prometheus::Family<prometheus::Counter>* store_lookups_;
+  prometheus::Family<prometheus::Counter>* store_bytes_in_;
+  prometheus::Family<prometheus::Counter>* store_evictions_;
+  prometheus::Family<prometheus::Gauge>* store_slots_;
+  prometheus::Family<prometheus::Gauge>* store_slot_bytes_;
+  prometheus::Counter *blob_reads_, *blob_bytes_, *blob_errors_;
+  prometheus::Histogram* load_latency_;
+  std::vector<uint64_t> load_buckets_seen_;  // cumulative bucket counts already observed
+  uint64_t load_us_seen_ = 0;
 };
 
 class FrontendMetrics {

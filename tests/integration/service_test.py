@@ -326,7 +326,8 @@ class ServiceTest(unittest.TestCase):
         w = "".join(x.metrics() for x in self.c.workers)
         for name in ["moe_time_to_first_token_seconds_bucket", "moe_generation_tokens_total",
                      "moe_kv_cache_bytes_per_token", "moe_engine_phase_seconds_total",
-                     "moe_expert_lookups_total", "moe_model_info"]:
+                     "moe_store_lookups_total", "moe_store_load_latency_seconds_bucket",
+                     "moe_model_info"]:
             self.assertIn(name, w)
         self.assertGreater(metric(self.fe.metrics(), "moe_frontend_workers", {"state": "up"}), 1)
         self.assertIn('le="0.001"', self.fe.metrics())  # vLLM's TTFT buckets
