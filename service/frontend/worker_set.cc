@@ -5,6 +5,7 @@
 #include <sys/socket.h>
 #include <arpa/inet.h>
 
+#include <algorithm>
 #include <chrono>
 #include <set>
 
@@ -102,7 +103,9 @@ bool WorkerEndpoint::Update(const grpc::Status& status, const moe::internal::v1:
 }
 
 absl::Status WorkerSetOptions::Validate() const {
-  if (static_targets.empty() && dns_target.empty()) {
+  bool any_static = false;
+  for (const std::string& t : static_targets) any_static = any_static || !t.empty();
+  if (!any_static && dns_target.empty()) {
     return absl::InvalidArgumentError("workers: give a static list or a DNS name");
   }
   if (!dns_target.empty() && dns_target.rfind(':') == std::string::npos) {
@@ -118,7 +121,7 @@ absl::Status WorkerSetOptions::Validate() const {
 WorkerSet::WorkerSet(WorkerSetOptions options, Observer observer)
     : options_(std::move(options)), observer_(std::move(observer)) {
   for (const std::string& t : options_.static_targets) {
-    workers_[t] = std::make_shared<WorkerEndpoint>(t);
+    if (!t.empty()) workers_[t] = std::make_shared<WorkerEndpoint>(t);
   }
 }
 
@@ -157,7 +160,12 @@ void WorkerSet::Resolve() {
   }
   std::lock_guard<std::mutex> lock(mu_);
   std::map<std::string, std::shared_ptr<WorkerEndpoint>> next;
-  for (const std::string& t : options_.static_targets) next[t] = workers_[t];
+  for (const auto& [t, w] : workers_) {
+    if (std::find(options_.static_targets.begin(), options_.static_targets.end(), t) !=
+        options_.static_targets.end()) {
+      next[t] = w;
+    }
+  }
   for (const std::string& t : targets) {
     auto it = workers_.find(t);
     if (it == workers_.end()) {

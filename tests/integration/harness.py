@@ -133,9 +133,10 @@ class Frontend:
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.argv = [FRONTEND_BIN, f"--listen={self.address}",
-                     f"--metrics_listen=127.0.0.1:{self.metrics_port}",
-                     "--workers=" + ",".join(w.address for w in workers), "--health_seconds=0.2",
+                     f"--metrics_listen=127.0.0.1:{self.metrics_port}", "--health_seconds=0.2",
                      "--drain_seconds=10", *extra_args]
+        if workers:
+            self.argv.append("--workers=" + ",".join(w.address for w in workers))
         self.process = Process(name, self.argv, log_dir)
 
     def metrics(self):
@@ -153,8 +154,9 @@ class Cluster:
         self.workers = [Worker(i, self.log_dir, worker_args) for i in range(workers)]
         self.frontends = []
 
-    def add_frontend(self, extra_args=(), ready_workers=None, tls_root=None):
-        fe = Frontend(f"frontend{len(self.frontends)}", self.workers, self.log_dir, extra_args)
+    def add_frontend(self, extra_args=(), ready_workers=None, tls_root=None, static=True):
+        fe = Frontend(f"frontend{len(self.frontends)}", self.workers if static else [],
+                      self.log_dir, extra_args)
         fe.tls_root = tls_root  # PEM of the CA that signed --tls_cert, for clients
         self.frontends.append(fe)
         self.wait_ready(fe, len(self.workers) if ready_workers is None else ready_workers)

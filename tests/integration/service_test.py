@@ -311,6 +311,15 @@ class ServiceTest(unittest.TestCase):
         self.assertCode(grpc.StatusCode.UNAVAILABLE, [], lambda: plain.ListModels(
             self.pb.ListModelsRequest(), timeout=2))
 
+    def test_workers_from_dns(self):
+        # "localhost" stands in for a Kubernetes headless Service name.
+        port = self.c.workers[0].port
+        fe = self.c.add_frontend([f"--workers_dns=localhost:{port}", "--dns_refresh_seconds=1"],
+                                 ready_workers=1, static=False)
+        _, _, last = generate(self.c.stub(fe), self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),
+                              max_tokens=2)
+        self.assertEqual(last.completion.worker, self.c.workers[0].name)
+
     def pb_grpc(self):
         return self.c.pb_grpc
 
