@@ -149,6 +149,31 @@ grpc::ServerUnaryReactor* FrontendService::Detokenize(grpc::CallbackServerContex
   });
 }
 
+grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerContext* context,
+                                                       const moe::v1::DropSessionRequest* request,
+                                                       moe::v1::DropSessionResponse* response) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (request->model().empty()) {
+    return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
+  }
+  if (request->session_id().empty()) {
+    return Answer(context, absl::InvalidArgumentError("session_id: is required"));
+  }
+  std::shared_ptr<WorkerEndpoint> worker = router_.SessionWorker(request->session_id());
+  if (worker == nullptr) {
+    return Answer(context, absl::NotFoundError(absl::StrCat(
+                               "session '", request->session_id(), "' is not known")));
+  }
+  router_.Unbind(request->session_id());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<grpc::ClientContext> client =
+      grpc::ClientContext::FromCallbackServerContext(*context);
+  worker->stub().async()->DropSession(
+      client.get(), request, response,
+      [reactor, client, worker](grpc::Status status) { reactor->Finish(status); });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
                                                       const moe::v1::ListModelsRequest*,
                                                       moe::v1::ListModelsResponse* response) {

@@ -50,6 +50,9 @@ class FrontendService final
   grpc::ServerUnaryReactor* ListModels(grpc::CallbackServerContext* context,
                                        const moe::v1::ListModelsRequest* request,
                                        moe::v1::ListModelsResponse* response) override;
+  grpc::ServerUnaryReactor* DropSession(grpc::CallbackServerContext* context,
+                                        const moe::v1::DropSessionRequest* request,
+                                        moe::v1::DropSessionResponse* response) override;
   grpc::ServerUnaryReactor* GetModel(grpc::CallbackServerContext* context,
                                      const moe::v1::GetModelRequest* request,
                                      moe::v1::ModelInfo* response) override;

@@ -88,4 +88,26 @@ void Router::Bind(const std::string& session_id, const std::string& target) {
   }
 }
 
+std::shared_ptr<WorkerEndpoint> Router::SessionWorker(const std::string& session_id) {
+  std::string target;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = sessions_.find(session_id);
+    if (it == sessions_.end()) return nullptr;
+    target = it->second.first;
+  }
+  for (const auto& w : workers_.Snapshot()) {
+    if (w->target() == target) return w;
+  }
+  return nullptr;
+}
+
+void Router::Unbind(const std::string& session_id) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (auto it = sessions_.find(session_id); it != sessions_.end()) {
+    lru_.erase(it->second.second);
+    sessions_.erase(it);
+  }
+}
+
 }  // namespace moe::service

@@ -32,6 +32,9 @@ class Router {
   absl::StatusOr<ModelLimits> Limits(const std::string& model) const;
   // Remembers that `session_id` now lives on `target`.
   void Bind(const std::string& session_id, const std::string& target);
+  // The worker `session_id` was bound to, if any is still known; and forgetting it.
+  std::shared_ptr<WorkerEndpoint> SessionWorker(const std::string& session_id);
+  void Unbind(const std::string& session_id);
 
  private:
   absl::Status UnknownModel(const std::string& model) const;

@@ -45,6 +45,14 @@ void EngineLoop::CancelAll() {
   cv_.notify_one();
 }
 
+void EngineLoop::DropSession(std::string session_id, std::function<void(absl::Status)> done) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    inbox_.push_back(DropSessionOp{std::move(session_id), std::move(done)});
+  }
+  cv_.notify_one();
+}
+
 int64_t EngineLoop::live() const {
   std::lock_guard<std::mutex> lock(mu_);
   return live_;
@@ -70,6 +78,17 @@ void EngineLoop::Apply(Op& op) {
       return;
     }
     sinks_[id] = std::move(add->sink);
+    return;
+  }
+  if (auto* drop = std::get_if<DropSessionOp>(&op)) {
+    drop->done(engine_.DropSession(drop->session_id));
+    // The freed KV shows in the gauges at once, not at the next step.
+    const engine::EngineStats stats = engine_.Stats();
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stats_ = stats;
+    }
+    if (observer_) observer_(stats, steps_);
     return;
   }
   const std::string& id = std::get<CancelOp>(op).id;

@@ -38,6 +38,8 @@ class EngineLoop {
   void Cancel(const std::string& request_id);
   // Thread-safe. Cancels every live request (the end of a drain).
   void CancelAll();
+  // Thread-safe. Runs Engine::DropSession on the engine thread; `done` gets its status there.
+  void DropSession(std::string session_id, std::function<void(absl::Status)> done);
 
   // Thread-safe. Requests added and not yet finished.
   int64_t live() const;
@@ -52,7 +54,11 @@ class EngineLoop {
   struct CancelOp {
     std::string id;  // empty: all
   };
-  using Op = std::variant<AddOp, CancelOp>;
+  struct DropSessionOp {
+    std::string session_id;
+    std::function<void(absl::Status)> done;
+  };
+  using Op = std::variant<AddOp, CancelOp, DropSessionOp>;
 
   void Run();
   void Apply(Op& op);

@@ -158,6 +158,20 @@ grpc::ServerUnaryReactor* WorkerService::Detokenize(grpc::CallbackServerContext*
   return Answer(context, absl::OkStatus());
 }
 
+grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext* context,
+                                                     const moe::v1::DropSessionRequest* request,
+                                                     moe::v1::DropSessionResponse*) {
+  if (absl::Status st = CheckModel(request->model()); !st.ok()) return Answer(context, st);
+  if (request->session_id().empty()) {
+    return Answer(context, absl::InvalidArgumentError("session_id: is required"));
+  }
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  loop_.DropSession(request->session_id(), [reactor](absl::Status st) {
+    reactor->Finish(ToGrpcStatus(st));
+  });
+  return reactor;
+}
+
 grpc::ServerUnaryReactor* WorkerService::GetInfo(grpc::CallbackServerContext* context,
                                                  const moe::internal::v1::GetInfoRequest*,
                                                  moe::internal::v1::WorkerInfo* response) {

@@ -47,6 +47,9 @@ class WorkerService final : public moe::internal::v1::Worker::CallbackService {
   grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
                                        const moe::v1::DetokenizeRequest* request,
                                        moe::v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* DropSession(grpc::CallbackServerContext* context,
+                                        const moe::v1::DropSessionRequest* request,
+                                        moe::v1::DropSessionResponse* response) override;
   grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
                                     const moe::internal::v1::GetInfoRequest* request,
                                     moe::internal::v1::WorkerInfo* response) override;

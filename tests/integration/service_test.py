@@ -145,6 +145,14 @@ class ServiceTest(unittest.TestCase):
                                stop=self.pb.StopParams(ignore_eos=True))
         self.assertEqual(last2.completion.worker, last.completion.worker)  # session affinity
         self.assertGreater(last2.completion.usage.cached_prompt_tokens, len(PROMPT) - 1)
+        # Dropping it frees its KV; a second drop, or an unknown session, is NOT_FOUND.
+        worker = next(w for w in self.c.workers if w.name == last2.completion.worker)
+        sessions = metric(worker.metrics(), "moe_kv_cache_sessions")
+        drop = self.pb.DropSessionRequest(model=MODEL_NAME, session_id="conv-1")
+        self.stub.DropSession(drop, timeout=5)
+        self.assertEqual(metric(worker.metrics(), "moe_kv_cache_sessions"), sessions - 1)
+        self.assertCode(grpc.StatusCode.NOT_FOUND, ["conv-1", "not known"],
+                        lambda: self.stub.DropSession(drop, timeout=5))
 
     def test_cancel_mid_stream_frees_kv(self):
         # KV kept for other tests' sessions stays; the cancelled sequence's must go.
