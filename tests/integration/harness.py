@@ -151,6 +151,7 @@ class Cluster:
         self.grpc = grpc
         self.pb, self.pb_grpc, self.health_pb, self.health_grpc = load_stubs()
         self.log_dir = tempfile.mkdtemp(prefix="moe-it-")
+        print(f"process logs: {self.log_dir}", file=sys.stderr)
         self.workers = [Worker(i, self.log_dir, worker_args) for i in range(workers)]
         self.frontends = []
 
