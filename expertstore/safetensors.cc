@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/status.h"
+#include "kernels/quant.h"
 #include "nlohmann/json.hpp"
 
 namespace moe::store {
@@ -88,19 +89,51 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
   }
   const uint64_t data_start = 8 + header_len;
   const uint64_t data_size = file->size() - data_start;
+  json quant = json::object();
+  if (header.contains("__metadata__") && header["__metadata__"].is_object() &&
+      header["__metadata__"].contains(kQuantMetadataKey)) {
+    try {
+      quant = json::parse(header["__metadata__"][kQuantMetadataKey].get<std::string>());
+    } catch (const json::exception& e) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path, ": metadata '", kQuantMetadataKey, "' is not JSON: ", e.what()));
+    }
+  }
   for (const auto& [name, entry] : header.items()) {
     if (name == "__metadata__") continue;
     const std::string where = absl::StrCat(path, ": tensor '", name, "'");
     try {
       TensorInfo info;
       info.name = name;
-      MOE_ASSIGN_OR_RETURN(info.dtype, ParseDType(entry.at("dtype").get<std::string>(), where));
+      const bool quantized = quant.contains(name);
+      if (quantized && entry.at("dtype").get<std::string>() != "U8") {
+        return absl::InvalidArgumentError(absl::StrCat(where, ": quantized but not stored as U8"));
+      }
+      if (!quantized) {
+        MOE_ASSIGN_OR_RETURN(info.dtype, ParseDType(entry.at("dtype").get<std::string>(), where));
+      }
       uint64_t numel = 1;
-      for (const auto& d : entry.at("shape")) {
+      for (const auto& d : (quantized ? quant[name].at("shape") : entry.at("shape"))) {
         const int64_t v = d.get<int64_t>();
         if (v < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative dimension"));
         info.shape.push_back(v);
         numel *= static_cast<uint64_t>(v);
+      }
+      uint64_t want_bytes = numel * kernels::DTypeSize(info.dtype);
+      if (quantized) {
+        const std::string q = quant[name].at("dtype").get<std::string>();
+        info.dtype = q == "Q8"   ? kernels::DType::kQ8
+                     : q == "Q4" ? kernels::DType::kQ4
+                     : q == "Q2" ? kernels::DType::kQ2
+                                 : kernels::DType::kF32;
+        info.group_size = quant[name].at("group_size").get<int32_t>();
+        if (absl::Status st = kernels::ValidateQuantFormat(info.dtype, info.group_size);
+            !st.ok() || info.shape.size() != 2) {
+          return absl::InvalidArgumentError(
+              absl::StrCat(where, ": bad quantization metadata ", quant[name].dump()));
+        }
+        want_bytes = kernels::QuantizedBytes(info.dtype, info.shape[0], info.shape[1],
+                                             info.group_size);
       }
       const auto& offsets = entry.at("data_offsets");
       if (!offsets.is_array() || offsets.size() != 2) {
@@ -113,7 +146,7 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
                                                 " data bytes (truncated file?)"));
       }
       info.bytes = end - begin;
-      if (info.bytes != numel * kernels::DTypeSize(info.dtype)) {
+      if (info.bytes != want_bytes) {
         return absl::DataLossError(absl::StrCat(where, ": ", info.bytes, " bytes for ", numel,
                                                 " elements of ", kernels::DTypeName(info.dtype)));
       }
@@ -193,6 +226,7 @@ absl::StatusOr<kernels::TensorView> Checkpoint::Get(
   kernels::TensorView v;
   v.data = info.file->data() + info.offset;
   v.dtype = info.dtype;
+  v.group_size = info.group_size;
   v.rank = static_cast<int>(info.shape.size());
   for (int i = 0; i < v.rank; ++i) v.shape[i] = info.shape[i];
   return v;

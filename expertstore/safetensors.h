@@ -31,10 +31,17 @@ class MappedFile {
   size_t size_;
 };
 
+// Our extension for quantized matrices (kernels/quant.h) in a safetensors file, as written by the
+// importer for dense weights: the tensor is stored as dtype "U8", shape [bytes], and
+// __metadata__[kQuantMetadataKey] is a JSON string {name: {"dtype": "Q8"|"Q4"|"Q2",
+// "group_size": G, "shape": [rows, cols]}}. Readers without the extension see plain bytes.
+inline constexpr char kQuantMetadataKey[] = "moe.quant";
+
 struct TensorInfo {
   std::string name;
   kernels::DType dtype;
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;  // the logical shape (of the matrix, for quantized tensors)
+  int32_t group_size = 0;      // quantized tensors only
   const MappedFile* file = nullptr;
   uint64_t offset = 0;  // absolute, in file
   uint64_t bytes = 0;
@@ -47,7 +54,8 @@ class Checkpoint {
   // NotFound: no safetensors in dir, or a shard named by the index is missing.
   // DataLoss: a truncated file, a header whose offsets lie outside the file or do not match the
   // shape and dtype. InvalidArgument: malformed header JSON or index. Unimplemented: a dtype other
-  // than F32/F16/BF16. Messages name the file and the tensor.
+  // than F32/F16/BF16 (or U8 with our quantization metadata, above). Messages name the file and
+  // the tensor.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   bool Has(const std::string& name) const { return tensors_.count(name) != 0; }

@@ -2,6 +2,10 @@
 #include "kernels/backend.h"
 
 #include "kernels/cpu/cpu_backend.h"
+#if MOE_WITH_CUDA
+#include "kernels/base/status.h"
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moe::kernels {
 
@@ -20,7 +24,10 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(BackendKind kind,
       return std::unique_ptr<Backend>(new CpuBackend(options.num_threads));
     case BackendKind::kCuda:
 #if MOE_WITH_CUDA
-      return absl::UnimplementedError("the CUDA backend's forward pass is not built yet");
+    {
+      MOE_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> cuda, CudaBackend::Create(options));
+      return std::unique_ptr<Backend>(std::move(cuda));
+    }
 #else
       return absl::UnimplementedError("this binary was built without CUDA (MOE_WITH_CUDA=OFF)");
 #endif

@@ -3,6 +3,9 @@
 // Legend: T tokens in the step, H hidden size, I expert (or MLP) width, E experts, K top-k,
 // NH query heads, NKV key/value heads, D head dim, S cached positions, V vocabulary.
 // Activations are fp32 in the backend's memory; weights may be fp32/fp16/bf16 (see tensor.h).
+// Memory contract: every pointer an op takes is the backend's memory (Allocate/Upload: VRAM on
+// CUDA), except those marked "host memory" below (Embed ids, RopeArgs positions/inv_freq, the
+// ExpertFfnArgs::experts list and the ExpertWeights it points to), which the op reads on the host.
 // Shapes are row-major; a linear layer's weight is [out, in] as in Hugging Face checkpoints.
 #pragma once
 
@@ -81,7 +84,7 @@ struct ExpertFfnArgs {
   const float* x = nullptr;          // [T, H]
   int64_t num_tokens = 0;            // T
   int64_t hidden_size = 0;           // H
-  absl::Span<const ExpertWork> experts;
+  absl::Span<const ExpertWork> experts;  // host memory; the views inside point to backend memory
   const int32_t* rows = nullptr;     // [R] token index per routed row, grouped by expert
   const float* row_weights = nullptr;  // [R]
 };
@@ -112,8 +115,8 @@ struct RouteArgs {
   int num_experts = 0;
   int top_k = 0;
   bool renormalize = false;
-  float* weights = nullptr;       // [T, K] out, descending
-  int32_t* expert_ids = nullptr;  // [T, K] out
+  float* weights = nullptr;       // [T, K] out, descending (backend memory, like logits)
+  int32_t* expert_ids = nullptr;  // [T, K] out (backend memory: copy to the host to plan experts)
 };
 
 // RoPE in the rotate-half layout: for i < rot/2 the pair (x[i], x[i + rot/2]) is rotated by

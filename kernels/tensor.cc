@@ -8,6 +8,9 @@ const char* DTypeName(DType t) {
     case DType::kF32: return "F32";
     case DType::kF16: return "F16";
     case DType::kBF16: return "BF16";
+    case DType::kQ8: return "Q8";
+    case DType::kQ4: return "Q4";
+    case DType::kQ2: return "Q2";
   }
   return "?";
 }

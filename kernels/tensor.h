@@ -10,14 +10,22 @@
 
 namespace moe::kernels {
 
-// Element types of weights and activations. Quantized (group-wise) formats live in quant.h.
-enum class DType : uint8_t { kF32, kF16, kBF16 };
+// Element types of weights and activations. kQ8/kQ4/kQ2 are group-wise quantized weight matrices
+// (layout and error bounds in quant.h); a view of one carries its group size.
+enum class DType : uint8_t { kF32, kF16, kBF16, kQ8, kQ4, kQ2 };
 
+inline bool IsQuantized(DType t) { return t == DType::kQ8 || t == DType::kQ4 || t == DType::kQ2; }
+
+// Bytes per element of the dense dtypes; 0 for quantized ones, whose size is not a whole number of
+// bytes per element: use TensorView::bytes().
 inline size_t DTypeSize(DType t) {
   switch (t) {
     case DType::kF32: return 4;
     case DType::kF16: return 2;
     case DType::kBF16: return 2;
+    case DType::kQ8:
+    case DType::kQ4:
+    case DType::kQ2: return 0;
   }
   return 0;
 }
@@ -41,15 +49,24 @@ inline uint16_t F32ToBf16(float f) {
 float F16ToF32(uint16_t h);
 uint16_t F32ToF16(float f);
 
-// Reads element i of a buffer of dtype t as float.
+// Reads element i of a buffer of a dense dtype t as float (quantized ones need the view: at()).
 inline float LoadAsF32(const void* data, DType t, size_t i) {
   switch (t) {
     case DType::kF32: return static_cast<const float*>(data)[i];
     case DType::kBF16: return Bf16ToF32(static_cast<const uint16_t*>(data)[i]);
     case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(data)[i]);
+    case DType::kQ8:
+    case DType::kQ4:
+    case DType::kQ2: break;
   }
+  MOE_CHECK(false) << "LoadAsF32: " << static_cast<int>(t) << " is quantized; use TensorView::at";
   return 0.f;
 }
+
+struct TensorView;
+// Defined in quant.cc: the size of a quantized matrix and one dequantized element of it.
+size_t QuantizedBytes(DType dtype, int64_t rows, int64_t cols, int32_t group_size);
+float QuantizedAt(const TensorView& q, int64_t i);
 
 // A view of a dense row-major tensor of up to 4 dims. It owns nothing; whoever made it keeps the
 // bytes alive. `data` may point to host or device memory depending on the backend that reads it.
@@ -58,6 +75,8 @@ struct TensorView {
   DType dtype = DType::kF32;
   int rank = 0;
   std::array<int64_t, 4> shape{};
+  // Quantized dtypes only: elements per scale group along the last dim (quant.h). Default: 0.
+  int32_t group_size = 0;
 
   int64_t dim(int i) const {
     MOE_DCHECK(i >= 0 && i < rank) << "dim " << i << " of rank " << rank;
@@ -68,8 +87,17 @@ struct TensorView {
     for (int i = 0; i < rank; ++i) n *= shape[i];
     return n;
   }
-  size_t bytes() const { return static_cast<size_t>(numel()) * DTypeSize(dtype); }
-  float at(size_t i) const { return LoadAsF32(data, dtype, i); }
+  size_t bytes() const {
+    if (IsQuantized(dtype)) {
+      const int64_t cols = rank == 0 ? 1 : shape[rank - 1];
+      return QuantizedBytes(dtype, cols == 0 ? 0 : numel() / cols, cols, group_size);
+    }
+    return static_cast<size_t>(numel()) * DTypeSize(dtype);
+  }
+  float at(size_t i) const {
+    if (IsQuantized(dtype)) return QuantizedAt(*this, static_cast<int64_t>(i));
+    return LoadAsF32(data, dtype, i);
+  }
 };
 
 inline TensorView View(const void* data, DType dtype, std::initializer_list<int64_t> shape) {

@@ -1,13 +1,37 @@
 // MatMul and RmsNorm on the CPU: one output row of the weight per task, fp32 accumulation.
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
+#include "kernels/quant.h"
 
 namespace moe::kernels {
 namespace {
 
-// Dot product of an fp32 vector with row `n` of w (any float dtype), fp32 accumulation in
+// Row n of a group-wise quantized w (quant.h): per group,
+//   sum_c x[c] * (q[c] * s + m) = s * sum_c x[c] q[c] + m * sum_c x[c]
+// so each group costs one multiply by s and one by m, not one per element.
+float QuantDotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
+  const int64_t N = w.dim(0), G = w.group_size, groups = QuantGroups(K, G);
+  const int64_t row_bytes = QuantRowBytes(w.dtype, K);
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  const auto* params =
+      reinterpret_cast<const uint16_t*>(codes + QuantParamsOffset(w.dtype, N, K)) + n * groups * 2;
+  float acc = 0.f;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t c0 = g * G, c1 = std::min(K, c0 + G);
+    float xq = 0.f, xs = 0.f;
+    for (int64_t c = c0; c < c1; ++c) {
+      xq += x[c] * static_cast<float>(QuantCode(codes, w.dtype, row_bytes, n, c));
+      xs += x[c];
+    }
+    acc += F16ToF32(params[2 * g]) * xq + F16ToF32(params[2 * g + 1]) * xs;
+  }
+  return acc;
+}
+
+// Dot product of an fp32 vector with row `n` of w (any weight dtype), fp32 accumulation in
 // four lanes so the compiler can vectorise without -ffast-math.
 float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
   float acc[4] = {0, 0, 0, 0};
@@ -28,6 +52,10 @@ float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
       for (; k < K; ++k) acc[k & 3] += x[k] * (bf16 ? Bf16ToF32(row[k]) : F16ToF32(row[k]));
       break;
     }
+    case DType::kQ8:
+    case DType::kQ4:
+    case DType::kQ2:
+      return QuantDotRow(x, w, n, K);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
@@ -37,6 +65,8 @@ float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
 void CpuBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
                         const TensorView* bias) {
   MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
+  MOE_CHECK(!IsQuantized(w.dtype) || w.group_size > 0)
+      << "MatMul: quantized weight " << DTypeName(w.dtype) << " without a group size";
   const int64_t N = w.dim(0), K = w.dim(1);
   MOE_CHECK(bias == nullptr || bias->numel() == N) << "MatMul: bias " << bias->numel() << " vs " << N;
   // Parallel over weight rows: each weight row is read once per call, whatever T is.

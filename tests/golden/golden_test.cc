@@ -1,5 +1,6 @@
-// Golden tests: the CPU backend against transformers 5.17 on tiny random models of every
-// supported architecture (fixtures made by make_fixtures.py on the GPU machine).
+// Golden tests: a backend against transformers 5.17 on tiny random models of every supported
+// architecture (fixtures made by make_fixtures.py on the GPU machine). Built twice: golden_test
+// on the CPU backend (CI) and golden_gpu_test on CUDA (label gpu, run on the GPU machine).
 #include <algorithm>
 #include <cstdio>
 #include <cstring>
@@ -35,7 +36,11 @@ double MaxRelError(const float* out, const float* ref, size_t n) {
 class GoldenTest : public ::testing::TestWithParam<std::string> {
  protected:
   void SetUp() override {
+#if MOE_GOLDEN_ON_CUDA
+    auto backend = kernels::MakeBackend(kernels::BackendKind::kCuda, {});
+#else
     auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+#endif
     ASSERT_TRUE(backend.ok()) << backend.status();
     backend_ = std::move(*backend);
     auto model = Model::Load(FixtureDir(GetParam()), *backend_);

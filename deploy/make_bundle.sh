@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# Builds Release for sm_90 into build-bundle/ and makes bundle/: bin/ (test and tool binaries,
+# RPATH $ORIGIN/../lib as DT_RPATH) and lib/ (the non-system shared libraries they need, by ldd).
+# The GPU machine (Ubuntu 24.04, glibc 2.39) lacks our Debian libraries; it has newer glibc,
+# libstdc++ and libgcc_s, and the driver's libcuda, which are therefore left out.
+# Usage: deploy/make_bundle.sh [extra cmake -D options]   (from anywhere; -j2: shared build box)
+set -euo pipefail
+root="$(cd "$(dirname "$0")/.." && pwd)"
+build="$root/build-bundle"
+bundle="$root/bundle"
+limit=$((64 * 1024 * 1024))
+
+cmake -S "$root" -B "$build" -G Ninja \
+  -DCMAKE_BUILD_TYPE=Release \
+  -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DMOE_WERROR=ON \
+  -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
+  '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' \
+  -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
+  "$@" >/dev/null
+ninja -C "$build" -j2
+
+rm -rf "$bundle"
+mkdir -p "$bundle/bin" "$bundle/lib"
+# Every executable the build made (tests, benchmarks, tools), not CMake's own probes.
+mapfile -t bins < <(find "$build" -path '*/CMakeFiles' -prune -o -type f -executable \
+  ! -name '*.so*' ! -name '*.sh' -print | sort)
+[[ ${#bins[@]} -gt 0 ]] || { echo "make_bundle: no executables in $build" >&2; exit 1; }
+cp "${bins[@]}" "$bundle/bin/"
+
+# glibc (libc, libm, libpthread, libdl, librt), the loader, libstdc++, libgcc_s and libcuda come
+# from the GPU machine: mixing Debian's older copies with its newer glibc breaks.
+system='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so)'
+for b in "${bins[@]}"; do
+  ldd "$b" | awk '/=> \// {print $1, $3}'
+done | sort -u | while read -r name path; do
+  [[ "$name" =~ $system ]] && continue
+  cp -L "$path" "$bundle/lib/$name"
+done
+
+# Checks: DT_RPATH (not RUNPATH) on every binary, every needed library found in the bundle.
+for b in "$bundle"/bin/*; do
+  readelf -d "$b" | grep -q 'RPATH.*\$ORIGIN/../lib' ||
+    { echo "make_bundle: $b lacks DT_RPATH \$ORIGIN/../lib" >&2; exit 1; }
+  if ldd "$b" | grep -q 'not found'; then
+    echo "make_bundle: $b has unresolved libraries" >&2; ldd "$b" | grep 'not found' >&2; exit 1
+  fi
+done
+size=$(du -sb "$bundle" | cut -f1)
+echo "bundle: $(ls "$bundle/bin" | wc -l) binaries, $(ls "$bundle/lib" | wc -l) libraries," \
+  "$((size / 1024 / 1024)) MiB ($size bytes) in $bundle"
+if (( size > limit )); then
+  echo "make_bundle: bundle is over 64 MiB" >&2; exit 1
+fi

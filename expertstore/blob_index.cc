@@ -1,0 +1,163 @@
+// BlobIndex on RocksDB. Keys: "manifest", and "e/<model>/<layer %08d>/<expert %08d>" so a prefix
+// scan lists one model's experts in (layer, expert) order. Values are small JSON objects: a few
+// thousand entries, read once at open, so legibility (ldb scan) wins over a binary encoding.
+#include "expertstore/blob_index.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "kernels/base/status.h"
+#include "nlohmann/json.hpp"
+#include "rocksdb/db.h"
+#include "rocksdb/write_batch.h"
+
+namespace moe::store {
+namespace {
+using nlohmann::json;
+constexpr char kManifestKey[] = "manifest";
+
+std::string EntryPrefix(const std::string& model) { return absl::StrCat("e/", model, "/"); }
+std::string EntryKey(const std::string& model, int32_t layer, int32_t expert) {
+  return absl::StrFormat("%s%08d/%08d", EntryPrefix(model), layer, expert);
+}
+
+std::string Encode(const BlobLocation& l) {
+  return json{{"layer", l.layer},
+              {"expert", l.expert},
+              {"file", l.file},
+              {"offset", l.offset},
+              {"length", l.length},
+              {"checksum", l.checksum},
+              {"checksum_kind", "xxh3_64"},
+              {"version", l.version},
+              {"dtype", static_cast<int>(l.dtype)},
+              {"group_size", l.group_size},
+              {"hidden_size", l.hidden_size},
+              {"intermediate_size", l.intermediate_size}}
+      .dump();
+}
+
+absl::StatusOr<BlobLocation> Decode(const std::string& key, const std::string& value,
+                                    const std::string& path) {
+  try {
+    const json j = json::parse(value);
+    BlobLocation l;
+    l.layer = j.at("layer").get<int32_t>();
+    l.expert = j.at("expert").get<int32_t>();
+    l.file = j.at("file").get<std::string>();
+    l.offset = j.at("offset").get<uint64_t>();
+    l.length = j.at("length").get<uint64_t>();
+    l.checksum = j.at("checksum").get<uint64_t>();
+    l.version = j.at("version").get<uint32_t>();
+    const int dtype = j.at("dtype").get<int>();
+    if (dtype < 0 || dtype > static_cast<int>(kernels::DType::kQ2))
+      throw std::runtime_error("dtype");
+    l.dtype = static_cast<kernels::DType>(dtype);
+    l.group_size = j.at("group_size").get<int32_t>();
+    l.hidden_size = j.at("hidden_size").get<int64_t>();
+    l.intermediate_size = j.at("intermediate_size").get<int64_t>();
+    return l;
+  } catch (const std::exception& e) {
+    return absl::DataLossError(
+        absl::StrCat("index ", path, ": entry '", key, "' does not decode: ", e.what()));
+  }
+}
+
+}  // namespace
+
+BlobIndex::BlobIndex(std::string path, std::unique_ptr<rocksdb::DB> db, IndexManifest manifest)
+    : path_(std::move(path)), db_(std::move(db)), manifest_(std::move(manifest)) {}
+BlobIndex::~BlobIndex() = default;
+
+absl::StatusOr<std::unique_ptr<BlobIndex>> BlobIndex::Open(const std::string& path,
+                                                           const std::string& model, bool create) {
+  rocksdb::Options options;
+  options.create_if_missing = create;
+  rocksdb::DB* raw = nullptr;
+  rocksdb::Status s = rocksdb::DB::Open(options, path, &raw);
+  if (!s.ok()) {
+    if (!create && s.IsInvalidArgument()) {  // RocksDB's "does not exist (create_if_missing...)"
+      return absl::NotFoundError(absl::StrCat("index ", path, " does not exist: ", s.ToString()));
+    }
+    return absl::InternalError(absl::StrCat("index ", path, ": cannot open: ", s.ToString()));
+  }
+  std::unique_ptr<rocksdb::DB> db(raw);
+  std::string value;
+  s = db->Get(rocksdb::ReadOptions(), kManifestKey, &value);
+  IndexManifest manifest;
+  if (s.IsNotFound()) {
+    if (!create || model.empty()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("index ", path, " has no manifest (not a store index, or created empty)"));
+    }
+    manifest.model = model;
+    const std::string text =
+        json{{"model", manifest.model}, {"format_version", manifest.format_version}}.dump();
+    rocksdb::WriteOptions wo;
+    wo.sync = true;
+    s = db->Put(wo, kManifestKey, text);
+    if (!s.ok()) return absl::InternalError(absl::StrCat("index ", path, ": ", s.ToString()));
+  } else if (!s.ok()) {
+    return absl::InternalError(absl::StrCat("index ", path, ": reading manifest: ", s.ToString()));
+  } else {
+    try {
+      const json j = json::parse(value);
+      manifest.model = j.at("model").get<std::string>();
+      manifest.format_version = j.at("format_version").get<uint32_t>();
+    } catch (const std::exception& e) {
+      return absl::DataLossError(
+          absl::StrCat("index ", path, ": manifest does not decode: ", e.what()));
+    }
+    if (manifest.format_version != kStoreFormatVersion) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "index ", path, " has store format version ", manifest.format_version,
+          "; this binary reads version ", kStoreFormatVersion, " (re-import the model)"));
+    }
+    if (!model.empty() && manifest.model != model) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("index ", path, " is for model '", manifest.model, "', not '", model, "'"));
+    }
+  }
+  return std::unique_ptr<BlobIndex>(new BlobIndex(path, std::move(db), std::move(manifest)));
+}
+
+absl::StatusOr<BlobLocation> BlobIndex::Get(int32_t layer, int32_t expert) const {
+  const std::string key = EntryKey(manifest_.model, layer, expert);
+  std::string value;
+  rocksdb::Status s = db_->Get(rocksdb::ReadOptions(), key, &value);
+  if (s.IsNotFound()) {
+    return absl::NotFoundError(
+        absl::StrCat(ExpertName(layer, expert), " is not in the index ", path_));
+  }
+  if (!s.ok()) return absl::InternalError(absl::StrCat("index ", path_, ": ", s.ToString()));
+  return Decode(key, value, path_);
+}
+
+absl::StatusOr<std::vector<BlobLocation>> BlobIndex::List() const {
+  const std::string prefix = EntryPrefix(manifest_.model);
+  std::unique_ptr<rocksdb::Iterator> it(db_->NewIterator(rocksdb::ReadOptions()));
+  std::vector<BlobLocation> out;
+  for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
+    MOE_ASSIGN_OR_RETURN(BlobLocation l,
+                         Decode(it->key().ToString(), it->value().ToString(), path_));
+    out.push_back(std::move(l));
+  }
+  if (!it->status().ok()) {
+    return absl::InternalError(absl::StrCat("index ", path_, ": scan: ", it->status().ToString()));
+  }
+  return out;
+}
+
+absl::Status BlobIndex::Put(const std::vector<BlobLocation>& entries) {
+  rocksdb::WriteBatch batch;
+  for (const BlobLocation& l : entries) {
+    rocksdb::Status s = batch.Put(EntryKey(manifest_.model, l.layer, l.expert), Encode(l));
+    if (!s.ok()) return absl::InternalError(absl::StrCat("index ", path_, ": ", s.ToString()));
+  }
+  rocksdb::WriteOptions wo;
+  wo.sync = true;
+  rocksdb::Status s = db_->Write(wo, &batch);
+  if (!s.ok()) return absl::InternalError(absl::StrCat("index ", path_, ": write: ", s.ToString()));
+  return absl::OkStatus();
+}
+
+}  // namespace moe::store

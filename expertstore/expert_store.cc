@@ -1,0 +1,357 @@
+// ExpertStore: one mutex guards both tiers and the stats; blob reads run on the reader's I/O
+// threads and host->device copies on one copy thread that takes every queued copy at once and
+// synchronizes once per batch (the CPU stand-in for a copy stream).
+#include "expertstore/expert_store.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "expertstore/blob_index.h"
+#include "kernels/base/bytes.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/status.h"
+
+namespace moe::store {
+
+// A per-handle buffer for a load that found no slot; freed when its last handle goes.
+struct ExpertStore::Transient {
+  kernels::Buffer device;
+  std::promise<absl::Status> promise;
+  std::shared_future<absl::Status> ready;
+  int64_t start_us = 0;
+};
+
+namespace {
+
+std::shared_future<absl::Status> Failed(absl::Status status) {
+  std::promise<absl::Status> p;
+  p.set_value(std::move(status));
+  return p.get_future().share();
+}
+
+absl::Status CheckBudget(const char* tier, uint64_t budget, uint64_t slot_bytes,
+                         const BlobLocation& largest) {
+  if (budget == 0 || budget >= slot_bytes) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      tier, " budget ", budget, " bytes (", base::FormatBytes(budget),
+      ") is smaller than one expert: ", ExpertName(largest.layer, largest.expert), " in ",
+      largest.file, " takes ", slot_bytes, " bytes; use 0 to remove the tier"));
+}
+
+}  // namespace
+
+absl::Status StoreOptions::Validate() const {
+  if (store_dir.empty()) return absl::InvalidArgumentError("store: store_dir is empty");
+  if (io_threads <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("store: io_threads ", io_threads, " <= 0"));
+  }
+  return absl::OkStatus();
+}
+
+ExpertStore::ExpertStore(const StoreOptions& options, kernels::Backend* backend)
+    : options_(options), backend_(backend) {}
+
+absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
+    const StoreOptions& options, kernels::Backend* backend,
+    std::unique_ptr<HostAllocator> host_allocator) {
+  MOE_RETURN_IF_ERROR(options.Validate());
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<BlobIndex> index,
+                       BlobIndex::Open(options.store_dir + "/index", options.model, false));
+  MOE_ASSIGN_OR_RETURN(std::vector<BlobLocation> entries, index->List());
+  if (entries.empty()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("store ", options.store_dir, ": the index holds no experts"));
+  }
+  auto store = std::unique_ptr<ExpertStore>(new ExpertStore(options, backend));
+  store->model_ = index->manifest().model;
+  store->host_allocator_ = host_allocator ? std::move(host_allocator) : MakeAlignedHostAllocator();
+  const BlobLocation* largest = &entries[0];
+  for (const BlobLocation& l : entries) {
+    if (l.length > largest->length) largest = &l;
+    store->num_layers_ = std::max(store->num_layers_, l.layer + 1);
+  }
+  store->slot_bytes_ = largest->length;
+  MOE_RETURN_IF_ERROR(
+      CheckBudget("device", options.device_budget_bytes, store->slot_bytes_, *largest));
+  MOE_RETURN_IF_ERROR(CheckBudget("host", options.host_budget_bytes, store->slot_bytes_, *largest));
+  for (BlobLocation& l : entries) store->locations_[ExpertId{l.layer, l.expert}] = std::move(l);
+
+  const uint64_t slot = store->slot_bytes_;
+  if (options.device_budget_bytes > 0) {
+    const int64_t n = static_cast<int64_t>(options.device_budget_bytes / slot);
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer memory, backend->Allocate(n * slot));
+    MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(options.policy));
+    store->device_ = std::make_unique<SlotTier>("device", std::move(memory), slot, n,
+                                                std::move(policy), &store->stats_.device);
+  }
+  if (options.host_budget_bytes > 0) {
+    const int64_t n = static_cast<int64_t>(options.host_budget_bytes / slot);
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer memory, store->host_allocator_->Allocate(n * slot));
+    MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(options.policy));
+    store->host_ = std::make_unique<SlotTier>("host", std::move(memory), slot, n, std::move(policy),
+                                              &store->stats_.host);
+  }
+  store->copy_thread_ = std::make_unique<base::ThreadPool>(1);
+  store->reader_ = std::make_unique<BlobReader>(
+      options.store_dir, BlobReaderOptions{.io_threads = options.io_threads,
+                                           .verify_checksums = options.verify_checksums,
+                                           .use_o_direct = options.use_o_direct});
+  return store;
+}
+
+ExpertStore::~ExpertStore() {
+  reader_.reset();
+  copy_thread_.reset();
+  std::lock_guard<std::mutex> lock(mu_);
+  MOE_CHECK(!device_ || device_->pinned_slots() == 0)
+      << "ExpertStore destroyed while " << device_->pinned_slots() << " device slots are held";
+  MOE_CHECK(!host_ || host_->pinned_slots() == 0)
+      << "ExpertStore destroyed while " << host_->pinned_slots() << " host slots are held";
+}
+
+absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
+                                                               absl::Span<const int32_t> experts) {
+  if (layer < 0 || layer >= num_layers_) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("Acquire: layer ", layer, " outside [0, ", num_layers_, ")"));
+  }
+  std::vector<ExpertHandle> handles;
+  handles.reserve(experts.size());
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const int32_t e : experts) {
+    const ExpertId id{layer, e};
+    auto loc_it = locations_.find(id);
+    if (loc_it == locations_.end()) {
+      handles.push_back(
+          ExpertHandle{layer, e,
+                       Failed(absl::NotFoundError(absl::StrCat(
+                           ExpertName(layer, e), " is not in the index of ", options_.store_dir))),
+                       nullptr});
+      continue;
+    }
+    const BlobLocation& loc = loc_it->second;
+    if (device_) {
+      if (const int d = device_->Find(id); d >= 0) {
+        Slot& slot = device_->slot(d);
+        ++stats_.device.hits;
+        if (slot.state == SlotState::kLoading) ++stats_.joined;
+        if (slot.prefetched) {
+          ++stats_.prefetch_used;
+          slot.prefetched = false;
+        }
+        device_->Touch(d);
+        device_->Pin(d);
+        handles.push_back(SlotHandle(loc, d));
+        continue;
+      }
+      ++stats_.device.misses;
+      if (const int d = device_->Claim(id, base::NowMicros()); d >= 0) {
+        device_->Pin(d);
+        FillFromBelow(loc, Target{d, nullptr});
+        handles.push_back(SlotHandle(loc, d));
+        continue;
+      }
+    }
+    // No device tier, or every device slot is pinned: a buffer of this handle's own.
+    ++stats_.transient_loads;
+    auto t = std::make_shared<Transient>();
+    t->ready = t->promise.get_future().share();
+    t->start_us = base::NowMicros();
+    absl::StatusOr<kernels::Buffer> buffer = backend_->Allocate(loc.length);
+    if (!buffer.ok()) {
+      handles.push_back(ExpertHandle{
+          layer, e, Failed(base::Annotate(buffer.status(), ExpertName(layer, e))), nullptr});
+      continue;
+    }
+    t->device = std::move(*buffer);
+    FillFromBelow(loc, Target{-1, t});
+    auto* weights = new kernels::ExpertWeights(BlobWeights(loc, t->device.data()));
+    handles.push_back(
+        ExpertHandle{layer, e, t->ready,
+                     std::shared_ptr<const kernels::ExpertWeights>(
+                         weights, [t](const kernels::ExpertWeights* w) { delete w; })});
+  }
+  return handles;
+}
+
+void ExpertStore::Prefetch(int32_t layer, absl::Span<const int32_t> experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const int32_t e : experts) {
+    const ExpertId id{layer, e};
+    auto loc_it = locations_.find(id);
+    if (loc_it == locations_.end()) continue;
+    SlotTier* top = device_ ? device_.get() : host_.get();
+    if (top == nullptr) {
+      ++stats_.prefetch_dropped;
+      continue;
+    }
+    if (top->Find(id) >= 0) continue;
+    const int s = top->Claim(id, base::NowMicros());
+    if (s < 0) {
+      ++stats_.prefetch_dropped;
+      continue;
+    }
+    ++stats_.prefetch_issued;
+    top->slot(s).prefetched = true;
+    if (top == device_.get()) {
+      FillFromBelow(loc_it->second, Target{s, nullptr});
+    } else {
+      ++stats_.host.misses;
+      ReadIntoHostSlot(loc_it->second, s);
+    }
+  }
+}
+
+ExpertHandle ExpertStore::SlotHandle(const BlobLocation& loc, int d) {
+  auto* weights = new kernels::ExpertWeights(BlobWeights(loc, device_->data(d)));
+  return ExpertHandle{loc.layer, loc.expert, device_->slot(d).ready,
+                      std::shared_ptr<const kernels::ExpertWeights>(
+                          weights, [this, d](const kernels::ExpertWeights* w) {
+                            delete w;
+                            Release(d);
+                          })};
+}
+
+void ExpertStore::Release(int d) {
+  std::lock_guard<std::mutex> lock(mu_);
+  device_->Unpin(d);
+}
+
+void ExpertStore::FillFromBelow(const BlobLocation& loc, const Target& target) {
+  const ExpertId id{loc.layer, loc.expert};
+  if (host_) {
+    int h = host_->Find(id);
+    bool claimed = false;
+    if (h >= 0) {
+      ++stats_.host.hits;
+      Slot& slot = host_->slot(h);
+      if (slot.prefetched) {
+        ++stats_.prefetch_used;
+        slot.prefetched = false;
+      }
+      host_->Touch(h);
+    } else {
+      ++stats_.host.misses;
+      h = host_->Claim(id, base::NowMicros());
+      // The read completes under mu_, which is held here: the waiter below is in place first.
+      if (h >= 0) ReadIntoHostSlot(loc, h);
+      claimed = h >= 0;
+    }
+    if (h >= 0) {
+      host_->Pin(h);  // until copied up
+      auto copy_up = [this, loc, target, h](const absl::Status& status) {
+        // Runs under mu_.
+        if (!status.ok()) {
+          host_->Unpin(h);
+          FinishTarget(target, status);
+          return;
+        }
+        EnqueueCopy(host_->data(h), loc, target, [this, h] { host_->Unpin(h); });
+      };
+      Slot& slot = host_->slot(h);
+      if (slot.state == SlotState::kReady) {
+        copy_up(absl::OkStatus());
+      } else {
+        if (!claimed) ++stats_.joined;
+        slot.waiters.push_back([this, copy_up](absl::Status status) {
+          std::lock_guard<std::mutex> lock(mu_);
+          copy_up(status);
+        });
+      }
+      return;
+    }
+  }
+  // No host slot to stage in: read into a buffer of its own, then copy up.
+  absl::StatusOr<kernels::Buffer> staging = host_allocator_->Allocate(loc.length);
+  if (!staging.ok()) {
+    FinishTarget(target, base::Annotate(staging.status(), ExpertName(loc.layer, loc.expert)));
+    return;
+  }
+  auto buffer = std::make_shared<kernels::Buffer>(std::move(*staging));
+  ++stats_.blob_reads;
+  reader_->ReadAsync(loc, buffer->data(), [this, loc, target, buffer](absl::Status status) {
+    std::lock_guard<std::mutex> lock(mu_);
+    stats_.blob_bytes_read += status.ok() ? loc.length : 0;
+    if (!status.ok()) {
+      ++stats_.blob_errors;
+      FinishTarget(target, status);
+      return;
+    }
+    EnqueueCopy(buffer->data(), loc, target, [buffer] {});
+  });
+}
+
+void ExpertStore::ReadIntoHostSlot(const BlobLocation& loc, int h) {
+  ++stats_.blob_reads;
+  reader_->ReadAsync(loc, host_->data(h), [this, loc, h](absl::Status status) {
+    std::vector<std::function<void(absl::Status)>> waiters;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (status.ok()) {
+        stats_.blob_bytes_read += loc.length;
+        stats_.host.bytes_in += loc.length;
+      } else {
+        ++stats_.blob_errors;
+      }
+      waiters = host_->Complete(h, status);
+    }
+    RunWaiters(std::move(waiters), status);
+  });
+}
+
+void ExpertStore::EnqueueCopy(const void* src, const BlobLocation& loc, const Target& target,
+                              std::function<void()> after) {
+  copy_queue_.push_back(CopyJob{TargetData(target), src, loc.length,
+                                [this, target, bytes = loc.length, after = std::move(after)] {
+                                  after();
+                                  if (target.device_slot >= 0) stats_.device.bytes_in += bytes;
+                                  FinishTarget(target, absl::OkStatus());
+                                }});
+  if (!copy_drain_scheduled_) {
+    copy_drain_scheduled_ = true;
+    copy_thread_->Schedule([this] { DrainCopies(); });
+  }
+}
+
+void ExpertStore::DrainCopies() {
+  std::vector<CopyJob> batch;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    batch.swap(copy_queue_);
+    copy_drain_scheduled_ = false;
+  }
+  for (const CopyJob& job : batch) backend_->CopyToDevice(job.dst, job.src, job.bytes);
+  backend_->Synchronize();
+  std::lock_guard<std::mutex> lock(mu_);
+  for (CopyJob& job : batch) job.after();
+}
+
+void* ExpertStore::TargetData(const Target& target) const {
+  return target.device_slot >= 0 ? device_->data(target.device_slot)
+                                 : target.transient->device.data();
+}
+
+void ExpertStore::FinishTarget(const Target& target, const absl::Status& status) {
+  if (target.device_slot >= 0) {
+    Slot& slot = device_->slot(target.device_slot);
+    stats_.load_latency_us.Add(base::NowMicros() - slot.load_start_us);
+    // Nobody queues work behind a device slot; its handles wait on the future.
+    const auto none = device_->Complete(target.device_slot, status);
+    MOE_CHECK(none.empty()) << "device slot with waiters";
+    return;
+  }
+  stats_.load_latency_us.Add(base::NowMicros() - target.transient->start_us);
+  target.transient->promise.set_value(status);
+}
+
+void ExpertStore::RunWaiters(std::vector<std::function<void(absl::Status)>> waiters,
+                             const absl::Status& status) {
+  for (auto& w : waiters) w(status);
+}
+
+StoreStats ExpertStore::Stats() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stats_;
+}
+
+}  // namespace moe::store

@@ -1,0 +1,132 @@
+// ExpertStore: the tiered, budgeted cache of expert weights behind store::ExpertProvider.
+//
+//   Acquire(layer, experts)
+//     device tier hit ............ handle ready at once (slot pinned by the handle)
+//     device miss ................ claim a device slot (or, when all are pinned, a transient
+//                                  backend buffer owned by the handle), then fill it from
+//       host tier hit ............ copy host -> device on the copy thread (batched)
+//       host miss ................ claim a host slot, read the blob into it on an I/O thread
+//                                  (O_DIRECT, checksum verified), then copy it up
+//   Handles for misses become ready when their bytes are resident; an error (NotFound,
+//   DataLoss, Internal) arrives through the handle's future, naming the expert, file and offset.
+//
+// Handles always point into backend memory (device slots or transient backend buffers), so the
+// engine never needs to know which tier served it. A budget of 0 removes that tier: with both
+// at 0 every request reads its blob into a transient buffer.
+//
+// Thread-safety: every public method is thread-safe. Loads of one expert are never duplicated:
+// concurrent requests for an expert that is loading join that load.
+// Lifetime: the store must outlive every handle it gave out; destruction waits for loads in
+// flight and aborts if a handle is still held (a programmer error).
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "expertstore/blob_reader.h"
+#include "expertstore/expert_provider.h"
+#include "expertstore/host_allocator.h"
+#include "expertstore/policy.h"
+#include "expertstore/slot_tier.h"
+#include "expertstore/stats.h"
+
+namespace moe::store {
+
+struct StoreOptions {
+  std::string store_dir;  // written by the importer (importer.h); required
+  std::string model;      // expected model id; empty accepts the index's. Default: empty.
+  uint64_t device_budget_bytes = 0;  // device tier memory; 0 removes the tier. Default: 0.
+  uint64_t host_budget_bytes = 0;    // host tier memory; 0 removes the tier. Default: 0.
+  PolicyOptions policy;              // eviction policy of both tiers. Default: lru.
+  int io_threads = 8;                // blob reads in flight. Default: 8.
+  bool verify_checksums = true;      // Default: true.
+  bool use_o_direct = true;          // Default: true.
+
+  // InvalidArgument naming the field.
+  absl::Status Validate() const;
+};
+
+class ExpertStore final : public ExpertProvider {
+ public:
+  // Opens the store at options.store_dir for `backend` (which must outlive the store).
+  // host_allocator: the host tier's memory; null means plain 4 KiB-aligned memory.
+  // NotFound: no index in store_dir. FailedPrecondition: the index is for another model or store
+  // format version, holds no experts, or a non-zero budget is smaller than one expert (the
+  // message names the budget and the expert size). ResourceExhausted: a budget cannot be
+  // allocated. InvalidArgument: bad options.
+  static absl::StatusOr<std::unique_ptr<ExpertStore>> Open(
+      const StoreOptions& options, kernels::Backend* backend,
+      std::unique_ptr<HostAllocator> host_allocator = nullptr);
+  ~ExpertStore() override;
+
+  // ExpertProvider. InvalidArgument for a layer outside [0, num_layers()); an expert the index
+  // does not hold gets a handle whose future is NotFound.
+  absl::StatusOr<std::vector<ExpertHandle>> Acquire(int32_t layer,
+                                                    absl::Span<const int32_t> experts) override;
+
+  // Starts loading experts that are not resident into the top tier, without handles; counted as
+  // prefetch_issued, and as prefetch_used when a later Acquire finds them. Never evicts a pinned
+  // slot; experts that find no slot are dropped (prefetch_dropped).
+  void Prefetch(int32_t layer, absl::Span<const int32_t> experts);
+
+  StoreStats Stats() const;
+  int32_t num_layers() const { return num_layers_; }
+  // Size of one slot: the largest blob in the index.
+  uint64_t slot_bytes() const { return slot_bytes_; }
+  const std::string& model() const { return model_; }
+
+ private:
+  struct Transient;
+  // Where a load lands: a device slot, or a transient backend buffer.
+  struct Target {
+    int device_slot = -1;
+    std::shared_ptr<Transient> transient;
+  };
+  struct CopyJob {
+    void* dst;
+    const void* src;
+    uint64_t bytes;
+    std::function<void()> after;  // runs under mu_ once the copy is complete
+  };
+
+  ExpertStore(const StoreOptions& options, kernels::Backend* backend);
+
+  // All of these run with mu_ held.
+  void FillFromBelow(const BlobLocation& loc, const Target& target);
+  void ReadIntoHostSlot(const BlobLocation& loc, int host_slot);
+  void EnqueueCopy(const void* src, const BlobLocation& loc, const Target& target,
+                   std::function<void()> after);
+  void FinishTarget(const Target& target, const absl::Status& status);
+  void* TargetData(const Target& target) const;
+  ExpertHandle SlotHandle(const BlobLocation& loc, int device_slot);
+
+  void DrainCopies();  // on the copy thread
+  void Release(int device_slot);
+  static void RunWaiters(std::vector<std::function<void(absl::Status)>> waiters,
+                         const absl::Status& status);
+
+  const StoreOptions options_;
+  kernels::Backend* const backend_;
+  std::unique_ptr<HostAllocator> host_allocator_;
+  std::string model_;
+  int32_t num_layers_ = 0;
+  uint64_t slot_bytes_ = 0;
+  absl::flat_hash_map<ExpertId, BlobLocation> locations_;  // immutable after Open
+
+  mutable std::mutex mu_;
+  StoreStats stats_;                   // guarded by mu_
+  std::unique_ptr<SlotTier> device_;   // null when its budget is 0; guarded by mu_
+  std::unique_ptr<SlotTier> host_;     // likewise
+  std::vector<CopyJob> copy_queue_;    // guarded by mu_
+  bool copy_drain_scheduled_ = false;  // guarded by mu_
+
+  // Reset in this order by the destructor: reads finish (and queue their copies), then copies.
+  std::unique_ptr<base::ThreadPool> copy_thread_;
+  std::unique_ptr<BlobReader> reader_;
+};
+
+}  // namespace moe::store

@@ -1,0 +1,92 @@
+// SlotTier bookkeeping. Invariant: an id is in where_ iff its slot is kLoading or kReady, and
+// then the policy knows it; free_ holds exactly the kFree slots.
+#include "expertstore/slot_tier.h"
+
+#include "kernels/base/check.h"
+
+namespace moe::store {
+
+SlotTier::SlotTier(std::string name, kernels::Buffer memory, uint64_t slot_bytes, int64_t num_slots,
+                   std::unique_ptr<EvictionPolicy> policy, TierStats* stats)
+    : name_(std::move(name)),
+      memory_(std::move(memory)),
+      slot_bytes_(slot_bytes),
+      slots_(num_slots),
+      policy_(std::move(policy)),
+      stats_(stats) {
+  for (int i = static_cast<int>(num_slots) - 1; i >= 0; --i) free_.push_back(i);
+  stats_->slots = num_slots;
+  stats_->slot_bytes = slot_bytes;
+}
+
+int SlotTier::Find(ExpertId id) const {
+  auto it = where_.find(id);
+  return it == where_.end() ? -1 : it->second;
+}
+
+int SlotTier::Claim(ExpertId id, int64_t now_us) {
+  MOE_CHECK(Find(id) < 0) << name_ << ": claiming layer " << id.layer << " expert " << id.expert
+                          << " twice";
+  int s = -1;
+  if (!free_.empty()) {
+    s = free_.back();
+    free_.pop_back();
+  } else {
+    std::optional<ExpertId> victim = policy_->Victim([this](ExpertId v) {
+      const Slot& slot = slots_[where_.at(v)];
+      return slot.state == SlotState::kReady && slot.pins == 0;
+    });
+    if (!victim) return -1;
+    s = where_.at(*victim);
+    where_.erase(*victim);
+    policy_->OnErase(*victim);
+    ++stats_->evictions;
+  }
+  Slot& slot = slots_[s];
+  slot = Slot{};
+  slot.state = SlotState::kLoading;
+  slot.id = id;
+  slot.load_start_us = now_us;
+  slot.promise = std::make_shared<std::promise<absl::Status>>();
+  slot.ready = slot.promise->get_future().share();
+  where_[id] = s;
+  policy_->OnInsert(id);
+  return s;
+}
+
+std::vector<std::function<void(absl::Status)>> SlotTier::Complete(int s,
+                                                                  const absl::Status& status) {
+  Slot& slot = slots_[s];
+  MOE_CHECK(slot.state == SlotState::kLoading) << name_ << ": slot " << s << " completed twice";
+  if (status.ok()) {
+    slot.state = SlotState::kReady;
+  } else {
+    slot.state = SlotState::kDetached;
+    where_.erase(slot.id);
+    policy_->OnErase(slot.id);
+  }
+  slot.promise->set_value(status);
+  std::vector<std::function<void(absl::Status)>> waiters = std::move(slot.waiters);
+  slot.waiters.clear();
+  if (slot.state == SlotState::kDetached && slot.pins == 0) Free(s);
+  return waiters;
+}
+
+void SlotTier::Unpin(int s) {
+  Slot& slot = slots_[s];
+  MOE_CHECK(slot.pins > 0) << name_ << ": slot " << s << " released more often than acquired";
+  if (--slot.pins == 0 && slot.state == SlotState::kDetached) Free(s);
+}
+
+void SlotTier::Free(int s) {
+  slots_[s] = Slot{};
+  free_.push_back(s);
+}
+
+int64_t SlotTier::pinned_slots() const {
+  int64_t n = 0;
+  for (const Slot& s : slots_) n += s.pins > 0;
+  return n;
+}
+
+}  // namespace moe::store

@@ -1,0 +1,101 @@
+// Element-wise ops on the GPU: Embed (gather), Add, Sigmoid and the SwiGLU product. Their CPU
+// twins are in cpu/cpu_backend.cc (Embed, Add, Sigmoid) and cpu/expert_ffn.cc (SwiGLU).
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace moe::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+inline unsigned GridFor(int64_t n, int num_sms) {
+  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>(CeilDiv(n, kThreads),
+                                                                      int64_t{num_sms} * 16)));
+}
+
+#define MOE_GRID_STRIDE(i, n)                                                    \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; \
+       i < (n); i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+
+// out[t, h] = table[ids[t], h]
+template <typename W>
+__global__ void EmbedKernel(float* out, const W* table, const int32_t* ids, int64_t T,
+                            int64_t H) {
+  MOE_GRID_STRIDE(i, T * H) { out[i] = ToF32(table[ids[i / H] * H + i % H]); }
+}
+
+__global__ void AddKernel(float* out, const float* x, int64_t n) {
+  MOE_GRID_STRIDE(i, n) { out[i] += x[i]; }
+}
+
+__global__ void SigmoidKernel(float* x, int64_t n) {
+  MOE_GRID_STRIDE(i, n) { x[i] = 1.f / (1.f + expf(-x[i])); }
+}
+
+// gate_up[r] = [gate (I) | up (I)] -> act[r, i] = F.silu(gate) * up
+__global__ void SiluMulKernel(float* act, const float* gate_up, int64_t rows, int64_t I) {
+  MOE_GRID_STRIDE(idx, rows * I) {
+    const int64_t r = idx / I, i = idx % I;
+    const float g = gate_up[r * 2 * I + i];
+    act[idx] = g / (1.f + expf(-g)) * gate_up[r * 2 * I + I + i];
+  }
+}
+
+#undef MOE_GRID_STRIDE
+
+}  // namespace
+
+void LaunchSiluMul(float* act, const float* gate_up, int64_t rows, int64_t I, int num_sms,
+                   cudaStream_t stream) {
+  if (rows * I == 0) return;
+  SiluMulKernel<<<GridFor(rows * I, num_sms), kThreads, 0, stream>>>(act, gate_up, rows, I);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels {
+
+void CudaBackend::Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) {
+  MOE_CHECK(table.rank == 2) << "Embed: table rank " << table.rank;
+  const int64_t V = table.dim(0), H = table.dim(1);
+  // ids are host memory (backend.h): checked here, where the CPU reference checks them too.
+  for (int64_t t = 0; t < T; ++t) {
+    MOE_CHECK(ids[t] >= 0 && ids[t] < V) << "Embed: id " << ids[t] << " outside vocab " << V;
+  }
+  if (T == 0) return;
+  const auto* dev_ids = static_cast<const int32_t*>(
+      StageHostArgs(args_, ids, static_cast<size_t>(T) * sizeof(int32_t)));
+  const unsigned grid = cuda::GridFor(T * H, num_sms_);
+  switch (table.dtype) {
+    case DType::kF32:
+      cuda::EmbedKernel<<<grid, cuda::kThreads, 0, stream_>>>(
+          out, static_cast<const float*>(table.data), dev_ids, T, H);
+      break;
+    case DType::kBF16:
+      cuda::EmbedKernel<<<grid, cuda::kThreads, 0, stream_>>>(
+          out, static_cast<const __nv_bfloat16*>(table.data), dev_ids, T, H);
+      break;
+    case DType::kF16:
+      cuda::EmbedKernel<<<grid, cuda::kThreads, 0, stream_>>>(
+          out, static_cast<const __half*>(table.data), dev_ids, T, H);
+      break;
+    default: MOE_CHECK(false) << "Embed: unsupported table dtype " << DTypeName(table.dtype);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaBackend::Add(float* out, const float* x, int64_t n) {
+  if (n == 0) return;
+  cuda::AddKernel<<<cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_>>>(out, x, n);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaBackend::Sigmoid(float* x, int64_t n) {
+  if (n == 0) return;
+  cuda::SigmoidKernel<<<cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_>>>(x, n);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moe::kernels

@@ -1,0 +1,71 @@
+// Shared device helpers of the CUDA backend: error checks, warp/block reductions, weight loads.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "kernels/base/check.h"
+
+// Launch errors and sticky errors (illegal address) are fatal: the context is gone (STYLE C5.7).
+#define MOE_CUDA_CHECK(expr)                                                              \
+  do {                                                                                    \
+    const cudaError_t _moe_err = (expr);                                                  \
+    MOE_CHECK(_moe_err == cudaSuccess) << #expr << ": " << cudaGetErrorName(_moe_err) << " " \
+                                       << cudaGetErrorString(_moe_err);                   \
+  } while (0)
+
+namespace moe::kernels::cuda {
+
+constexpr int kWarp = 32;
+
+__host__ __device__ __forceinline__ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+__host__ __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
+__host__ __device__ __forceinline__ int64_t Max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+__device__ __forceinline__ float WarpSum(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float WarpMax(float v) {
+#pragma unroll
+  for (int o = kWarp / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block; every thread gets the result. blockDim.x is a multiple of 32, <= 1024.
+__device__ __forceinline__ float BlockSum(float v) {
+  __shared__ float partial[kWarp];
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  v = WarpSum(v);
+  __syncthreads();  // `partial` may still be read by a previous call
+  if (lane == 0) partial[warp] = v;
+  __syncthreads();
+  const int num_warps = blockDim.x / kWarp;
+  v = lane < num_warps ? partial[lane] : 0.f;
+  return WarpSum(v);
+}
+
+// Weight element types as device types; ToF32 is exact for all three.
+__device__ __forceinline__ float ToF32(float v) { return v; }
+__device__ __forceinline__ float ToF32(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float ToF32(__half v) { return __half2float(v); }
+
+// Loads kVec = 16 / sizeof(W) consecutive weights with one 16-byte load (p 16-byte aligned).
+template <typename W>
+struct Vec16 {
+  static constexpr int kVec = 16 / sizeof(W);
+  __device__ __forceinline__ static void Load(const W* p, float (&out)[kVec]) {
+    const uint4 raw = __ldg(reinterpret_cast<const uint4*>(p));
+    const W* e = reinterpret_cast<const W*>(&raw);
+#pragma unroll
+    for (int i = 0; i < kVec; ++i) out[i] = ToF32(e[i]);
+  }
+};
+
+}  // namespace moe::kernels::cuda

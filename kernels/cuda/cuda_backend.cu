@@ -1,0 +1,106 @@
+// CudaBackend: device memory, copies and the stream; each op family is in the file of its name.
+#include "kernels/cuda/cuda_backend.h"
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/bytes.h"
+#include "kernels/base/status.h"
+#include "kernels/cuda/common.cuh"
+
+namespace moe::kernels {
+
+absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOptions& options) {
+  int count = 0;
+  if (const cudaError_t err = cudaGetDeviceCount(&count); err != cudaSuccess || count == 0) {
+    cudaGetLastError();  // not sticky; clear it
+    return absl::FailedPreconditionError(
+        absl::StrCat("cuda backend: no usable CUDA device (", cudaGetErrorName(err), ": ",
+                     cudaGetErrorString(err), ", ", count, " devices)"));
+  }
+  MOE_CUDA_CHECK(cudaSetDevice(0));
+  int num_sms = 0;
+  MOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  cudaStream_t stream = nullptr;
+  MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(stream, num_sms));
+}
+
+CudaBackend::CudaBackend(CUstream_st* stream, int num_sms) : stream_(stream), num_sms_(num_sms) {}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  for (Scratch* s : {&args_, &args2_, &work_}) cudaFree(s->data);
+  cudaStreamDestroy(stream_);
+}
+
+absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
+  if (bytes == 0) return Buffer();
+  void* p = nullptr;
+  if (const cudaError_t err = cudaMalloc(&p, bytes); err != cudaSuccess) {
+    cudaGetLastError();  // an out-of-memory error is not sticky; clear it
+    size_t free_bytes = 0, total_bytes = 0;
+    cudaMemGetInfo(&free_bytes, &total_bytes);
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "cuda backend: cannot allocate ", bytes, " bytes (", base::FormatBytes(bytes),
+        ") of device memory: ", cudaGetErrorName(err), "; ", base::FormatBytes(free_bytes),
+        " free of ", base::FormatBytes(total_bytes)));
+  }
+  return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFree(q)); });
+}
+
+absl::StatusOr<DeviceTensor> CudaBackend::Upload(const TensorView& host) {
+  DeviceTensor t;
+  MOE_ASSIGN_OR_RETURN(t.storage, Allocate(host.bytes()));
+  if (host.bytes() > 0) {
+    MOE_CUDA_CHECK(cudaMemcpyAsync(t.storage.data(), host.data, host.bytes(),
+                                   cudaMemcpyHostToDevice, stream_));
+    MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free `host` next
+  }
+  t.view = host;
+  t.view.data = t.storage.data();
+  return t;
+}
+
+void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
+  // From pageable memory the runtime stages the bytes before returning, so `src` may be reused.
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+}
+
+void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
+
+void CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+}
+
+void CudaBackend::Zero(void* dst, size_t bytes) {
+  MOE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+}
+
+void CudaBackend::Synchronize() { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
+  if (bytes <= s.bytes) return s.data;
+  const size_t grown = std::max(bytes, s.bytes * 2);
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old one
+  MOE_CUDA_CHECK(cudaFree(s.data));
+  s.data = nullptr;
+  s.bytes = 0;
+  // Scratch grows inside ops, which return nothing: running out here is fatal, and says so.
+  const cudaError_t err = cudaMalloc(&s.data, grown);
+  MOE_CHECK(err == cudaSuccess) << "cuda backend: cannot allocate " << grown
+                                << " bytes of op scratch: " << cudaGetErrorName(err);
+  s.bytes = grown;
+  return s.data;
+}
+
+void* CudaBackend::StageHostArgs(Scratch& s, const void* host, size_t bytes) {
+  void* dst = Reserve(s, bytes);
+  // TODO(cuda): a pinned ring would keep this copy from waiting for the stream (and allow
+  // graph capture); for now the runtime stages pageable memory itself.
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  return dst;
+}
+
+}  // namespace moe::kernels

@@ -1,0 +1,70 @@
+// The CUDA backend: every Backend op on one GPU, on one stream the backend owns.
+//
+// Contract beyond backend.h: every float*/int32_t* an op takes is device memory (from Allocate),
+// except the host arrays backend.h names (Embed ids, Rope positions and inv_freq, the ExpertWork
+// list); those are copied in by the op. Ops are asynchronous on stream(); CopyToHost and
+// Synchronize wait for it. Bad shapes abort (MOE_CHECK); so do launch errors (MOE_CUDA_CHECK).
+// Not thread-safe: one engine thread drives one backend.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "kernels/backend.h"
+
+struct CUstream_st;  // cudaStream_t, without making every includer a CUDA translation unit
+
+namespace moe::kernels {
+
+class CudaBackend final : public Backend {
+ public:
+  // FailedPrecondition when no CUDA device is visible or the runtime cannot start.
+  static absl::StatusOr<std::unique_ptr<CudaBackend>> Create(const BackendOptions& options);
+  ~CudaBackend() override;
+
+  BackendKind kind() const override { return BackendKind::kCuda; }
+  CUstream_st* stream() const { return stream_; }
+  int num_sms() const { return num_sms_; }
+
+  // ResourceExhausted naming the bytes asked for and the bytes free when cudaMalloc fails.
+  absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
+  void CopyToDevice(void* dst, const void* src, size_t bytes) override;
+  void CopyToHost(void* dst, const void* src, size_t bytes) override;  // waits
+  void CopyOnDevice(void* dst, const void* src, size_t bytes) override;
+  void Zero(void* dst, size_t bytes) override;
+  void Synchronize() override;
+
+  void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) override;
+  void MatMul(float* out, const float* x, int64_t T, const TensorView& w,
+              const TensorView* bias) override;
+  void RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
+               float eps) override;
+  void Rope(const RopeArgs& args) override;
+  void Attention(const AttentionArgs& args) override;
+  void Route(const RouteArgs& args) override;
+  void ExpertFfn(const ExpertFfnArgs& args) override;
+  void Add(float* out, const float* x, int64_t n) override;
+  void Sigmoid(float* x, int64_t n) override;
+
+ private:
+  // A device buffer that only grows; reused by every call of the op that owns it. Growing
+  // synchronises the stream first, so queued kernels never read freed memory.
+  struct Scratch {
+    void* data = nullptr;
+    size_t bytes = 0;
+  };
+  CudaBackend(CUstream_st* stream, int num_sms);
+  void* Reserve(Scratch& s, size_t bytes);
+  // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
+  void* StageHostArgs(Scratch& s, const void* host, size_t bytes);
+
+  CUstream_st* stream_ = nullptr;
+  int num_sms_ = 0;
+  Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
+  Scratch args2_;      // a second one for ops that stage two arrays
+  Scratch work_;       // intermediates: expert activations, attention partials
+};
+
+}  // namespace moe::kernels

@@ -1,0 +1,101 @@
+// Grouped expert SwiGLU MLP on the GPU: all experts of a call in one launch per projection.
+//
+// Legend: R routed rows (tokens grouped per expert), H hidden, I expert width.
+//   gate_up[r, :I]  = x[rows[r]] Gate_e^T        one grouped launch (groups = experts)
+//   gate_up[r, I:]  = x[rows[r]] Up_e^T          one grouped launch
+//   act[r]          = F.silu(gate_up[r, :I]) * gate_up[r, I:]
+//   (at most 8 rows per expert, i.e. decode: these three are one matrix-vector launch)
+//   out[rows[r]]   += row_weights[r] * act[r] Down_e^T   one grouped launch, atomicAdd scatter
+// The atomics make the order of the (at most K) additions into one out element vary from run to
+// run: results can differ in the last bit, unlike the CPU reference.
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace moe::kernels {
+
+void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
+  const int64_t H = a.hidden_size;
+  const int num_experts = static_cast<int>(a.experts.size());
+  if (num_experts == 0) return;
+  const ExpertWeights& w0 = *a.experts[0].weights;
+  const int64_t I = w0.gate.dim(0);
+  const DType dtype = w0.gate.dtype;
+  // The table is [gate groups | up groups | down groups], copied in with one staged copy.
+  std::vector<cuda::GemmGroup> table(3 * static_cast<size_t>(num_experts));
+  int64_t total_rows = 0, max_rows = 0;
+  for (int e = 0; e < num_experts; ++e) {
+    const ExpertWork& work = a.experts[e];
+    const ExpertWeights& w = *work.weights;
+    MOE_CHECK(w.gate.rank == 2 && w.up.rank == 2 && w.down.rank == 2 && w.gate.dim(0) == I &&
+              w.gate.dim(1) == H && w.up.dim(0) == I && w.up.dim(1) == H && w.down.dim(0) == H &&
+              w.down.dim(1) == I)
+        << "ExpertFfn: expert " << e << " shapes gate [" << w.gate.dim(0) << "," << w.gate.dim(1)
+        << "] down [" << w.down.dim(0) << "," << w.down.dim(1) << "] H " << H << " I " << I;
+    MOE_CHECK(w.gate.dtype == dtype && w.up.dtype == dtype && w.down.dtype == dtype)
+        << "ExpertFfn: expert " << e << " mixes dtypes with " << DTypeName(dtype);
+    MOE_CHECK(work.row_begin >= 0 && work.row_count >= 0)
+        << "ExpertFfn: expert " << e << " rows [" << work.row_begin << ", +" << work.row_count
+        << ")";
+    table[e] = {w.gate.data, work.row_begin, work.row_count};
+    table[num_experts + e] = {w.up.data, work.row_begin, work.row_count};
+    table[2 * num_experts + e] = {w.down.data, work.row_begin, work.row_count};
+    total_rows = std::max(total_rows, work.row_begin + work.row_count);
+    max_rows = std::max(max_rows, work.row_count);
+  }
+  if (max_rows == 0) return;
+  const auto* groups = static_cast<const cuda::GemmGroup*>(
+      StageHostArgs(args_, table.data(), table.size() * sizeof(cuda::GemmGroup)));
+  // [R, 2I] gate|up, then [R, I] act
+  float* gate_up = static_cast<float*>(
+      Reserve(work_, static_cast<size_t>(total_rows) * 3 * static_cast<size_t>(I) * sizeof(float)));
+  float* act = gate_up + total_rows * 2 * I;
+
+  cuda::GemmParams p;
+  p.num_groups = num_experts;
+  p.max_rows = max_rows;
+  p.w_dtype = dtype;
+  p.N = I;
+  p.K = H;
+  p.a = a.x;
+  p.lda = H;
+  p.a_rows = a.rows;
+  p.num_sms = num_sms_;
+  p.groups = groups;  // gate
+  if (max_rows <= cuda::kMatVecMaxRows) {
+    // Decode: gate, up and SiLU* in one matrix-vector launch, straight into act.
+    p.up_groups = groups + num_experts;
+    p.c = act;
+    p.ldc = I;
+    cuda::LaunchGroupedGemm(p, stream_);
+  } else {
+    p.ldc = 2 * I;
+    p.c = gate_up;
+    cuda::LaunchGroupedGemm(p, stream_);
+    p.groups = groups + num_experts;  // up
+    p.c = gate_up + I;
+    cuda::LaunchGroupedGemm(p, stream_);
+    cuda::LaunchSiluMul(act, gate_up, total_rows, I, num_sms_, stream_);
+  }
+
+  cuda::GemmParams d;  // down, weighted scatter-add into out
+  d.groups = groups + 2 * num_experts;
+  d.num_groups = num_experts;
+  d.max_rows = max_rows;
+  d.w_dtype = dtype;
+  d.N = H;
+  d.K = I;
+  d.a = act;
+  d.lda = I;
+  d.c = a.out;
+  d.ldc = H;
+  d.c_rows = a.rows;
+  d.c_scale = a.row_weights;
+  d.accumulate = true;
+  d.num_sms = num_sms_;
+  cuda::LaunchGroupedGemm(d, stream_);
+}
+
+}  // namespace moe::kernels

@@ -1,0 +1,59 @@
+// Launchers shared between op files: the grouped GEMM (matmul.cu) that MatMul and ExpertFfn use.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "kernels/tensor.h"
+
+namespace moe::kernels::cuda {
+
+// One group of a grouped GEMM: rows [row_begin, row_begin + row_count) of the logical A and C
+// use weight `w` ([N, K] row-major, the call's dtype). Lives in device memory.
+constexpr int64_t kMatVecMaxRows = 8;
+
+struct GemmGroup {
+  const void* w = nullptr;
+  int64_t row_begin = 0;
+  int64_t row_count = 0;
+};
+
+// For every group g and row m < row_count(g), with r = row_begin(g) + m and every n < N:
+//   v = sum_k A[ra, k] * W_g[n, k]           ra = a_rows ? a_rows[r] : r
+//   C[rc, n] (+)= (c_scale ? c_scale[r] : 1) * v      rc = c_rows ? c_rows[r] : r
+// "+=" (atomicAdd, so rows may repeat) when accumulate, else "=". fp32 accumulation always.
+struct GemmParams {
+  const GemmGroup* groups = nullptr;  // [num_groups], device memory
+  int num_groups = 0;
+  int64_t max_rows = 0;               // max row_count over the groups (host knows it)
+  DType w_dtype = DType::kF32;
+  int64_t N = 0;
+  int64_t K = 0;
+  const float* a = nullptr;           // [*, lda]
+  int64_t lda = 0;
+  const int32_t* a_rows = nullptr;
+  float* c = nullptr;                 // [*, ldc]
+  int64_t ldc = 0;
+  const int32_t* c_rows = nullptr;
+  const float* c_scale = nullptr;
+  bool accumulate = false;
+  // When set (matrix-vector sizes only: max_rows <= kMatVecMaxRows), the call computes the SwiGLU
+  // product instead: C[rc, n] = F.silu(A W_g^T)[n] * (A U_g^T)[n], U_g = up_groups[g].w.
+  const GemmGroup* up_groups = nullptr;
+  int num_sms = 132;  // of the device: sizes the matrix-vector grid
+};
+
+// Picks the matrix-vector kernel when max_rows <= kMatVecMaxRows (decode: weight bytes dominate)
+// and the tiled kernel otherwise.
+void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream);
+
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels::cuda {
+
+// act[r, i] = F.silu(gate_up[r, i]) * gate_up[r, I + i]     gate_up: [rows, 2I]; act: [rows, I]
+void LaunchSiluMul(float* act, const float* gate_up, int64_t rows, int64_t I, int num_sms,
+                   cudaStream_t stream);
+
+}  // namespace moe::kernels::cuda

@@ -1,0 +1,362 @@
+// MatMul on the GPU: a grouped matrix-vector kernel (decode, weight-bandwidth bound) and a tiled
+// grouped GEMM (prefill), both fp32 accumulation over fp32/bf16/fp16 weights; bias added after.
+//
+// Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
+// Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
+#include "kernels/backend.h"
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/launch.cuh"
+
+namespace moe::kernels::cuda {
+namespace {
+
+__device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGroup& single,
+                                             int g) {
+  return p.groups != nullptr ? p.groups[g] : single;
+}
+
+// C[rc, n] (+)= scale * v for logical row r (see GemmParams).
+__device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n, float v) {
+  const int64_t rc = p.c_rows != nullptr ? p.c_rows[r] : r;
+  if (p.c_scale != nullptr) v *= p.c_scale[r];
+  float* dst = p.c + rc * p.ldc + n;
+  if (p.accumulate) {
+    atomicAdd(dst, v);
+  } else {
+    *dst = v;
+  }
+}
+
+// ---- matrix-vector: `ws` warps per weight row n (each a 1/ws slice of K), up to TB rows of A ----
+// Each lane streams 16-byte weight vectors (kUnroll in flight) and dots them with the TB rows of
+// A, which stay in L1/L2 (they are re-read by every warp; weights are read once). Splitting K
+// over ws warps gives small-N matrices enough blocks to reach every SM.
+constexpr int kMvWarps = 8;
+constexpr int kUnroll = 4;
+
+// acc[r][j] += w[r][k] * xr[j][k] for the NW weight rows w[r], over the k of thread `t` of
+// kThreads (vector chunks of kVec, or single elements when !vec); the caller reduces over the
+// threads. The NW rows' loads are issued together (kUnroll in flight per lane in all), so the
+// SwiGLU form does not wait for the gate row before loading the up row, and shares the x loads.
+// kThreads is a compile-time constant on purpose: the version with a run-time stride (and no
+// early exit) ran the 623 MB lm head at 76% of HBM bandwidth instead of 91% (H200, NOTES.md).
+template <typename W, int TB, int kThreads, int NW>
+__device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
+                                       const float* const (&xr)[TB], bool vec, int t,
+                                       float (&acc)[NW][TB]) {
+  constexpr int V = Vec16<W>::kVec;
+  constexpr int kU = kUnroll / NW;
+  if (vec) {
+    constexpr int64_t step = static_cast<int64_t>(kThreads) * V;
+    for (int64_t k0 = static_cast<int64_t>(t) * V; k0 < K; k0 += step * kU) {
+      float wv[NW][kU][V];
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int r = 0; r < NW; ++r) {
+          if (k0 + u * step < K) Vec16<W>::Load(w[r] + k0 + u * step, wv[r][u]);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t k = k0 + u * step;
+        if (k >= K) break;
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
+#pragma unroll
+          for (int v = 0; v < V / 4; ++v) {
+            const float4 xv = __ldg(x4 + v);
+#pragma unroll
+            for (int r = 0; r < NW; ++r) {
+              acc[r][j] = fmaf(wv[r][u][4 * v + 0], xv.x, acc[r][j]);
+              acc[r][j] = fmaf(wv[r][u][4 * v + 1], xv.y, acc[r][j]);
+              acc[r][j] = fmaf(wv[r][u][4 * v + 2], xv.z, acc[r][j]);
+              acc[r][j] = fmaf(wv[r][u][4 * v + 3], xv.w, acc[r][j]);
+            }
+          }
+        }
+      }
+    }
+  } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
+    for (int64_t k = t; k < K; k += kThreads) {
+#pragma unroll
+      for (int r = 0; r < NW; ++r) {
+        const float wk = ToF32(w[r][k]);
+#pragma unroll
+        for (int j = 0; j < TB; ++j) acc[r][j] = fmaf(wk, xr[j][k], acc[r][j]);
+      }
+    }
+  }
+}
+
+// kGlu: C = F.silu(A Wg^T) * (A Wu^T), Wg from groups, Wu from up_groups (same rows).
+// Block: kMvWarps / ws weight rows; grid (ceil(N * ws / kMvWarps), groups). ws in {1, 4}.
+template <typename W, int TB, bool kGlu, int ws>
+__global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
+                                                                       const GemmGroup single) {
+  __shared__ float partial[kMvWarps][TB][2];  // per warp: gate (or plain) and up sums
+  const GemmGroup g = GroupOf(p, single, blockIdx.y);
+  if (g.row_count == 0) return;  // block-uniform
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int slice = warp % ws;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (kMvWarps / ws) + warp / ws;
+  const bool active = n < p.N;  // with ws > 1 no early return: a row's warps meet at barriers
+  if constexpr (ws == 1) {
+    if (!active) return;
+  }
+  constexpr int V = Vec16<W>::kVec;
+  const int64_t K = p.K;
+  const W* w = static_cast<const W*>(g.w) + (active ? n : 0) * K;  // [K]
+  const W* wu = kGlu ? static_cast<const W*>(p.up_groups[blockIdx.y].w) + (active ? n : 0) * K
+                     : nullptr;
+  const bool vec = K % V == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
+                   (!kGlu || (reinterpret_cast<uintptr_t>(wu) & 15) == 0) &&
+                   (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
+
+  for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {  // block-uniform trip count
+    const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
+    const float* xr[TB];  // [TB][K]
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
+      xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+    }
+    constexpr int NW = kGlu ? 2 : 1;  // gate and up rows, or the one weight row
+    float acc[NW][TB];
+#pragma unroll
+    for (int r = 0; r < NW; ++r) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[r][j] = 0.f;
+    }
+    if (active) {
+      if constexpr (kGlu) {
+        const W* const rows[2] = {w, wu};
+        RowDot<W, TB, ws * kWarp, 2>(rows, K, xr, vec, slice * kWarp + lane, acc);
+      } else {
+        const W* const rows[1] = {w};
+        RowDot<W, TB, ws * kWarp, 1>(rows, K, xr, vec, slice * kWarp + lane, acc);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < NW; ++r) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[r][j] = WarpSum(acc[r][j]);
+    }
+    if constexpr (ws > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int r = 0; r < NW; ++r) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
+        }
+      }
+      __syncthreads();
+      if (slice == 0) {  // slices summed in a fixed order: deterministic
+#pragma unroll
+        for (int r = 0; r < NW; ++r) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
+          }
+        }
+      }
+      __syncthreads();  // partial is reused by the next chunk of rows
+    }
+    if (active && slice == 0 && lane == 0) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) {
+        float v = acc[0][j];
+        if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[NW - 1][j];
+        if (j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
+      }
+    }
+  }
+}
+
+// Warps per row: 4 (each a quarter of K) only when one warp per row leaves SMs without a block
+// (k/v projections, the router). Measured on an H200 (tests/bench/NOTES.md): splitting whenever
+// there were under 16 blocks per SM made 2048x2048 to 8192x8192 and the expert FFN slower.
+template <typename W, int TB, bool kGlu>
+void LaunchMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const dim3 block(kMvWarps * kWarp);
+  const bool split = p.K >= 2048 && CeilDiv(p.N, kMvWarps) * p.num_groups < p.num_sms;
+  if (split) {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kMvWarps)),
+                    static_cast<unsigned>(p.num_groups));
+    GroupedMatVecKernel<W, TB, kGlu, 4><<<grid, block, 0, stream>>>(p, single);
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
+                    static_cast<unsigned>(p.num_groups));
+    GroupedMatVecKernel<W, TB, kGlu, 1><<<grid, block, 0, stream>>>(p, single);
+  }
+}
+
+template <typename W, bool kGlu>
+void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if (p.max_rows <= 1) {
+    LaunchMatVecRows<W, 1, kGlu>(p, single, stream);
+  } else if (p.max_rows <= 2) {
+    LaunchMatVecRows<W, 2, kGlu>(p, single, stream);
+  } else if (p.max_rows <= 4) {
+    LaunchMatVecRows<W, 4, kGlu>(p, single, stream);
+  } else {
+    LaunchMatVecRows<W, 8, kGlu>(p, single, stream);
+  }
+}
+
+// ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 -----------------
+// SIMT fp32 FMA. TODO(cuda): tensor-core (wgmma) path for bf16 prefill; this one is ~fp32 peak.
+constexpr int kBM = 64, kBN = 64, kBK = 16, kTileThreads = 256;
+
+template <typename W>
+__global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const GemmParams p,
+                                                                      const GemmGroup single) {
+  const GemmGroup g = GroupOf(p, single, blockIdx.z);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  if (m0 >= g.row_count) return;
+  __shared__ __align__(16) float As[kBK][kBM + 4];  // (BK, BM), A tile transposed
+  __shared__ __align__(16) float Ws[kBK][kBN + 4];  // (BK, BN), W tile transposed
+
+  const int tid = threadIdx.x;
+  const int lr = tid / 4, lk = (tid % 4) * 4;  // loader: row lr of the tile, k lk..lk+3
+  const int64_t m = m0 + lr, n = n0 + lr;
+  const float* arow = nullptr;
+  if (m < g.row_count) {
+    const int64_t r = g.row_begin + m;
+    arow = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+  }
+  const W* wrow = n < p.N ? static_cast<const W*>(g.w) + n * p.K : nullptr;
+
+  const int ty = tid / 16, tx = tid % 16;  // this thread's 4x4 outputs
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < p.K; k0 += kBK) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t k = k0 + lk + i;
+      As[lk + i][lr] = arow != nullptr && k < p.K ? arow[k] : 0.f;
+      Ws[lk + i][lr] = wrow != nullptr && k < p.K ? ToF32(wrow[k]) : 0.f;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      const float4 a4 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+      const float4 b4 = *reinterpret_cast<const float4*>(&Ws[kk][tx * 4]);
+      const float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t mi = m0 + ty * 4 + i;
+    if (mi >= g.row_count) break;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t nj = n0 + tx * 4 + j;
+      if (nj < p.N) StoreC(p, g.row_begin + mi, nj, acc[i][j]);
+    }
+  }
+}
+
+// out[t, n] += bias[n]
+template <typename W>
+__global__ void AddBiasKernel(float* out, int64_t T, int64_t N, const W* bias) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < T * N;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] += ToF32(bias[i % N]);
+  }
+}
+
+template <typename W>
+void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if (p.up_groups != nullptr) {
+    LaunchMatVec<W, true>(p, single, stream);
+  } else if (p.max_rows <= kMatVecMaxRows) {
+    LaunchMatVec<W, false>(p, single, stream);
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
+                    static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
+                    static_cast<unsigned>(p.num_groups));
+    GroupedGemmTiledKernel<W><<<grid, kTileThreads, 0, stream>>>(p, single);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  MOE_CHECK(p.num_groups > 0 && p.num_groups <= 65535 && p.N > 0 && p.K > 0 &&
+            p.max_rows <= 65535LL * kBM)
+      << "GroupedGemm: groups " << p.num_groups << " N " << p.N << " K " << p.K << " rows "
+      << p.max_rows;
+  MOE_CHECK(p.up_groups == nullptr || (p.groups != nullptr && p.max_rows <= kMatVecMaxRows))
+      << "GroupedGemm: the SwiGLU form needs a groups table and at most " << kMatVecMaxRows
+      << " rows per group, got " << p.max_rows;
+  if (p.max_rows == 0) return;
+  switch (p.w_dtype) {
+    case DType::kF32: return LaunchTyped<float>(p, single, stream);
+    case DType::kBF16: return LaunchTyped<__nv_bfloat16>(p, single, stream);
+    case DType::kF16: return LaunchTyped<__half>(p, single, stream);
+    default: MOE_CHECK(false) << "GroupedGemm: unsupported weight dtype " << DTypeName(p.w_dtype);
+  }
+}
+
+}  // namespace
+
+void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream) {
+  MOE_CHECK(p.groups != nullptr) << "GroupedGemm: groups table is null";
+  Dispatch(p, GemmGroup{}, stream);
+}
+
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels {
+
+void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
+                         const TensorView* bias) {
+  MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
+  const int64_t N = w.dim(0), K = w.dim(1);
+  MOE_CHECK(bias == nullptr || bias->numel() == N)
+      << "MatMul: bias " << bias->numel() << " vs N " << N;
+  if (T == 0) return;
+  cuda::GemmParams p;
+  p.num_groups = 1;
+  p.max_rows = T;
+  p.w_dtype = w.dtype;
+  p.N = N;
+  p.K = K;
+  p.a = x;
+  p.lda = K;
+  p.c = out;
+  p.ldc = N;
+  p.num_sms = num_sms_;
+  // One group passed by value: no host->device copy on the decode path.
+  cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
+  if (bias == nullptr) return;
+  const int threads = 256;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(cuda::CeilDiv(T * N, threads),
+                                                                  num_sms_ * 8));
+  switch (bias->dtype) {
+    case DType::kF32:
+      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(out, T, N,
+                                                           static_cast<const float*>(bias->data));
+      break;
+    case DType::kBF16:
+      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(
+          out, T, N, static_cast<const __nv_bfloat16*>(bias->data));
+      break;
+    case DType::kF16:
+      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(out, T, N,
+                                                           static_cast<const __half*>(bias->data));
+      break;
+    default: MOE_CHECK(false) << "MatMul: unsupported bias dtype " << DTypeName(bias->dtype);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moe::kernels

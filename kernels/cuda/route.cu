@@ -1,0 +1,107 @@
+// Router on the GPU: softmax over experts, top-k (ties to the lower id), optional renormalise.
+// One warp per token; each lane holds experts lane, lane + 32, ... in registers.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace moe::kernels::cuda {
+namespace {
+
+constexpr int kRouteWarps = 4;
+
+// PER_LANE = ceil(E / 32) rounded up to the dispatched size.
+template <int PER_LANE>
+__global__ __launch_bounds__(kRouteWarps * kWarp) void RouteKernel(RouteArgs a) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / kWarp;
+  if (t >= a.num_tokens) return;
+  const int E = a.num_experts, K = a.top_k;
+  const float* logits = a.logits + t * E;  // [E]
+  float p[PER_LANE];
+  float max_logit = -INFINITY;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    const int e = lane + i * kWarp;
+    p[i] = e < E ? logits[e] : -INFINITY;
+    max_logit = fmaxf(max_logit, p[i]);
+  }
+  max_logit = WarpMax(max_logit);
+  float sum = 0.f;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) {
+    p[i] = lane + i * kWarp < E ? expf(p[i] - max_logit) : 0.f;
+    sum += p[i];
+  }
+  sum = WarpSum(sum);
+  // Not-yet-chosen experts keep their probability; chosen or padding ones are -1 (probs >= 0).
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) p[i] = lane + i * kWarp < E ? p[i] / sum : -1.f;
+
+  float my_weight = 0.f;  // lane k keeps the k-th choice
+  int my_id = 0;
+  float top_sum = 0.f;  // summed in choice order, like the CPU reference
+  for (int k = 0; k < K; ++k) {
+    float best = -1.f;
+    int best_id = 0x7fffffff;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      if (p[i] > best) {  // ascending e within a lane: strict > keeps the lower id on ties
+        best = p[i];
+        best_id = lane + i * kWarp;
+      }
+    }
+#pragma unroll
+    for (int o = kWarp / 2; o > 0; o >>= 1) {
+      const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const int oid = __shfl_xor_sync(0xffffffffu, best_id, o);
+      if (ob > best || (ob == best && oid < best_id)) {
+        best = ob;
+        best_id = oid;
+      }
+    }
+    top_sum += best;
+    if (lane == k) {
+      my_weight = best;
+      my_id = best_id;
+    }
+    if (best_id % kWarp == lane) {
+#pragma unroll
+      for (int i = 0; i < PER_LANE; ++i) {
+        if (lane + i * kWarp == best_id) p[i] = -1.f;
+      }
+    }
+  }
+  if (lane < K) {
+    a.expert_ids[t * K + lane] = my_id;
+    a.weights[t * K + lane] = a.renormalize ? my_weight / top_sum : my_weight;
+  }
+}
+
+}  // namespace
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels {
+
+void CudaBackend::Route(const RouteArgs& a) {
+  MOE_CHECK(a.top_k > 0 && a.top_k <= a.num_experts && a.top_k <= cuda::kWarp)
+      << "Route: top_k " << a.top_k << " of " << a.num_experts << " (at most 32 on CUDA)";
+  if (a.num_tokens == 0) return;
+  const unsigned blocks = static_cast<unsigned>(cuda::CeilDiv(a.num_tokens, cuda::kRouteWarps));
+  const int threads = cuda::kRouteWarps * cuda::kWarp;
+  const int per_lane = static_cast<int>(cuda::CeilDiv(a.num_experts, cuda::kWarp));
+  if (per_lane <= 1) {
+    cuda::RouteKernel<1><<<blocks, threads, 0, stream_>>>(a);
+  } else if (per_lane <= 2) {
+    cuda::RouteKernel<2><<<blocks, threads, 0, stream_>>>(a);
+  } else if (per_lane <= 4) {
+    cuda::RouteKernel<4><<<blocks, threads, 0, stream_>>>(a);
+  } else if (per_lane <= 8) {
+    cuda::RouteKernel<8><<<blocks, threads, 0, stream_>>>(a);
+  } else if (per_lane <= 16) {
+    cuda::RouteKernel<16><<<blocks, threads, 0, stream_>>>(a);
+  } else {
+    MOE_CHECK(false) << "Route: unsupported num_experts " << a.num_experts << " (at most 512)";
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace moe::kernels

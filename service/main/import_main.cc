@@ -1,0 +1,168 @@
+// moe-import: converts a Hugging Face checkpoint directory into a model store directory (blob
+// files + RocksDB index for experts, dense.safetensors, manifest.json); resumable; --verify.
+//
+// Expert tensors are named from the engine's architecture table and config.json:
+//   model.layers.{L}.{moe_block}.experts.{E}.{expert_gate|expert_up|expert_down}.weight
+// for every sparse layer L (ModelConfig::IsSparseLayer) and E < num_experts. Every other tensor
+// of the checkpoint is dense.
+#include <cstdio>
+#include <filesystem>
+#include <string>
+
+#include "absl/container/flat_hash_set.h"
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "engine/model_config.h"
+#include "expertstore/importer.h"
+#include "kernels/base/bytes.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/status.h"
+#include "kernels/quant.h"
+
+ABSL_FLAG(std::string, model_dir, "",
+          "Hugging Face checkpoint directory (config.json + *.safetensors). Empty with --verify: "
+          "only verify --store_dir");
+ABSL_FLAG(std::string, store_dir, "",
+          "Store directory to write (created; an existing one resumes)");
+ABSL_FLAG(std::string, model, "", "Model id recorded in the index. Default: the model_dir's name");
+ABSL_FLAG(std::string, format, "bf16", "Expert format: bf16, f16, f32, int8, int4, int2");
+ABSL_FLAG(int32_t, group_size, 64, "Group size of quantized formats: 32, 64, 128 or 256");
+ABSL_FLAG(std::string, dense_format, "bf16",
+          "Dense weight format: bf16, f16, f32, int8, int4 (quantized: matrices only, with "
+          "--group_size; norms, biases and routers keep the checkpoint's dtype)");
+ABSL_FLAG(std::string, max_blob_file_bytes, "4GiB", "Size at which a new blob file is started");
+ABSL_FLAG(bool, verify, false,
+          "Re-read every indexed blob and check its checksum and header (after the import, or "
+          "alone when --model_dir is empty); exit status 1 when any blob is bad");
+
+namespace {
+using namespace moe;
+
+int Fail(const absl::Status& s) {
+  std::fprintf(stderr, "\nmoe-import: %s\n", std::string(s.ToString()).c_str());
+  return 1;
+}
+
+absl::StatusOr<store::ImportOptions> BuildImportOptions(const engine::ModelConfig& config,
+                                                        const store::Checkpoint& ckpt) {
+  store::ImportOptions o;
+  absl::flat_hash_set<std::string> expert_tensors;
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    if (!config.IsSparseLayer(l)) continue;
+    for (int64_t e = 0; e < config.num_experts; ++e) {
+      const std::string prefix =
+          absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".experts.", e, ".");
+      store::ExpertTensorNames n{static_cast<int32_t>(l), static_cast<int32_t>(e),
+                                 absl::StrCat(prefix, config.arch.expert_gate, ".weight"),
+                                 absl::StrCat(prefix, config.arch.expert_up, ".weight"),
+                                 absl::StrCat(prefix, config.arch.expert_down, ".weight")};
+      expert_tensors.insert({n.gate, n.up, n.down});
+      o.experts.push_back(std::move(n));
+    }
+  }
+  if (o.experts.empty()) {
+    return absl::InvalidArgumentError("config.json describes no sparse layers: nothing to import");
+  }
+  for (const auto& [name, info] : ckpt.tensors()) {
+    if (!expert_tensors.contains(name)) o.dense_tensors.push_back(name);
+  }
+  // Routers stay in full precision when dense weights are quantized (ARCHITECTURE.md: formats).
+  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
+    const std::string block = absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".");
+    o.dense_full_precision.push_back(block + "gate.weight");
+    o.dense_full_precision.push_back(block + "shared_expert_gate.weight");
+  }
+  return o;
+}
+
+void PrintProgress(const store::ImportProgress& p) {
+  std::fprintf(stderr,
+               "\r[import] %s / %s  experts %ld/%ld (%ld already there)  %s/s  ETA %.0fs   ",
+               base::FormatBytes(p.bytes_written).c_str(), base::FormatBytes(p.bytes_total).c_str(),
+               static_cast<long>(p.experts_done), static_cast<long>(p.experts_total),
+               static_cast<long>(p.experts_skipped),
+               base::FormatBytes(static_cast<uint64_t>(p.bytes_per_second)).c_str(), p.eta_seconds);
+}
+
+int Verify(const std::string& store_dir) {
+  auto result = store::VerifyStore(store_dir, [](int64_t done, int64_t total) {
+    if (done % 64 == 0 || done == total) {
+      std::fprintf(stderr, "\r[verify] %ld/%ld blobs", static_cast<long>(done),
+                   static_cast<long>(total));
+    }
+  });
+  if (!result.ok()) return Fail(result.status());
+  std::fprintf(stderr, "\n");
+  for (const absl::Status& s : result->errors) {
+    std::fprintf(stderr, "moe-import: %s\n", std::string(s.ToString()).c_str());
+  }
+  std::fprintf(stderr, "[verify] %ld blobs ok, %zu bad\n", static_cast<long>(result->blobs_ok),
+               result->errors.size());
+  return result->errors.empty() ? 0 : 1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  absl::SetProgramUsageMessage(
+      "Converts a Hugging Face MoE checkpoint into a model store directory.\n"
+      "Usage: moe-import --model_dir=DIR --store_dir=DIR [--format=int4 --group_size=64] "
+      "[--verify]\n       moe-import --store_dir=DIR --verify");
+  // --help lists this file's flags (absl's default looks for a file named after the binary).
+  absl::FlagsUsageConfig usage;
+  usage.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "import_main.cc");
+  };
+  usage.contains_helpshort_flags = usage.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage);
+  absl::ParseCommandLine(argc, argv);
+  const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
+  const std::string store_dir = absl::GetFlag(FLAGS_store_dir);
+  if (store_dir.empty()) return Fail(absl::InvalidArgumentError("--store_dir is required"));
+  if (model_dir.empty()) {
+    if (absl::GetFlag(FLAGS_verify)) return Verify(store_dir);
+    return Fail(absl::InvalidArgumentError("--model_dir is required (or --verify alone)"));
+  }
+  auto config = engine::LoadModelConfig(model_dir);
+  if (!config.ok()) return Fail(config.status());
+  auto ckpt = store::Checkpoint::Open(model_dir);
+  if (!ckpt.ok()) return Fail(ckpt.status());
+  auto options = BuildImportOptions(*config, **ckpt);
+  if (!options.ok()) return Fail(options.status());
+  options->model = absl::GetFlag(FLAGS_model);
+  if (options->model.empty()) {
+    options->model = std::filesystem::path(model_dir).lexically_normal().filename().string();
+    if (options->model.empty()) {
+      options->model = std::filesystem::path(model_dir).lexically_normal().parent_path().filename();
+    }
+  }
+  auto format = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_format));
+  if (!format.ok()) return Fail(base::Annotate(format.status(), "--format"));
+  options->format = *format;
+  options->group_size = absl::GetFlag(FLAGS_group_size);
+  auto dense = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_dense_format));
+  if (!dense.ok()) return Fail(base::Annotate(dense.status(), "--dense_format"));
+  options->dense_format = *dense;
+  auto max_file = base::ParseBytes(absl::GetFlag(FLAGS_max_blob_file_bytes));
+  if (!max_file.ok()) return Fail(base::Annotate(max_file.status(), "--max_blob_file_bytes"));
+  options->max_blob_file_bytes = *max_file;
+  options->on_progress = PrintProgress;
+
+  const double start = base::NowSeconds();
+  auto result = store::ImportModel(**ckpt, store_dir, *options);
+  if (!result.ok()) return Fail(result.status());
+  std::fprintf(stderr,
+               "\n[import] model '%s': %ld experts written (%ld re-written), %ld already there, "
+               "%s in %.1fs; %zu dense tensors\n",
+               options->model.c_str(), static_cast<long>(result->imported),
+               static_cast<long>(result->reimported), static_cast<long>(result->skipped),
+               base::FormatBytes(result->bytes_written).c_str(), base::NowSeconds() - start,
+               options->dense_tensors.size());
+  if (absl::GetFlag(FLAGS_verify)) return Verify(store_dir);
+  return 0;
+}

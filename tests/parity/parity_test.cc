@@ -1,0 +1,392 @@
+// CPU vs CUDA parity for every Backend op: table-driven cases, one TEST_P per op family.
+//
+// Each case draws fresh seeded inputs, runs the CPU reference and the CUDA backend with the same
+// parameters, and compares every element (parity_util.h). Outputs the op writes (not in-place
+// ones) are poisoned with NaN on the GPU first. Tolerances sit beside the cases: fp32 weights
+// 1e-4; bf16/fp16 weights 1e-3 (both backends read the same rounded weights and accumulate in
+// fp32, so the bound is the fp32 one with headroom for the different summation order).
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <sstream>
+
+#include "tests/parity/parity_util.h"
+
+namespace moe::parity {
+namespace {
+
+using kernels::DTypeName;
+
+constexpr double kTolF32 = 1e-4;
+constexpr double kTolHalf = 1e-3;
+double TolFor(DType t) { return t == DType::kF32 ? kTolF32 : kTolHalf; }
+
+template <typename... A>
+std::string Name(const A&... parts) {
+  std::ostringstream s;
+  ((s << parts << ' '), ...);
+  std::string out = s.str();
+  out.pop_back();
+  return out;
+}
+
+// ---- MatMul: out[T, N] = x[T, K] w[N, K]^T (+ bias) --------------------------------------------
+struct MatMulCase {
+  int64_t T, N, K;
+  DType dtype;
+  bool bias;
+};
+class MatMulParity : public ::testing::TestWithParam<MatMulCase> {};
+
+TEST_P(MatMulParity, MatchesCpu) {
+  const MatMulCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 7919 + c.N * 31 + c.K));
+  const std::vector<float> x = Random(rng, c.T * c.K);
+  const HostWeight w = MakeWeight(Random(rng, c.N * c.K), c.dtype, {c.N, c.K});
+  const HostWeight b = MakeWeight(Random(rng, c.N), c.dtype, {c.N});
+  std::vector<float> want(c.T * c.N);
+  Cpu().MatMul(want.data(), x.data(), c.T, w.cpu, c.bias ? &b.cpu : nullptr);
+  DeviceArray<float> dx(x);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  Gpu().MatMul(out.get(), dx.get(), c.T, w.gpu.view, c.bias ? &b.gpu.view : nullptr);
+  ExpectClose("MatMul", Name("T", c.T, "N", c.N, "K", c.K, DTypeName(c.dtype), c.bias ? "bias" : ""),
+              out.Read(), want, TolFor(c.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, MatMulParity,
+    ::testing::Values(MatMulCase{1, 2048, 2048, DType::kBF16, false},  // decode projection
+                      MatMulCase{1, 8192, 2048, DType::kBF16, false},
+                      MatMulCase{1, 733, 7, DType::kF32, false},
+                      MatMulCase{1, 7, 733, DType::kBF16, true},
+                      MatMulCase{1, 1, 1, DType::kF32, false},
+                      MatMulCase{1, 733, 4099, DType::kBF16, false},  // K split over 4 warps, scalar
+                      MatMulCase{1, 512, 2048, DType::kBF16, false},  // K split, vector loads
+                      MatMulCase{2, 8191, 8192, DType::kF16, false},
+                      MatMulCase{5, 100, 2048, DType::kF32, true},  // K split, 5 rows
+                      MatMulCase{3, 733, 257, DType::kF16, true},
+                      MatMulCase{7, 129, 2048, DType::kBF16, false},
+                      MatMulCase{8, 64, 733, DType::kF32, false},
+                      MatMulCase{9, 733, 129, DType::kBF16, false},  // first tiled size
+                      MatMulCase{33, 257, 67, DType::kF32, true},
+                      MatMulCase{130, 300, 2048, DType::kBF16, false},
+                      MatMulCase{733, 733, 733, DType::kF32, false},
+                      MatMulCase{512, 2048, 2048, DType::kBF16, false}));  // prefill
+
+// ---- RmsNorm -----------------------------------------------------------------------------------
+struct NormCase {
+  int64_t rows, H;
+  DType dtype;
+};
+class RmsNormParity : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(RmsNormParity, MatchesCpu) {
+  const NormCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.rows * 131 + c.H));
+  const std::vector<float> x = Random(rng, c.rows * c.H, -3.f, 3.f);
+  const HostWeight w = MakeWeight(Random(rng, c.H, 0.5f, 1.5f), c.dtype, {c.H});
+  const float eps = 1e-6f;
+  std::vector<float> want(x.size());
+  Cpu().RmsNorm(want.data(), x.data(), c.rows, w.cpu, eps);
+  DeviceArray<float> dx(x);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  Gpu().RmsNorm(out.get(), dx.get(), c.rows, w.gpu.view, eps);
+  ExpectClose("RmsNorm", Name("rows", c.rows, "H", c.H, DTypeName(c.dtype)), out.Read(), want,
+              kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RmsNormParity,
+                         ::testing::Values(NormCase{1, 2048, DType::kBF16},
+                                           NormCase{7, 733, DType::kF32},
+                                           NormCase{733, 2048, DType::kBF16},
+                                           NormCase{3, 7, DType::kF16},
+                                           NormCase{1, 1, DType::kF32},
+                                           NormCase{64, 128, DType::kF32}));  // q/k norm
+
+// ---- Rope (in place: no poison; every element is compared) -------------------------------------
+struct RopeCase {
+  int64_t T;
+  int heads, head_dim, rotary_dim;
+  float attention_factor;
+};
+class RopeParity : public ::testing::TestWithParam<RopeCase> {};
+
+TEST_P(RopeParity, MatchesCpu) {
+  const RopeCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 17 + c.heads * 5 + c.head_dim));
+  std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim);
+  std::vector<int32_t> positions(c.T);
+  std::uniform_int_distribution<int32_t> pos(0, 40000);
+  for (int32_t& p : positions) p = pos(rng);
+  std::vector<float> inv_freq(c.rotary_dim / 2);
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = 1.f / std::pow(1e6f, 2.f * static_cast<float>(i) / c.rotary_dim);
+  }
+  DeviceArray<float> dx(x);
+  kernels::RopeArgs a;
+  a.positions = positions.data();
+  a.num_tokens = c.T;
+  a.num_heads = c.heads;
+  a.head_dim = c.head_dim;
+  a.rotary_dim = c.rotary_dim;
+  a.inv_freq = inv_freq.data();
+  a.attention_factor = c.attention_factor;
+  a.x = x.data();
+  Cpu().Rope(a);
+  a.x = dx.get();
+  Gpu().Rope(a);
+  ExpectClose("Rope", Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim),
+              dx.Read(), x, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RopeParity,
+                         ::testing::Values(RopeCase{1, 32, 128, 128, 1.f},
+                                           RopeCase{7, 4, 64, 32, 1.2f},  // partial rotary, YaRN
+                                           RopeCase{733, 16, 128, 128, 1.f},
+                                           RopeCase{3, 3, 80, 40, 1.f}));
+
+// ---- Attention ---------------------------------------------------------------------------------
+struct AttnCase {
+  int64_t T, start_pos;
+  int heads, kv_heads, head_dim;
+  int64_t window;
+};
+class AttentionParity : public ::testing::TestWithParam<AttnCase> {};
+
+TEST_P(AttentionParity, MatchesCpu) {
+  const AttnCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 101 + c.start_pos * 7 + c.heads + c.head_dim));
+  const int64_t S = c.start_pos + c.T;
+  const std::vector<float> q = Random(rng, c.T * c.heads * c.head_dim);
+  const std::vector<float> k = Random(rng, S * c.kv_heads * c.head_dim);
+  const std::vector<float> v = Random(rng, S * c.kv_heads * c.head_dim);
+  kernels::AttentionArgs a;
+  a.num_tokens = c.T;
+  a.start_pos = c.start_pos;
+  a.num_heads = c.heads;
+  a.num_kv_heads = c.kv_heads;
+  a.head_dim = c.head_dim;
+  a.scale = 1.f / std::sqrt(static_cast<float>(c.head_dim));
+  a.sliding_window = c.window;
+  std::vector<float> want(q.size());
+  a.out = want.data();
+  a.q = q.data();
+  a.k_cache = k.data();
+  a.v_cache = v.data();
+  Cpu().Attention(a);
+  DeviceArray<float> dq(q), dk(k), dv(v);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  a.out = out.get();
+  a.q = dq.get();
+  a.k_cache = dk.get();
+  a.v_cache = dv.get();
+  Gpu().Attention(a);
+  ExpectClose("Attention",
+              Name("T", c.T, "start", c.start_pos, "H", c.heads, "/", c.kv_heads, "D", c.head_dim,
+                   c.window ? "win" : "", c.window ? std::to_string(c.window) : ""),
+              out.Read(), want, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, AttentionParity,
+    ::testing::Values(AttnCase{1, 511, 32, 4, 128, 0},    // Qwen3-30B-A3B decode at 512
+                      AttnCase{1, 4095, 32, 4, 128, 0},   // split-K decode
+                      AttnCase{1, 0, 8, 8, 64, 0},        // first token
+                      AttnCase{1, 100, 4, 4, 128, 0},     // short: one split
+                      AttnCase{1, 732, 16, 16, 80, 0},    // MHA, odd head_dim
+                      AttnCase{1, 5000, 16, 2, 256, 1024},  // sliding window, D 256
+                      AttnCase{7, 0, 4, 2, 64, 0},
+                      AttnCase{5, 3, 6, 3, 40, 0},
+                      AttnCase{37, 500, 8, 2, 128, 0},    // chunked prefill
+                      AttnCase{64, 1000, 4, 1, 128, 256},
+                      AttnCase{733, 0, 16, 4, 128, 0}));  // prefill
+
+// ---- Route -------------------------------------------------------------------------------------
+struct RouteCase {
+  int64_t T;
+  int E, K;
+  bool renormalize;
+};
+class RouteParity : public ::testing::TestWithParam<RouteCase> {};
+
+TEST_P(RouteParity, MatchesCpu) {
+  const RouteCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 13 + c.E * 3 + c.K));
+  const std::vector<float> logits = Random(rng, c.T * c.E, -4.f, 4.f);
+  std::vector<float> want_w(c.T * c.K);
+  std::vector<int32_t> want_ids(c.T * c.K);
+  kernels::RouteArgs a;
+  a.num_tokens = c.T;
+  a.num_experts = c.E;
+  a.top_k = c.K;
+  a.renormalize = c.renormalize;
+  a.logits = logits.data();
+  a.weights = want_w.data();
+  a.expert_ids = want_ids.data();
+  Cpu().Route(a);
+  DeviceArray<float> dl(logits);
+  DeviceArray<float> w = PoisonedOutput(want_w.size());
+  DeviceArray<int32_t> ids(std::vector<int32_t>(want_ids.size(), -1));
+  a.logits = dl.get();
+  a.weights = w.get();
+  a.expert_ids = ids.get();
+  Gpu().Route(a);
+  const std::string name = Name("T", c.T, "E", c.E, "K", c.K, c.renormalize ? "renorm" : "");
+  ExpectEqualIds("Route.ids", name, ids.Read(), want_ids);
+  ExpectClose("Route.w", name, w.Read(), want_w, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, RouteParity,
+                         ::testing::Values(RouteCase{1, 128, 8, true},  // Qwen3-30B-A3B
+                                           RouteCase{7, 60, 4, false},  // Qwen2-MoE
+                                           RouteCase{733, 128, 8, true},
+                                           RouteCase{733, 64, 8, false},  // OLMoE
+                                           RouteCase{5, 8, 2, true},      // Mixtral
+                                           RouteCase{33, 256, 8, true},
+                                           RouteCase{3, 512, 32, false},
+                                           RouteCase{2, 7, 7, true}));
+
+// ---- ExpertFfn (accumulates into out: out starts random, identical on both sides) --------------
+struct FfnCase {
+  int64_t T, H, I;
+  int pool, K;
+  DType dtype;
+};
+class ExpertFfnParity : public ::testing::TestWithParam<FfnCase> {};
+
+TEST_P(ExpertFfnParity, MatchesCpu) {
+  const FfnCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 977 + c.H * 3 + c.I + c.pool));
+  // Route every token to K distinct experts, then group the rows by expert (ascending id).
+  std::vector<std::vector<std::pair<int32_t, float>>> per_expert(c.pool);
+  std::vector<int> order(c.pool);
+  std::uniform_real_distribution<float> weight(0.05f, 1.f);
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int k = 0; k < c.K; ++k) per_expert[order[k]].push_back({static_cast<int32_t>(t), weight(rng)});
+  }
+  std::vector<int32_t> rows;
+  std::vector<float> row_weights;
+  std::vector<HostWeight> gate, up, down;
+  std::vector<kernels::ExpertWeights> cpu_w, gpu_w;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (row_begin, row_count)
+  const int64_t scale_I = c.I, scale_H = c.H;
+  for (int e = 0; e < c.pool; ++e) {
+    if (per_expert[e].empty() && e % 2 == 1) continue;  // keep some zero-row experts in the list
+    spans.push_back({static_cast<int64_t>(rows.size()), static_cast<int64_t>(per_expert[e].size())});
+    for (auto [t, w] : per_expert[e]) {
+      rows.push_back(t);
+      row_weights.push_back(w);
+    }
+    const float gs = 1.f / std::sqrt(static_cast<float>(scale_H));
+    const float ds = 1.f / std::sqrt(static_cast<float>(scale_I));
+    gate.push_back(MakeWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, {c.I, c.H}));
+    up.push_back(MakeWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, {c.I, c.H}));
+    down.push_back(MakeWeight(Random(rng, c.H * c.I, -ds, ds), c.dtype, {c.H, c.I}));
+  }
+  for (size_t i = 0; i < spans.size(); ++i) {
+    cpu_w.push_back({gate[i].cpu, up[i].cpu, down[i].cpu});
+    gpu_w.push_back({gate[i].gpu.view, up[i].gpu.view, down[i].gpu.view});
+  }
+  std::vector<kernels::ExpertWork> cpu_work, gpu_work;
+  for (size_t i = 0; i < spans.size(); ++i) {
+    cpu_work.push_back({&cpu_w[i], spans[i].first, spans[i].second});
+    gpu_work.push_back({&gpu_w[i], spans[i].first, spans[i].second});
+  }
+  const std::vector<float> x = Random(rng, c.T * c.H);
+  std::vector<float> want = Random(rng, c.T * c.H);
+  DeviceArray<float> out(want);
+  kernels::ExpertFfnArgs a;
+  a.num_tokens = c.T;
+  a.hidden_size = c.H;
+  a.out = want.data();
+  a.x = x.data();
+  a.experts = cpu_work;
+  a.rows = rows.data();
+  a.row_weights = row_weights.data();
+  Cpu().ExpertFfn(a);
+  DeviceArray<float> dx(x), dw(row_weights);
+  DeviceArray<int32_t> drows(rows);
+  a.out = out.get();
+  a.x = dx.get();
+  a.experts = gpu_work;
+  a.rows = drows.get();
+  a.row_weights = dw.get();
+  Gpu().ExpertFfn(a);
+  ExpectClose("ExpertFfn",
+              Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype)),
+              out.Read(), want, TolFor(c.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ExpertFfnParity,
+    ::testing::Values(FfnCase{1, 2048, 768, 128, 8, DType::kBF16},  // Qwen3-30B-A3B decode
+                      FfnCase{7, 733, 257, 16, 4, DType::kF32},
+                      FfnCase{3, 64, 32, 8, 2, DType::kF16},
+                      FfnCase{733, 256, 96, 32, 8, DType::kBF16},  // prefill, tiled kernel
+                      FfnCase{200, 512, 129, 4, 2, DType::kF32},
+                      FfnCase{1, 7, 1, 3, 1, DType::kBF16},
+                      FfnCase{2, 2051, 64, 8, 2, DType::kF32}));  // odd H, K split over warps
+
+// ---- Embed, Add, Sigmoid -----------------------------------------------------------------------
+struct EmbedCase {
+  int64_t V, H, T;
+  DType dtype;
+};
+class EmbedParity : public ::testing::TestWithParam<EmbedCase> {};
+
+TEST_P(EmbedParity, MatchesCpu) {
+  const EmbedCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.V + c.H * 7 + c.T * 3));
+  const HostWeight table = MakeWeight(Random(rng, c.V * c.H), c.dtype, {c.V, c.H});
+  std::vector<int32_t> ids(c.T);
+  std::uniform_int_distribution<int32_t> id(0, static_cast<int32_t>(c.V - 1));
+  for (int32_t& i : ids) i = id(rng);
+  std::vector<float> want(c.T * c.H);
+  Cpu().Embed(want.data(), table.cpu, ids.data(), c.T);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  Gpu().Embed(out.get(), table.gpu.view, ids.data(), c.T);
+  ExpectClose("Embed", Name("V", c.V, "H", c.H, "T", c.T, DTypeName(c.dtype)), out.Read(), want,
+              0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, EmbedParity,
+                         ::testing::Values(EmbedCase{1000, 2048, 1, DType::kBF16},
+                                           EmbedCase{1000, 7, 733, DType::kF32},
+                                           EmbedCase{50, 733, 7, DType::kF16}));
+
+class ElementwiseParity : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(ElementwiseParity, AddAndSigmoidMatchCpu) {
+  const int64_t n = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(n));
+  std::vector<float> out = Random(rng, n, -10.f, 10.f);
+  const std::vector<float> x = Random(rng, n, -10.f, 10.f);
+  DeviceArray<float> dout(out), dx(x);
+  Cpu().Add(out.data(), x.data(), n);
+  Gpu().Add(dout.get(), dx.get(), n);
+  ExpectClose("Add", Name("n", n), dout.Read(), out, 0.0);
+  Cpu().Sigmoid(out.data(), n);
+  Gpu().Sigmoid(dout.get(), n);
+  ExpectClose("Sigmoid", Name("n", n), dout.Read(), out, 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, ElementwiseParity,
+                         ::testing::Values(int64_t{1}, int64_t{7}, int64_t{733},
+                                           int64_t{1} << 20));
+
+// ---- Errors ------------------------------------------------------------------------------------
+TEST(CudaBackendErrors, AllocationFailureIsResourceExhaustedNamingTheBytes) {
+  auto buf = Gpu().Allocate(size_t{1} << 50);  // 1 PiB
+  ASSERT_FALSE(buf.ok());
+  EXPECT_EQ(buf.status().code(), absl::StatusCode::kResourceExhausted) << buf.status();
+  EXPECT_NE(std::string(buf.status().message()).find("1125899906842624 bytes"), std::string::npos)
+      << buf.status();
+  // The failure is not sticky: the backend still works.
+  auto ok = Gpu().Allocate(1024);
+  EXPECT_TRUE(ok.ok()) << ok.status();
+}
+
+}  // namespace
+}  // namespace moe::parity

@@ -1,0 +1,207 @@
+// expert_store.h: every budget shape returns the checkpoint's bytes; hits are ready at once;
+// budgets below one expert are refused; duplicate requests share one load; prefetch is counted.
+#include "expertstore/expert_store.h"
+
+#include <chrono>
+
+#include "gtest/gtest.h"
+#include "tests/unit/expertstore/store_test_util.h"
+
+namespace moe::store {
+namespace {
+using testing::ImportTiny;
+using testing::SameAsCheckpoint;
+using testing::TempDir;
+
+StoreOptions Options(const std::string& dir, uint64_t device_budget, uint64_t host_budget) {
+  StoreOptions o;
+  o.store_dir = dir;
+  o.device_budget_bytes = device_budget;
+  o.host_budget_bytes = host_budget;
+  return o;
+}
+
+std::unique_ptr<kernels::Backend> Cpu() {
+  return std::move(kernels::MakeBackend(kernels::BackendKind::kCpu, {.num_threads = 1})).value();
+}
+
+struct Budgets {
+  int device_slots;
+  int host_slots;
+};
+
+class StoreBudgets : public ::testing::TestWithParam<Budgets> {};
+
+TEST_P(StoreBudgets, EveryExpertComesBackExact) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  const uint64_t slot = 16384;  // the tiny model's blob length
+  const StoreOptions options =
+      Options(t.store_dir, GetParam().device_slots * slot, GetParam().host_slots * slot);
+  auto store = ExpertStore::Open(options, backend.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_EQ((*store)->slot_bytes(), slot);
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int32_t l = 0; l < t.model.layers; ++l) {
+      const std::vector<int32_t> experts = {3, 0, 2, 1};
+      auto handles = (*store)->Acquire(l, experts);
+      ASSERT_TRUE(handles.ok()) << handles.status();
+      ASSERT_EQ(handles->size(), experts.size());
+      for (size_t i = 0; i < experts.size(); ++i) {
+        const ExpertHandle& h = (*handles)[i];
+        EXPECT_EQ(h.expert, experts[i]);
+        ASSERT_TRUE(h.ready.get().ok()) << h.ready.get();
+        EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *h.weights, l, experts[i]))
+            << "layer " << l << " expert " << experts[i] << " pass " << pass;
+      }
+    }
+  }
+  const StoreStats s = (*store)->Stats();
+  EXPECT_EQ(s.blob_errors, 0u);
+  const int total = t.model.layers * t.model.experts;
+  if (GetParam().device_slots >= total) {
+    EXPECT_EQ(s.device.misses, static_cast<uint64_t>(total));  // each expert loaded once
+    EXPECT_EQ(s.device.hits, static_cast<uint64_t>(2 * total));
+    EXPECT_EQ(s.device.evictions, 0u);
+  }
+  if (GetParam().device_slots == 0 && GetParam().host_slots == 0) {
+    EXPECT_EQ(s.blob_reads, static_cast<uint64_t>(3 * total));
+    EXPECT_EQ(s.transient_loads, static_cast<uint64_t>(3 * total));
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Budgets, StoreBudgets,
+                         ::testing::Values(Budgets{0, 0}, Budgets{2, 0}, Budgets{0, 2},
+                                           Budgets{5, 3}, Budgets{3, 12}, Budgets{12, 12}),
+                         [](const auto& p) {
+                           return "device" + std::to_string(p.param.device_slots) + "_host" +
+                                  std::to_string(p.param.host_slots);
+                         });
+
+TEST(ExpertStoreTest, HitsAreReadyAtOnce) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
+  ASSERT_TRUE(store.ok());
+  {
+    auto first = (*store)->Acquire(1, std::vector<int32_t>{2});
+    ASSERT_TRUE(first.ok());
+    ASSERT_TRUE((*first)[0].ready.get().ok());
+  }
+  auto second = (*store)->Acquire(1, std::vector<int32_t>{2});
+  ASSERT_TRUE(second.ok());
+  EXPECT_EQ((*second)[0].ready.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+  EXPECT_EQ((*store)->Stats().device.hits, 1u);
+}
+
+TEST(ExpertStoreTest, CountsBytesPerTierAndLatency) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
+  ASSERT_TRUE(store.ok());
+  {
+    auto h = (*store)->Acquire(2, std::vector<int32_t>{0, 1, 2});
+    ASSERT_TRUE(h.ok());
+    for (const auto& x : *h) ASSERT_TRUE(x.ready.get().ok());
+  }
+  StoreStats s = (*store)->Stats();
+  const uint64_t slot = (*store)->slot_bytes();
+  EXPECT_EQ(s.device.misses, 3u);
+  EXPECT_EQ(s.host.misses, 3u);
+  EXPECT_EQ(s.device.bytes_in, 3 * slot);
+  EXPECT_EQ(s.host.bytes_in, 3 * slot);
+  EXPECT_EQ(s.blob_bytes_read, 3 * slot);
+  EXPECT_EQ(s.blob_reads, 3u);
+  EXPECT_EQ(s.load_latency_us.count, 3u);
+  EXPECT_EQ(s.device.slots, 64);  // 1 MiB / 16 KiB
+  EXPECT_EQ(s.device.slot_bytes, slot);
+}
+
+TEST(ExpertStoreTest, DuplicateRequestsShareOneLoad) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
+  ASSERT_TRUE(store.ok());
+  auto handles = (*store)->Acquire(0, std::vector<int32_t>{1, 1, 1});
+  ASSERT_TRUE(handles.ok());
+  for (const auto& h : *handles) ASSERT_TRUE(h.ready.get().ok());
+  EXPECT_EQ((*store)->Stats().blob_reads, 1u);
+  EXPECT_EQ((*store)->Stats().device.misses, 1u);
+}
+
+TEST(ExpertStoreTest, BudgetSmallerThanOneExpertIsFailedPrecondition) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  for (const bool device : {true, false}) {
+    StoreOptions options = Options(t.store_dir, 0, 0);
+    (device ? options.device_budget_bytes : options.host_budget_bytes) = 4096;
+    auto store = ExpertStore::Open(options, backend.get());
+    ASSERT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition);
+    const std::string msg(store.status().message());
+    EXPECT_NE(msg.find(device ? "device budget 4096" : "host budget 4096"), std::string::npos)
+        << msg;
+    EXPECT_NE(msg.find("16384 bytes"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("blobs/000001.blob"), std::string::npos) << msg;
+  }
+}
+
+TEST(ExpertStoreTest, PrefetchIsCountedWhenUsed) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 1 << 20, 1 << 20), backend.get());
+  ASSERT_TRUE(store.ok());
+  (*store)->Prefetch(2, std::vector<int32_t>{0, 3});
+  auto handles = (*store)->Acquire(2, std::vector<int32_t>{3});
+  ASSERT_TRUE(handles.ok());
+  ASSERT_TRUE((*handles)[0].ready.get().ok());
+  EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *(*handles)[0].weights, 2, 3));
+  const StoreStats s = (*store)->Stats();
+  EXPECT_EQ(s.prefetch_issued, 2u);
+  EXPECT_EQ(s.prefetch_used, 1u);
+}
+
+TEST(ExpertStoreTest, HandlesPinTheirSlots) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  // Two device slots, both held: a third expert must not evict them; it gets its own buffer.
+  auto store = ExpertStore::Open(Options(t.store_dir, 2 * 16384, 0), backend.get());
+  ASSERT_TRUE(store.ok());
+  auto held = (*store)->Acquire(0, std::vector<int32_t>{0, 1});
+  ASSERT_TRUE(held.ok());
+  for (const auto& h : *held) ASSERT_TRUE(h.ready.get().ok());
+  auto more = (*store)->Acquire(1, std::vector<int32_t>{0});
+  ASSERT_TRUE(more.ok());
+  ASSERT_TRUE((*more)[0].ready.get().ok());
+  EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *(*more)[0].weights, 1, 0));
+  EXPECT_EQ((*store)->Stats().transient_loads, 1u);
+  EXPECT_EQ((*store)->Stats().device.evictions, 0u);
+  for (const auto& h : *held) EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *h.weights, 0, h.expert));
+  held->clear();
+  auto after = (*store)->Acquire(1, std::vector<int32_t>{1});
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE((*after)[0].ready.get().ok());
+  EXPECT_EQ((*store)->Stats().device.evictions, 1u);
+}
+
+TEST(ExpertStoreTest, LayerOutOfRangeIsInvalidArgument) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 0, 0), backend.get());
+  ASSERT_TRUE(store.ok());
+  EXPECT_EQ((*store)->Acquire(3, std::vector<int32_t>{0}).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  auto unknown = (*store)->Acquire(0, std::vector<int32_t>{9});
+  ASSERT_TRUE(unknown.ok());
+  EXPECT_EQ((*unknown)[0].ready.get().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace moe::store
