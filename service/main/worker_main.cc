@@ -17,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
+#include "expertstore/expert_store.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/log.h"
@@ -44,6 +45,11 @@ ABSL_FLAG(int64_t, max_batch_tokens, 256, "Tokens per engine step (prefill chunk
 ABSL_FLAG(int64_t, max_context, 0, "Context length; 0: the model's max_position_embeddings");
 ABSL_FLAG(int64_t, max_sessions, 64, "Conversations whose KV is kept between turns");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running streams may take to finish");
+ABSL_FLAG(std::string, store_dir, "",
+          "Expert store written by moe-import; empty serves experts from the checkpoint");
+ABSL_FLAG(std::string, device_budget, "0", "Expert store device tier (VRAM slots), e.g. 8GiB");
+ABSL_FLAG(std::string, host_budget, "0", "Expert store host tier (pinned RAM slots), e.g. 32GiB");
+ABSL_FLAG(std::string, store_policy, "lru", "Eviction policy: lru, weighted_lru, lfu_aging");
 
 namespace moe {
 namespace {
@@ -65,7 +71,23 @@ absl::Status Run() {
                        kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
                                                                   : kernels::BackendKind::kCuda,
                                             backend_options));
-  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend));
+  // With --store_dir the experts come from the tiered store (its counters feed /metrics);
+  // the model owns it, so `store` stays valid as long as the model.
+  store::ExpertStore* store = nullptr;
+  std::unique_ptr<store::ExpertProvider> provider;
+  store::StoreOptions sopts;
+  if (!absl::GetFlag(FLAGS_store_dir).empty()) {
+    sopts.store_dir = absl::GetFlag(FLAGS_store_dir);
+    MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
+                         base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
+    MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes, base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
+    sopts.policy.name = absl::GetFlag(FLAGS_store_policy);
+    MOE_RETURN_IF_ERROR(base::Annotate(sopts.Validate(), "store flags"));
+    MOE_ASSIGN_OR_RETURN(auto opened, store::ExpertStore::Open(sopts, backend.get()));
+    store = opened.get();
+    provider = std::move(opened);
+  }
+  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, std::move(provider)));
   MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
 
   engine::EngineOptions eopts;
@@ -92,6 +114,9 @@ absl::Status Run() {
       eopts.max_context > 0 ? eopts.max_context : model->config().max_position_embeddings;
   wopts.max_running = eopts.max_running;
   wopts.kv_budget_bytes = eopts.kv_budget_bytes;
+  wopts.expert_format = store != nullptr ? "store" : "checkpoint";
+  wopts.device_budget_bytes = sopts.device_budget_bytes;
+  wopts.host_budget_bytes = sopts.host_budget_bytes;
 
   auto registry = std::make_shared<prometheus::Registry>();
   service::metrics::WorkerMetrics metrics(*registry);
@@ -103,6 +128,7 @@ absl::Status Run() {
                        s.kv_bytes_per_token, s.sessions});
     // Read on the engine thread, which is the only one running the model.
     metrics.SetPhaseTimes(model_ref.phase_times(), steps);
+    if (store != nullptr) metrics.UpdateExpertStore(service::metrics::FromStoreStats(store->Stats()));
   });
   service::WorkerService svc(wopts, *model, *tokenizer, loop, metrics);
 

@@ -150,6 +150,22 @@ void WorkerMetrics::SetModelInfo(absl::string_view model, absl::string_view arch
       .Set(1);
 }
 
+StoreCounters FromStoreStats(const store::StoreStats& s) {
+  StoreCounters c;
+  auto tier = [](const store::TierStats& t) {
+    return StoreTierCounters{t.slots, t.slot_bytes, t.hits, t.misses, t.bytes_in, t.evictions};
+  };
+  c.device = tier(s.device);
+  c.host = tier(s.host);
+  c.blob_reads = s.blob_reads;
+  c.blob_bytes_read = s.blob_bytes_read;
+  c.blob_errors = s.blob_errors;
+  c.load_latency_us_buckets.assign(s.load_latency_us.counts.begin(),
+                                   s.load_latency_us.counts.end());
+  c.load_total_us = s.load_latency_us.total_us;
+  return c;
+}
+
 void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
   const std::pair<const char*, const StoreTierCounters*> tiers[] = {{"device", &store.device},
                                                                      {"host", &store.host}};

@@ -15,6 +15,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
 #include "engine/model.h"
+#include "expertstore/stats.h"
 #include <prometheus/counter.h>
 #include <prometheus/exposer.h>
 #include <prometheus/family.h>
@@ -31,8 +32,8 @@ struct EngineGauges {
   int64_t sessions = 0;
 };
 
-// The expert store's cumulative counters, in the shape of expertstore/stats.h's StoreStats
-// (being written on feat-store): copy its fields in, call UpdateExpertStore.
+// The expert store's cumulative counters (expertstore/stats.h's StoreStats, copied by
+// FromStoreStats so the registry's users need not know the store).
 struct StoreTierCounters {
   int64_t slots = 0;
   uint64_t slot_bytes = 0;
@@ -47,6 +48,9 @@ struct StoreCounters {
   std::vector<uint64_t> load_latency_us_buckets;
   uint64_t load_total_us = 0;
 };
+
+// Copies the store's own stats struct into ours.
+StoreCounters FromStoreStats(const store::StoreStats& stats);
 
 class WorkerMetrics {
  public:

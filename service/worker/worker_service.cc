@@ -35,9 +35,10 @@ WorkerService::WorkerService(WorkerOptions options, const engine::Model& model,
   info_.set_num_layers(static_cast<uint32_t>(c.num_hidden_layers));
   info_.set_num_experts(static_cast<uint32_t>(c.num_experts));
   info_.set_num_experts_per_token(static_cast<uint32_t>(c.num_experts_per_tok));
-  // TODO(svc): report the store's formats and budgets once the tiered store lands; until then
-  // experts are served from the checkpoint as stored, and the KV cache is float32.
-  info_.set_expert_format("checkpoint");
+  info_.set_expert_format(options_.expert_format);
+  info_.set_device_budget_bytes(options_.device_budget_bytes);
+  info_.set_host_budget_bytes(options_.host_budget_bytes);
+  // TODO(svc): the engine keeps K/V in float32 today; report its format once it has a choice.
   info_.set_kv_cache_format("f32");
   info_.set_kv_budget_bytes(options_.kv_budget_bytes);
   metrics_.SetModelInfo(options_.model_name, c.arch.model_type);

@@ -22,6 +22,9 @@ struct WorkerOptions {
   int64_t context_length = 0;  // the engine's max context
   int64_t max_running = 0;     // the engine's max_running
   int64_t kv_budget_bytes = 0;
+  std::string expert_format;       // "checkpoint" or "store"
+  uint64_t device_budget_bytes = 0;  // expert store tiers (0: off)
+  uint64_t host_budget_bytes = 0;
 };
 
 // Thread-safe. `model`, `tokenizer`, `loop` and `metrics` must outlive it.

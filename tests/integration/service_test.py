@@ -328,6 +328,37 @@ class ServiceTest(unittest.TestCase):
                               max_tokens=2)
         self.assertEqual(last.completion.worker, self.c.workers[0].name)
 
+    def test_expert_store(self):
+        # The worker serves experts from a tiered store written by moe-import; its counters
+        # reach /metrics, and the tokens are the checkpoint's (bf16 experts either way).
+        store = os.path.join(self.c.log_dir, "store")
+        subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-import"),
+                        f"--model_dir={harness.MODEL_DIR}", f"--store_dir={store}"],
+                       check=True, capture_output=True)
+        c2 = harness.Cluster(workers=1, worker_args=[
+            f"--store_dir={store}", "--device_budget=2MiB", "--host_budget=4MiB"])
+        try:
+            fe = c2.add_frontend()
+            stub = c2.stub(fe)
+            info = stub.GetModel(self.pb.GetModelRequest(model=MODEL_NAME), timeout=5)
+            self.assertEqual(info.expert_format, "store")
+            self.assertEqual(info.device_budget_bytes, 2 << 20)
+            want = harness.offline_tokens(PROMPT, 6)
+            ids, _, _ = generate(stub, self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),
+                                 max_tokens=6, sampling=self.pb.SamplingParams(temperature=0),
+                                 stop=self.pb.StopParams(ignore_eos=True))
+            self.assertEqual(ids, want)
+            m = c2.workers[0].metrics()
+            lookups = sum(metric(m, "moe_store_lookups_total", {"tier": t, "result": r})
+                          for t in ("device", "host") for r in ("hit", "miss"))
+            self.assertGreater(lookups, 0)
+            self.assertGreater(metric(m, "moe_store_blob_reads_total"), 0)
+            r = subprocess.run(["promtool", "check", "metrics"], input=m, text=True,
+                               capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        finally:
+            c2.close()
+
     def pb_grpc(self):
         return self.c.pb_grpc
 
