@@ -44,8 +44,8 @@ absl::Status ValidateSampling(const moe::v1::SamplingParams& s) {
     if (!st.ok()) return st;
   }
   if (s.has_repetition_penalty()) {
-    absl::Status st = CheckFloat("sampling.repetition_penalty", s.repetition_penalty(), 0.f,
-                                 1e6f, true, "(0, 1e6]");
+    absl::Status st = CheckFloat("sampling.repetition_penalty", s.repetition_penalty(), 0.f, 1e6f,
+                                 true, "(0, 1e6]");
     if (!st.ok()) return st;
   }
   if (s.has_presence_penalty()) {
@@ -92,8 +92,8 @@ absl::Status ValidateInput(const moe::v1::GenerateRequest& r, const ModelLimits&
       }
       if (limits.context_length > 0 && ids.size() >= limits.context_length) {
         return Bad("token_ids.ids",
-                   absl::StrCat("the prompt has ", ids.size(),
-                                " tokens; the context length is ", limits.context_length,
+                   absl::StrCat("the prompt has ", ids.size(), " tokens; the context length is ",
+                                limits.context_length,
                                 " (prompt + at least one generated token must fit)"));
       }
       return absl::OkStatus();
@@ -104,8 +104,7 @@ absl::Status ValidateInput(const moe::v1::GenerateRequest& r, const ModelLimits&
 
 }  // namespace
 
-absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& r,
-                                     const ModelLimits& limits) {
+absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& r, const ModelLimits& limits) {
   if (r.model().empty()) return Bad("model", "is required (see ListModels)");
   if (absl::Status st = ValidateInput(r, limits); !st.ok()) return st;
   if (absl::Status st = ValidateSampling(r.sampling()); !st.ok()) return st;
@@ -117,15 +116,15 @@ absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& r,
     }
     if (limits.context_length > 0 && r.has_token_ids() &&
         r.token_ids().ids_size() + int64_t{r.max_tokens()} > limits.context_length) {
-      return Bad("max_tokens",
-                 absl::StrCat("prompt (", r.token_ids().ids_size(), " tokens) + max_tokens (",
-                              r.max_tokens(), ") is over the context length ",
-                              limits.context_length));
+      return Bad(
+          "max_tokens",
+          absl::StrCat("prompt (", r.token_ids().ids_size(), " tokens) + max_tokens (",
+                       r.max_tokens(), ") is over the context length ", limits.context_length));
     }
   }
   if (r.stop().strings_size() > kMaxStopStrings) {
-    return Bad("stop.strings", absl::StrCat(r.stop().strings_size(), " strings; at most ",
-                                            kMaxStopStrings));
+    return Bad("stop.strings",
+               absl::StrCat(r.stop().strings_size(), " strings; at most ", kMaxStopStrings));
   }
   for (int i = 0; i < r.stop().strings_size(); ++i) {
     const std::string& s = r.stop().strings(i);
@@ -175,8 +174,8 @@ engine::StopConditions ToStopConditions(const moe::v1::GenerateRequest& r, int64
     stop.max_tokens = r.max_tokens();
   } else {
     // The default never makes a valid prompt fail: it shrinks to what the context has left.
-    stop.max_tokens = std::max<int64_t>(
-        1, std::min<int64_t>(kDefaultMaxTokens, context_length - prompt_tokens));
+    stop.max_tokens =
+        std::max<int64_t>(1, std::min<int64_t>(kDefaultMaxTokens, context_length - prompt_tokens));
   }
   stop.stop_strings.assign(r.stop().strings().begin(), r.stop().strings().end());
   stop.stop_token_ids.assign(r.stop().token_ids().begin(), r.stop().token_ids().end());

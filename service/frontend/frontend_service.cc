@@ -101,9 +101,14 @@ void FrontendService::UpdateHealth(grpc::HealthCheckServiceInterface* health) {
   const bool serving = !draining_;
   health->SetServingStatus("", serving);
   health->SetServingStatus("moe.v1.Inference", serving);
+  health->SetServingStatus("liveness", true);  // a drain must not get the process killed
+  bool any_model = false;
   for (const auto& [name, info] : Models()) {
     health->SetServingStatus("model/" + name, serving && info.ready_workers() > 0);
+    any_model = any_model || info.ready_workers() > 0;
   }
+  // Ready for traffic: admitting, and some worker can serve.
+  health->SetServingStatus("readiness", serving && any_model);
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
@@ -122,9 +127,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
           grpc::SerializationTraits<moe::v1::GenerateRequest>::Deserialize(&copy, &request);
       !st.ok()) {
     metrics_.RequestFinished("invalid_argument");
-    return new Refusal(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                                    "request: not a moe.v1.GenerateRequest (" +
-                                        st.error_message() + ")"));
+    return new Refusal(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "request: not a moe.v1.GenerateRequest (" + st.error_message() + ")"));
   }
   GenerateCall* call = nullptr;
   GenerateCall::Start(&fe_, context, &request, &call);
@@ -161,8 +166,8 @@ grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerConte
   }
   std::shared_ptr<WorkerEndpoint> worker = router_.SessionWorker(request->session_id());
   if (worker == nullptr) {
-    return Answer(context, absl::NotFoundError(absl::StrCat(
-                               "session '", request->session_id(), "' is not known")));
+    return Answer(context, absl::NotFoundError(
+                               absl::StrCat("session '", request->session_id(), "' is not known")));
   }
   router_.Unbind(request->session_id());
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
@@ -194,8 +199,8 @@ grpc::ServerUnaryReactor* FrontendService::GetModel(grpc::CallbackServerContext*
   const auto models = Models();
   auto it = models.find(request->model());
   if (it == models.end()) {
-    return Answer(context, absl::NotFoundError(absl::StrCat("model '", request->model(),
-                                                            "' is not served")));
+    return Answer(
+        context, absl::NotFoundError(absl::StrCat("model '", request->model(), "' is not served")));
   }
   *response = it->second;
   return Answer(context, absl::OkStatus());

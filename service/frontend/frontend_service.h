@@ -27,14 +27,15 @@ struct FrontendOptions {
 // Generate is registered raw (ByteBuffer in and out) so that parsing is ours: a message that is
 // not a GenerateRequest gets INVALID_ARGUMENT (gRPC 1.51's typed callback handler answers
 // UNIMPLEMENTED). Reflection still describes the typed method.
-class FrontendService final
-    : public moe::v1::Inference::WithRawCallbackMethod_Generate<moe::v1::Inference::CallbackService> {
+class FrontendService final : public moe::v1::Inference::WithRawCallbackMethod_Generate<
+                                  moe::v1::Inference::CallbackService> {
  public:
-  FrontendService(FrontendOptions options, WorkerSet& workers, Router& router,
-                  Admission& admission, metrics::FrontendMetrics& metrics);
+  FrontendService(FrontendOptions options, WorkerSet& workers, Router& router, Admission& admission,
+                  metrics::FrontendMetrics& metrics);
 
   // Health: "" and "moe.v1.Inference" serve while the frontend admits work; "model/<name>"
-  // serves while some worker serving <name> is up. Call after every worker poll.
+  // while some worker serving <name> is up; "readiness" while both hold for some model;
+  // "liveness" always (for Kubernetes gRPC probes). Call after every worker poll.
   void UpdateHealth(grpc::HealthCheckServiceInterface* health);
   // Refuses new calls (UNAVAILABLE); running ones go on.
   void StartDrain();

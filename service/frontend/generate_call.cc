@@ -23,23 +23,27 @@ int64_t EstimateTokens(const moe::v1::GenerateRequest& r) {
   if (r.has_token_ids()) prompt = r.token_ids().ids_size();
   if (r.has_text()) prompt = static_cast<int64_t>(r.text().size()) / 4 + 1;
   if (r.has_chat()) {
-    for (const auto& m : r.chat().messages()) prompt += static_cast<int64_t>(m.content().size()) / 4 + 4;
+    for (const auto& m : r.chat().messages())
+      prompt += static_cast<int64_t>(m.content().size()) / 4 + 4;
   }
   return prompt + (r.has_max_tokens() ? r.max_tokens() : kDefaultMaxTokens);
 }
 
 // Failures that say "this worker could not serve it", worth another worker before any token.
-bool Retryable(const grpc::Status& s) {
-  return s.error_code() == grpc::StatusCode::UNAVAILABLE;
-}
+bool Retryable(const grpc::Status& s) { return s.error_code() == grpc::StatusCode::UNAVAILABLE; }
 
 const char* FinishLabel(moe::v1::FinishReason r) {
   switch (r) {
-    case moe::v1::FINISH_REASON_STOP: return "stop";
-    case moe::v1::FINISH_REASON_LENGTH: return "length";
-    case moe::v1::FINISH_REASON_CANCELLED: return "cancelled";
-    case moe::v1::FINISH_REASON_ERROR: return "error";
-    default: return "unknown";
+    case moe::v1::FINISH_REASON_STOP:
+      return "stop";
+    case moe::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case moe::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case moe::v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "unknown";
   }
 }
 
@@ -177,8 +181,8 @@ void GenerateCall::OnUpstreamMessage(Upstream* up) {
   std::unique_lock<std::mutex> lock(mu_);
   if (cancelled_ || ended_) {
     lock.unlock();
-    up->Cancel();   // propagation should have done it; make sure
-    up->ReadNext(); // runs into the cancellation and ends the stream
+    up->Cancel();    // propagation should have done it; make sure
+    up->ReadNext();  // runs into the cancellation and ends the stream
     return;
   }
   out_.Swap(up->response_.mutable_response());
@@ -260,10 +264,10 @@ void GenerateCall::Conclude(const grpc::Status& status) {
   lock.unlock();
   if (cancelled) {
     const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
-    return End(grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED
-                                     : grpc::StatusCode::CANCELLED,
-                            deadline ? "deadline exceeded" : "cancelled"),
-               deadline ? "deadline_exceeded" : "cancelled");
+    return End(
+        grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
+                     deadline ? "deadline exceeded" : "cancelled"),
+        deadline ? "deadline_exceeded" : "cancelled");
   }
   if (status.ok()) return End(status, FinishLabel(reason));
   if (Retryable(status) && !relayed && attempts < fe_->max_attempts) {

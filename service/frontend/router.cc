@@ -22,8 +22,8 @@ absl::Status Router::UnknownModel(const std::string& model) const {
   if (!any_reported) {
     return absl::UnavailableError("no worker has answered yet; try again shortly");
   }
-  return absl::NotFoundError(absl::StrCat("model '", model, "' is not served (models: ",
-                                          absl::StrJoin(served, ", "), ")"));
+  return absl::NotFoundError(absl::StrCat(
+      "model '", model, "' is not served (models: ", absl::StrJoin(served, ", "), ")"));
 }
 
 absl::StatusOr<ModelLimits> Router::Limits(const std::string& model) const {
@@ -38,9 +38,9 @@ absl::StatusOr<ModelLimits> Router::Limits(const std::string& model) const {
   return UnknownModel(model);
 }
 
-absl::StatusOr<std::shared_ptr<WorkerEndpoint>> Router::Pick(
-    const std::string& model, const std::string& session_id,
-    const std::set<std::string>& exclude) {
+absl::StatusOr<std::shared_ptr<WorkerEndpoint>> Router::Pick(const std::string& model,
+                                                             const std::string& session_id,
+                                                             const std::set<std::string>& exclude) {
   std::string session_target;
   if (!session_id.empty()) {
     std::lock_guard<std::mutex> lock(mu_);

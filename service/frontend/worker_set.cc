@@ -1,9 +1,9 @@
 // WorkerSet: discovery (static or DNS) and health polling of workers.
 #include "service/frontend/worker_set.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
 #include <sys/socket.h>
-#include <arpa/inet.h>
 
 #include <algorithm>
 #include <chrono>
@@ -45,8 +45,7 @@ std::vector<std::string> ResolveAll(const std::string& host_port) {
       inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(a->ai_addr)->sin_addr, buf, sizeof buf);
       seen.insert(absl::StrCat(buf, ":", port));
     } else if (a->ai_family == AF_INET6) {
-      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, buf,
-                sizeof buf);
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(a->ai_addr)->sin6_addr, buf, sizeof buf);
       seen.insert(absl::StrCat("[", buf, "]:", port));
     }
   }
@@ -185,9 +184,9 @@ void WorkerSet::PollAll() {
   int64_t up = 0, down = 0;
   for (const std::shared_ptr<WorkerEndpoint>& w : Snapshot()) {
     grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::microseconds(
-                         static_cast<int64_t>(options_.poll_timeout_seconds * 1e6)));
+    ctx.set_deadline(
+        std::chrono::system_clock::now() +
+        std::chrono::microseconds(static_cast<int64_t>(options_.poll_timeout_seconds * 1e6)));
     moe::internal::v1::WorkerInfo info;
     const grpc::Status status = w->stub().GetInfo(&ctx, moe::internal::v1::GetInfoRequest(), &info);
     w->Update(status, info);
@@ -200,7 +199,8 @@ void WorkerSet::Loop() {
   for (;;) {
     {
       std::unique_lock<std::mutex> lock(mu_);
-      const auto period = std::chrono::microseconds(static_cast<int64_t>(options_.poll_seconds * 1e6));
+      const auto period =
+          std::chrono::microseconds(static_cast<int64_t>(options_.poll_seconds * 1e6));
       if (cv_.wait_for(lock, period, [&] { return stop_; })) return;
     }
     if (base::NowSeconds() >= next_resolve_) Resolve();

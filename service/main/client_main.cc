@@ -29,18 +29,23 @@ namespace {
 
 const char* FinishName(moe::v1::FinishReason r) {
   switch (r) {
-    case moe::v1::FINISH_REASON_STOP: return "stop";
-    case moe::v1::FINISH_REASON_LENGTH: return "length";
-    case moe::v1::FINISH_REASON_CANCELLED: return "cancelled";
-    case moe::v1::FINISH_REASON_ERROR: return "error";
-    default: return "unspecified";
+    case moe::v1::FINISH_REASON_STOP:
+      return "stop";
+    case moe::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case moe::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case moe::v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "unspecified";
   }
 }
 
 void Prepare(grpc::ClientContext* ctx) {
-  ctx->set_deadline(std::chrono::system_clock::now() +
-                    std::chrono::milliseconds(
-                        static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_seconds) * 1000)));
+  ctx->set_deadline(
+      std::chrono::system_clock::now() +
+      std::chrono::milliseconds(static_cast<int64_t>(absl::GetFlag(FLAGS_timeout_seconds) * 1000)));
   if (!absl::GetFlag(FLAGS_auth_token).empty()) {
     ctx->AddMetadata("authorization", "Bearer " + absl::GetFlag(FLAGS_auth_token));
   }
@@ -103,14 +108,13 @@ int main(int argc, char** argv) {
   if (!st.ok()) return Fail("Generate", st);
   const auto& u = completion.usage();
   const auto& t = completion.timings();
-  std::fprintf(stderr,
-               "[client] finish=%s prompt_tokens=%llu cached=%llu completion_tokens=%llu "
-               "ttft=%.1f ms total=%.1f ms worker=%s\n",
-               FinishName(completion.finish_reason()),
-               static_cast<unsigned long long>(u.prompt_tokens()),
-               static_cast<unsigned long long>(u.cached_prompt_tokens()),
-               static_cast<unsigned long long>(u.completion_tokens()),
-               t.time_to_first_token_seconds() * 1e3, t.total_seconds() * 1e3,
-               completion.worker().c_str());
+  std::fprintf(
+      stderr,
+      "[client] finish=%s prompt_tokens=%llu cached=%llu completion_tokens=%llu "
+      "ttft=%.1f ms total=%.1f ms worker=%s\n",
+      FinishName(completion.finish_reason()), static_cast<unsigned long long>(u.prompt_tokens()),
+      static_cast<unsigned long long>(u.cached_prompt_tokens()),
+      static_cast<unsigned long long>(u.completion_tokens()), t.time_to_first_token_seconds() * 1e3,
+      t.total_seconds() * 1e3, completion.worker().c_str());
   return 0;
 }

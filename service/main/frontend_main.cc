@@ -28,8 +28,7 @@
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address of the public API");
 ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9451", "HTTP address of /metrics (port 0: any)");
-ABSL_FLAG(std::vector<std::string>, workers, {},
-          "Comma-separated worker addresses (host:port)");
+ABSL_FLAG(std::vector<std::string>, workers, {}, "Comma-separated worker addresses (host:port)");
 ABSL_FLAG(std::string, workers_dns, "",
           "host:port whose every DNS address is a worker (a Kubernetes headless Service); "
           "re-resolved every --dns_refresh_seconds");
@@ -89,7 +88,8 @@ absl::Status Run() {
   fopts.auth_token = absl::GetFlag(FLAGS_auth_token);
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
     MOE_ASSIGN_OR_RETURN(fopts.auth_token, ReadFile(absl::GetFlag(FLAGS_auth_token_file)));
-    while (!fopts.auth_token.empty() && std::isspace(static_cast<unsigned char>(fopts.auth_token.back()))) {
+    while (!fopts.auth_token.empty() &&
+           std::isspace(static_cast<unsigned char>(fopts.auth_token.back()))) {
       fopts.auth_token.pop_back();
     }
   }
@@ -111,9 +111,8 @@ absl::Status Run() {
     if (svc_ready.load()) svc_ptr->UpdateHealth(health.load());
   });
   service::Router router(workers);
-  service::Admission admission(aopts, [&](int64_t running, int64_t queued) {
-    metrics.SetAdmission(running, queued);
-  });
+  service::Admission admission(
+      aopts, [&](int64_t running, int64_t queued) { metrics.SetAdmission(running, queued); });
   service::FrontendService svc(fopts, workers, router, admission, metrics);
   svc_ptr = &svc;
   svc_ready = true;

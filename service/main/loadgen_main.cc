@@ -54,11 +54,23 @@ double Percentile(std::vector<double>& v, double p) {
 }
 
 const char* CodeName(grpc::StatusCode code) {
-  static const char* kNames[] = {"OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT",
-                                 "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-                                 "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION",
-                                 "ABORTED", "OUT_OF_RANGE", "UNIMPLEMENTED", "INTERNAL",
-                                 "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"};
+  static const char* kNames[] = {"OK",
+                                 "CANCELLED",
+                                 "UNKNOWN",
+                                 "INVALID_ARGUMENT",
+                                 "DEADLINE_EXCEEDED",
+                                 "NOT_FOUND",
+                                 "ALREADY_EXISTS",
+                                 "PERMISSION_DENIED",
+                                 "RESOURCE_EXHAUSTED",
+                                 "FAILED_PRECONDITION",
+                                 "ABORTED",
+                                 "OUT_OF_RANGE",
+                                 "UNIMPLEMENTED",
+                                 "INTERNAL",
+                                 "UNAVAILABLE",
+                                 "DATA_LOSS",
+                                 "UNAUTHENTICATED"};
   const int i = static_cast<int>(code);
   return i >= 0 && i < 17 ? kNames[i] : "?";
 }
@@ -69,8 +81,8 @@ void RunSlot(moe::v1::Inference::Stub& stub, const moe::v1::GenerateRequest& bas
   while (base::NowSeconds() < end) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(static_cast<int64_t>(
-                         absl::GetFlag(FLAGS_call_timeout_seconds) * 1000)));
+                     std::chrono::milliseconds(
+                         static_cast<int64_t>(absl::GetFlag(FLAGS_call_timeout_seconds) * 1000)));
     if (!absl::GetFlag(FLAGS_auth_token).empty()) {
       ctx.AddMetadata("authorization", "Bearer " + absl::GetFlag(FLAGS_auth_token));
     }
@@ -169,17 +181,17 @@ int Run() {
     errors.push_back(absl::StrCat("\"", code, "\": ", count));
     error_count += count;
   }
-  const std::string report = absl::StrCat(
-      "{\"concurrency\": ", n, ", \"seconds\": ", elapsed, ", \"calls_ok\": ", all.calls_ok,
-      ", \"errors\": {", absl::StrJoin(errors, ", "), "}, \"tokens\": ", all.tokens,
-      ", \"tokens_per_second\": ", all.tokens / elapsed,
-      ", \"calls_per_second\": ", all.calls_ok / elapsed,
-      ", \"ttft_seconds\": {\"p50\": ", Percentile(all.ttft, 50), ", \"p90\": ",
-      Percentile(all.ttft, 90), ", \"p99\": ", Percentile(all.ttft, 99), "}",
-      ", \"itl_seconds\": {\"p50\": ", Percentile(all.itl, 50), ", \"p90\": ",
-      Percentile(all.itl, 90), ", \"p99\": ", Percentile(all.itl, 99), "}",
-      ", \"e2e_seconds\": {\"p50\": ", Percentile(all.e2e, 50), ", \"p99\": ",
-      Percentile(all.e2e, 99), "}}");
+  const std::string report =
+      absl::StrCat("{\"concurrency\": ", n, ", \"seconds\": ", elapsed,
+                   ", \"calls_ok\": ", all.calls_ok, ", \"errors\": {", absl::StrJoin(errors, ", "),
+                   "}, \"tokens\": ", all.tokens, ", \"tokens_per_second\": ", all.tokens / elapsed,
+                   ", \"calls_per_second\": ", all.calls_ok / elapsed,
+                   ", \"ttft_seconds\": {\"p50\": ", Percentile(all.ttft, 50),
+                   ", \"p90\": ", Percentile(all.ttft, 90), ", \"p99\": ", Percentile(all.ttft, 99),
+                   "}", ", \"itl_seconds\": {\"p50\": ", Percentile(all.itl, 50),
+                   ", \"p90\": ", Percentile(all.itl, 90), ", \"p99\": ", Percentile(all.itl, 99),
+                   "}", ", \"e2e_seconds\": {\"p50\": ", Percentile(all.e2e, 50),
+                   ", \"p99\": ", Percentile(all.e2e, 99), "}}");
   std::printf(
       "streams %d for %.1f s: %lld calls ok, %lld errors, %lld tokens\n"
       "throughput %.1f tokens/s, %.2f calls/s\n"
@@ -188,8 +200,8 @@ int Run() {
       n, elapsed, static_cast<long long>(all.calls_ok), static_cast<long long>(error_count),
       static_cast<long long>(all.tokens), all.tokens / elapsed, all.calls_ok / elapsed,
       Percentile(all.ttft, 50) * 1e3, Percentile(all.ttft, 90) * 1e3,
-      Percentile(all.ttft, 99) * 1e3, Percentile(all.itl, 50) * 1e3,
-      Percentile(all.itl, 90) * 1e3, Percentile(all.itl, 99) * 1e3);
+      Percentile(all.ttft, 99) * 1e3, Percentile(all.itl, 50) * 1e3, Percentile(all.itl, 90) * 1e3,
+      Percentile(all.itl, 99) * 1e3);
   for (const auto& [code, count] : all.errors) {
     std::printf("errors %s: %lld\n", code.c_str(), static_cast<long long>(count));
   }

@@ -63,7 +63,8 @@ absl::Status Run() {
   }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   if (backend_name != "cpu" && backend_name != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
   }
   kernels::BackendOptions backend_options;
   backend_options.num_threads = absl::GetFlag(FLAGS_threads);
@@ -80,7 +81,8 @@ absl::Status Run() {
     sopts.store_dir = absl::GetFlag(FLAGS_store_dir);
     MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
                          base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
-    MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes, base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
+    MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes,
+                         base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
     sopts.policy.name = absl::GetFlag(FLAGS_store_policy);
     MOE_RETURN_IF_ERROR(base::Annotate(sopts.Validate(), "store flags"));
     MOE_ASSIGN_OR_RETURN(auto opened, store::ExpertStore::Open(sopts, backend.get()));
@@ -108,8 +110,8 @@ absl::Status Run() {
       wopts.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename();
     }
   }
-  wopts.name = absl::GetFlag(FLAGS_name).empty() ? absl::GetFlag(FLAGS_listen)
-                                                 : absl::GetFlag(FLAGS_name);
+  wopts.name =
+      absl::GetFlag(FLAGS_name).empty() ? absl::GetFlag(FLAGS_listen) : absl::GetFlag(FLAGS_name);
   wopts.context_length =
       eopts.max_context > 0 ? eopts.max_context : model->config().max_position_embeddings;
   wopts.max_running = eopts.max_running;
@@ -128,7 +130,8 @@ absl::Status Run() {
                        s.kv_bytes_per_token, s.sessions});
     // Read on the engine thread, which is the only one running the model.
     metrics.SetPhaseTimes(model_ref.phase_times(), steps);
-    if (store != nullptr) metrics.UpdateExpertStore(service::metrics::FromStoreStats(store->Stats()));
+    if (store != nullptr)
+      metrics.UpdateExpertStore(service::metrics::FromStoreStats(store->Stats()));
   });
   service::WorkerService svc(wopts, *model, *tokenizer, loop, metrics);
 
@@ -144,8 +147,12 @@ absl::Status Run() {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
   }
   grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // Kubernetes probes name a service: "liveness" serves as long as the process runs (a drain
+  // must not get it killed), "readiness" drops when the drain starts.
   health->SetServingStatus("", true);
   health->SetServingStatus("moe.internal.v1.Worker", true);
+  health->SetServingStatus("liveness", true);
+  health->SetServingStatus("readiness", true);
   MOE_LOG(INFO) << "[worker] " << wopts.name << " serving model '" << wopts.model_name << "' ("
                 << model->config().arch.model_type << ", context " << wopts.context_length
                 << ") on port " << port << ", /metrics on port " << metrics_server->port();
@@ -156,6 +163,7 @@ absl::Status Run() {
   svc.StartDrain();
   health->SetServingStatus("", false);
   health->SetServingStatus("moe.internal.v1.Worker", false);
+  health->SetServingStatus("readiness", false);
   const double deadline = base::NowSeconds() + absl::GetFlag(FLAGS_drain_seconds);
   while (loop.live() > 0 && base::NowSeconds() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));

@@ -16,10 +16,10 @@ using prometheus::BuildHistogram;
 // vLLM's buckets (vllm/v1/metrics/loggers.py): time_to_first_token_seconds,
 // time_per_output_token_seconds, and e2e_request_latency_seconds (also its queue time).
 const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
     1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
 const prometheus::Histogram::BucketBoundaries kItlBuckets = {
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5,
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
     0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
 const prometheus::Histogram::BucketBoundaries kRequestBuckets = {
     0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
@@ -50,8 +50,9 @@ void AdvanceTo(prometheus::Counter& counter, double total) {
 WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   requests_ = &BuildCounter()
                    .Name("moe_requests_total")
-                   .Help("Requests the engine finished, by outcome (stop, length, cancelled, "
-                         "error, or the status that refused them)")
+                   .Help(
+                       "Requests the engine finished, by outcome (stop, length, cancelled, "
+                       "error, or the status that refused them)")
                    .Register(r);
   prompt_tokens_ = Counter(r, "moe_prompt_tokens_total", "Prompt tokens of finished requests");
   cached_prompt_tokens_ =
@@ -76,8 +77,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   serving_ = Gauge(r, "moe_worker_serving", "1 when the worker admits new requests, 0 draining");
   phase_seconds_ = &BuildCounter()
                         .Name("moe_engine_phase_seconds_total")
-                        .Help("Seconds the forward pass spent per phase (attention, routing, "
-                              "expert_wait, expert_compute, dense, logits)")
+                        .Help(
+                            "Seconds the forward pass spent per phase (attention, routing, "
+                            "expert_wait, expert_compute, dense, logits)")
                         .Register(r);
   model_info_ = &BuildGauge()
                      .Name("moe_model_info")
@@ -135,10 +137,12 @@ void WorkerMetrics::SetEngine(const EngineGauges& g) {
 }
 
 void WorkerMetrics::SetPhaseTimes(const engine::PhaseTimes& t, int64_t steps) {
-  const std::pair<const char*, int64_t> phases[] = {
-      {"attention", t.attention_us},       {"routing", t.routing_us},
-      {"expert_wait", t.expert_wait_us},   {"expert_compute", t.expert_compute_us},
-      {"dense", t.dense_us},               {"logits", t.logits_us}};
+  const std::pair<const char*, int64_t> phases[] = {{"attention", t.attention_us},
+                                                    {"routing", t.routing_us},
+                                                    {"expert_wait", t.expert_wait_us},
+                                                    {"expert_compute", t.expert_compute_us},
+                                                    {"dense", t.dense_us},
+                                                    {"logits", t.logits_us}};
   for (const auto& [phase, us] : phases) {
     AdvanceTo(phase_seconds_->Add({{"phase", phase}}), static_cast<double>(us) * 1e-6);
   }
@@ -168,7 +172,7 @@ StoreCounters FromStoreStats(const store::StoreStats& s) {
 
 void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
   const std::pair<const char*, const StoreTierCounters*> tiers[] = {{"device", &store.device},
-                                                                     {"host", &store.host}};
+                                                                    {"host", &store.host}};
   for (const auto& [tier, t] : tiers) {
     AdvanceTo(store_lookups_->Add({{"tier", tier}, {"result", "hit"}}),
               static_cast<double>(t->hits));
@@ -204,14 +208,15 @@ void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
 FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
   requests_ = &BuildCounter()
                    .Name("moe_frontend_requests_total")
-                   .Help("Generate calls answered, by outcome (stop, length, cancelled, error, "
-                         "or the status code: invalid_argument, resource_exhausted, ...)")
+                   .Help(
+                       "Generate calls answered, by outcome (stop, length, cancelled, error, "
+                       "or the status code: invalid_argument, resource_exhausted, ...)")
                    .Register(r);
   queue_ = Hist(r, "moe_frontend_request_queue_time_seconds",
                 "Seconds a request waited in the admission queue", kRequestBuckets);
-  ttft_ = Hist(r, "moe_frontend_time_to_first_token_seconds",
-               "Seconds from a call's arrival to its first token, as the client sees it",
-               kTtftBuckets);
+  ttft_ =
+      Hist(r, "moe_frontend_time_to_first_token_seconds",
+           "Seconds from a call's arrival to its first token, as the client sees it", kTtftBuckets);
   itl_ = Hist(r, "moe_frontend_inter_token_latency_seconds",
               "Seconds between consecutive tokens relayed to a client", kItlBuckets);
   e2e_ = Hist(r, "moe_frontend_e2e_request_latency_seconds",
@@ -253,8 +258,8 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     // One civetweb thread per scrape is plenty: Prometheus scrapes every few seconds.
     server->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
   } catch (const std::exception& e) {
-    return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", address, ": ",
-                                               e.what()));
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
   }
   server->registry_ = std::move(registry);
   server->exposer_->RegisterCollectable(server->registry_, "/metrics");

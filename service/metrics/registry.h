@@ -6,6 +6,13 @@
 // All methods are thread-safe (prometheus-cpp metrics are atomic).
 #pragma once
 
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/family.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -16,12 +23,6 @@
 #include "absl/types/span.h"
 #include "engine/model.h"
 #include "expertstore/stats.h"
-#include <prometheus/counter.h>
-#include <prometheus/exposer.h>
-#include <prometheus/family.h>
-#include <prometheus/gauge.h>
-#include <prometheus/histogram.h>
-#include <prometheus/registry.h>
 
 namespace moe::service::metrics {
 

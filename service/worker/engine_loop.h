@@ -69,10 +69,10 @@ class EngineLoop {
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  std::vector<Op> inbox_;          // guarded by mu_
-  bool stop_ = false;              // guarded by mu_
-  int64_t live_ = 0;               // guarded by mu_
-  engine::EngineStats stats_;      // guarded by mu_
+  std::vector<Op> inbox_;      // guarded by mu_
+  bool stop_ = false;          // guarded by mu_
+  int64_t live_ = 0;           // guarded by mu_
+  engine::EngineStats stats_;  // guarded by mu_
 
   // Engine thread only.
   std::map<std::string, std::shared_ptr<StreamSink>> sinks_;

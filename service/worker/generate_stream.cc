@@ -9,11 +9,16 @@ namespace {
 
 moe::v1::FinishReason ToProto(engine::FinishReason reason) {
   switch (reason) {
-    case engine::FinishReason::kStop: return moe::v1::FINISH_REASON_STOP;
-    case engine::FinishReason::kLength: return moe::v1::FINISH_REASON_LENGTH;
-    case engine::FinishReason::kCancelled: return moe::v1::FINISH_REASON_CANCELLED;
-    case engine::FinishReason::kError: return moe::v1::FINISH_REASON_ERROR;
-    case engine::FinishReason::kNone: break;
+    case engine::FinishReason::kStop:
+      return moe::v1::FINISH_REASON_STOP;
+    case engine::FinishReason::kLength:
+      return moe::v1::FINISH_REASON_LENGTH;
+    case engine::FinishReason::kCancelled:
+      return moe::v1::FINISH_REASON_CANCELLED;
+    case engine::FinishReason::kError:
+      return moe::v1::FINISH_REASON_ERROR;
+    case engine::FinishReason::kNone:
+      break;
   }
   return moe::v1::FINISH_REASON_UNSPECIFIED;
 }
@@ -56,10 +61,10 @@ void GenerateStream::OnEvent(engine::Event event) {
     if (event.finish != engine::FinishReason::kNone) {
       const bool refused = event.finish == engine::FinishReason::kError && first_token_at_ == 0 &&
                            event.usage.completion_tokens == 0;
-      metrics_.RequestFinished(refused ? CodeLabel(event.error.code())
-                                       : engine::FinishReasonName(event.finish),
-                               event.usage.prompt_tokens, event.usage.cached_prompt_tokens,
-                               event.usage.completion_tokens);
+      metrics_.RequestFinished(
+          refused ? CodeLabel(event.error.code()) : engine::FinishReasonName(event.finish),
+          event.usage.prompt_tokens, event.usage.cached_prompt_tokens,
+          event.usage.completion_tokens);
       if (!refused) metrics_.ObserveE2e(now - start_);
       if (refused) {
         // Nothing was generated: the status alone says it (INVALID_ARGUMENT, ...).

@@ -56,8 +56,8 @@ class GenerateStream final
   const double start_ = 0;
 
   std::mutex mu_;
-  std::vector<engine::Event> pending_;             // events not yet written
-  std::optional<grpc::Status> final_status_;       // set by the final event
+  std::vector<engine::Event> pending_;        // events not yet written
+  std::optional<grpc::Status> final_status_;  // set by the final event
   bool writing_ = false, finish_called_ = false, cancelled_ = false;
   bool sent_tokens_ = false;
   double first_token_at_ = 0, last_token_at_ = 0, queue_seconds_ = 0;

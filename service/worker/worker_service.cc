@@ -53,8 +53,10 @@ void WorkerService::StartDrain() {
 absl::Status WorkerService::CheckModel(const std::string& model) const {
   if (model.empty()) return absl::InvalidArgumentError("model: is required (see ListModels)");
   if (model != options_.model_name) {
-    return absl::NotFoundError(absl::StrCat("model '", model, "' is not served here (this worker "
-                                            "serves '", options_.model_name, "')"));
+    return absl::NotFoundError(absl::StrCat("model '", model,
+                                            "' is not served here (this worker "
+                                            "serves '",
+                                            options_.model_name, "')"));
   }
   return absl::OkStatus();
 }
@@ -167,9 +169,8 @@ grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext
     return Answer(context, absl::InvalidArgumentError("session_id: is required"));
   }
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
-  loop_.DropSession(request->session_id(), [reactor](absl::Status st) {
-    reactor->Finish(ToGrpcStatus(st));
-  });
+  loop_.DropSession(request->session_id(),
+                    [reactor](absl::Status st) { reactor->Finish(ToGrpcStatus(st)); });
   return reactor;
 }
 

@@ -17,12 +17,12 @@
 namespace moe::service {
 
 struct WorkerOptions {
-  std::string name;        // reported in Completion.worker. Default: the listen address
-  std::string model_name;  // what requests call the model
+  std::string name;            // reported in Completion.worker. Default: the listen address
+  std::string model_name;      // what requests call the model
   int64_t context_length = 0;  // the engine's max context
   int64_t max_running = 0;     // the engine's max_running
   int64_t kv_budget_bytes = 0;
-  std::string expert_format;       // "checkpoint" or "store"
+  std::string expert_format;         // "checkpoint" or "store"
   uint64_t device_budget_bytes = 0;  // expert store tiers (0: off)
   uint64_t host_budget_bytes = 0;
 };

@@ -99,19 +99,24 @@ class FaultTest(unittest.TestCase):
             self.assertEqual(last.completion.worker, self.c.workers[1].name)
 
     def test_sigterm_drains_worker(self):
-        results, threads, started = self.start_streams(2, 200)
+        results, threads, started = self.start_streams(2, self.long)
         for e in started:
             self.assertTrue(e.wait(30))
         for w in self.c.workers:
             w.process.signal(signal.SIGTERM)
-        # Draining: health says NOT_SERVING, so the frontend stops routing there.
+        # Draining: readiness drops (liveness stays) and the frontend stops routing there.
+        h = self.c.health_grpc.HealthStub(grpc.insecure_channel(self.c.workers[0].address))
+        check = lambda s: h.Check(self.c.health_pb.HealthCheckRequest(service=s), timeout=2).status
+        wait_for(lambda: check("readiness") == self.c.health_pb.HealthCheckResponse.NOT_SERVING,
+                 what="worker readiness to drop")
+        self.assertEqual(check("liveness"), self.c.health_pb.HealthCheckResponse.SERVING)
         wait_for(lambda: metric(self.fe.metrics(), "moe_frontend_workers", {"state": "up"}) == 0,
                  what="workers to report draining")
         self.assertCode(grpc.StatusCode.UNAVAILABLE, lambda: generate(
             self.stub, self.pb, token_ids=self.pb.TokenIds(ids=PROMPT), max_tokens=2))
         for t in threads:
             t.join(60)
-        self.assertTrue(all(r[0] == "ok" and r[1] == 200 for r in results), results)
+        self.assertTrue(all(r[0] == "ok" and r[1] == self.long for r in results), results)
         for w in self.c.workers:
             self.assertEqual(w.process.wait(15), 0)
 

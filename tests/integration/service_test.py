@@ -69,7 +69,7 @@ class ServiceTest(unittest.TestCase):
     def test_health(self):
         h = self.c.health_grpc.HealthStub(self.c.channel(self.fe))
         serving = self.c.health_pb.HealthCheckResponse.SERVING
-        for service in ["", "moe.v1.Inference", "model/" + MODEL_NAME]:
+        for service in ["", "moe.v1.Inference", "model/" + MODEL_NAME, "liveness", "readiness"]:
             self.assertEqual(h.Check(self.c.health_pb.HealthCheckRequest(service=service),
                                      timeout=5).status, serving, service)
         self.assertCode(grpc.StatusCode.NOT_FOUND, [], lambda: h.Check(

@@ -1,9 +1,9 @@
 // Admission: slots run at once, the bounded queue waits in order, the rest is refused.
 #include "service/frontend/admission.h"
 
-#include <vector>
-
 #include <gtest/gtest.h>
+
+#include <vector>
 
 namespace moe::service {
 namespace {

@@ -1,9 +1,8 @@
 // The metrics registry: store counters become counters and a histogram; the text is well formed.
-#include "service/metrics/registry.h"
-
+#include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
-#include <gtest/gtest.h>
+#include "service/metrics/registry.h"
 
 namespace moe::service::metrics {
 namespace {

@@ -1,10 +1,10 @@
 // Request validation names the field and the reason; conversion applies documented defaults.
 #include "service/proto_convert.h"
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <limits>
-
-#include <gtest/gtest.h>
 
 #include "service/status_convert.h"
 
