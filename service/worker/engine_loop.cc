@@ -81,14 +81,15 @@ void EngineLoop::Apply(Op& op) {
     return;
   }
   if (auto* drop = std::get_if<DropSessionOp>(&op)) {
-    drop->done(engine_.DropSession(drop->session_id));
-    // The freed KV shows in the gauges at once, not at the next step.
+    const absl::Status status = engine_.DropSession(drop->session_id);
+    // Gauges before the answer: a caller that sees OK also sees the KV freed.
     const engine::EngineStats stats = engine_.Stats();
     {
       std::lock_guard<std::mutex> lock(mu_);
       stats_ = stats;
     }
     if (observer_) observer_(stats, steps_);
+    drop->done(status);
     return;
   }
   const std::string& id = std::get<CancelOp>(op).id;
