@@ -1,6 +1,7 @@
 // moe-loadgen: holds N concurrent Generate streams against a frontend for T seconds (each
-// stream issues its next call as soon as the previous ends) and reports throughput, time to
-// first token and inter-token latency percentiles, and errors by status code. ghz measures
+// stream issues its next call as soon as the previous ends; calls still running at T are
+// cancelled and counted as cut, not as errors) and reports throughput, time to first token and
+// inter-token latency percentiles, and errors by status code. ghz measures
 // whole calls only; this measures what a token stream's user feels.
 #include <grpcpp/grpcpp.h>
 
@@ -43,6 +44,7 @@ namespace {
 struct Samples {
   std::vector<double> ttft, itl, e2e;
   int64_t tokens = 0, calls_ok = 0;
+  int64_t calls_cut = 0;  // still running when the time was up: cancelled, not an error
   std::map<std::string, int64_t> errors;  // status code name -> count
 };
 
@@ -75,46 +77,63 @@ const char* CodeName(grpc::StatusCode code) {
   return i >= 0 && i < 17 ? kNames[i] : "?";
 }
 
-// One stream slot: issue calls back to back until `end`.
-void RunSlot(moe::v1::Inference::Stub& stub, const moe::v1::GenerateRequest& base, double end,
+// One stream slot. `ctx` is the call in flight, so that the time limit can cancel it.
+struct Slot {
+  std::mutex mu;
+  grpc::ClientContext* ctx = nullptr;
+  bool stopped = false;
+};
+
+// Issues calls back to back until the slot is stopped. Tokens, TTFT and inter-token samples of
+// a call cut by the time limit still count; its end-to-end time does not.
+void RunSlot(moe::v1::Inference::Stub& stub, const moe::v1::GenerateRequest& base, Slot* slot,
              Samples* out) {
-  while (base::NowSeconds() < end) {
+  for (;;) {
     grpc::ClientContext ctx;
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::chrono::milliseconds(
-                         static_cast<int64_t>(absl::GetFlag(FLAGS_call_timeout_seconds) * 1000)));
+                     std::chrono::milliseconds(static_cast<int64_t>(
+                         absl::GetFlag(FLAGS_call_timeout_seconds) * 1000)));
     if (!absl::GetFlag(FLAGS_auth_token).empty()) {
       ctx.AddMetadata("authorization", "Bearer " + absl::GetFlag(FLAGS_auth_token));
+    }
+    {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      if (slot->stopped) return;
+      slot->ctx = &ctx;
     }
     const double t0 = base::NowSeconds();
     double last = 0;
     int64_t tokens = 0;
     auto reader = stub.Generate(&ctx, base);
     moe::v1::GenerateResponse msg;
-    std::vector<double> itl;
-    double ttft = -1;
     while (reader->Read(&msg)) {
       const int k = msg.token_ids_size();
       if (k == 0) continue;
       const double now = base::NowSeconds();
-      if (ttft < 0) {
-        ttft = now - t0;
+      if (tokens == 0) {
+        out->ttft.push_back(now - t0);
       } else {
-        for (int i = 0; i < k; ++i) itl.push_back((now - last) / k);
+        for (int i = 0; i < k; ++i) out->itl.push_back((now - last) / k);
       }
       last = now;
       tokens += k;
     }
     const grpc::Status status = reader->Finish();
-    if (!status.ok()) {
-      out->errors[CodeName(status.error_code())] += 1;
-      continue;
+    bool stopped = false;
+    {
+      std::lock_guard<std::mutex> lock(slot->mu);
+      slot->ctx = nullptr;
+      stopped = slot->stopped;
     }
-    out->calls_ok += 1;
     out->tokens += tokens;
-    if (ttft >= 0) out->ttft.push_back(ttft);
-    out->itl.insert(out->itl.end(), itl.begin(), itl.end());
-    out->e2e.push_back(base::NowSeconds() - t0);
+    if (status.ok()) {
+      out->calls_ok += 1;
+      out->e2e.push_back(base::NowSeconds() - t0);
+    } else if (stopped && status.error_code() == grpc::StatusCode::CANCELLED) {
+      out->calls_cut += 1;
+    } else {
+      out->errors[CodeName(status.error_code())] += 1;
+    }
   }
 }
 
@@ -156,12 +175,20 @@ int Run() {
 
   const int n = std::max(1, absl::GetFlag(FLAGS_concurrency));
   std::vector<Samples> samples(n);
+  std::vector<Slot> slots(n);
   const double start = base::NowSeconds();
-  const double end = start + absl::GetFlag(FLAGS_duration_seconds);
   std::vector<std::thread> threads;
   for (int i = 0; i < n; ++i) {
-    threads.emplace_back(RunSlot, std::ref(*stubs[i % stubs.size()]), std::cref(base), end,
+    threads.emplace_back(RunSlot, std::ref(*stubs[i % stubs.size()]), std::cref(base), &slots[i],
                          &samples[i]);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(
+      static_cast<int64_t>(absl::GetFlag(FLAGS_duration_seconds) * 1000)));
+  // Time is up: no new calls, and the ones in flight are cut.
+  for (Slot& slot : slots) {
+    std::lock_guard<std::mutex> lock(slot.mu);
+    slot.stopped = true;
+    if (slot.ctx != nullptr) slot.ctx->TryCancel();
   }
   for (auto& t : threads) t.join();
   const double elapsed = base::NowSeconds() - start;
@@ -173,6 +200,7 @@ int Run() {
     all.e2e.insert(all.e2e.end(), s.e2e.begin(), s.e2e.end());
     all.tokens += s.tokens;
     all.calls_ok += s.calls_ok;
+    all.calls_cut += s.calls_cut;
     for (const auto& [code, count] : s.errors) all.errors[code] += count;
   }
   std::vector<std::string> errors;
@@ -193,11 +221,12 @@ int Run() {
                    "}", ", \"e2e_seconds\": {\"p50\": ", Percentile(all.e2e, 50),
                    ", \"p99\": ", Percentile(all.e2e, 99), "}}");
   std::printf(
-      "streams %d for %.1f s: %lld calls ok, %lld errors, %lld tokens\n"
+      "streams %d for %.1f s: %lld calls ok, %lld cut at the end, %lld errors, %lld tokens\n"
       "throughput %.1f tokens/s, %.2f calls/s\n"
       "TTFT  p50 %.2f ms  p90 %.2f ms  p99 %.2f ms\n"
       "ITL   p50 %.2f ms  p90 %.2f ms  p99 %.2f ms\n",
-      n, elapsed, static_cast<long long>(all.calls_ok), static_cast<long long>(error_count),
+      n, elapsed, static_cast<long long>(all.calls_ok), static_cast<long long>(all.calls_cut),
+      static_cast<long long>(error_count),
       static_cast<long long>(all.tokens), all.tokens / elapsed, all.calls_ok / elapsed,
       Percentile(all.ttft, 50) * 1e3, Percentile(all.ttft, 90) * 1e3,
       Percentile(all.ttft, 99) * 1e3, Percentile(all.itl, 50) * 1e3, Percentile(all.itl, 90) * 1e3,
