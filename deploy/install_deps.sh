@@ -9,7 +9,8 @@ packages=(
   librocksdb-dev liburing-dev libxxhash-dev prometheus-cpp-dev nlohmann-json3-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   unicode-data            # UnicodeData.txt: NFC and character classes for the tokenizer
-  python3 python3-grpcio  # Debian's grpcio: the Python client in the integration tests
+  python3 python3-grpcio python3-protobuf  # the Python client in the integration tests
+  openssl                 # the TLS test's self-signed certificate
   prometheus              # promtool and the real server the metrics tests query
 )
 

@@ -1,0 +1,209 @@
+// FrontendService: auth, Generate via GenerateCall, forwarded tokenizer calls, model listing.
+#include "service/frontend/frontend_service.h"
+
+#include <set>
+
+#include "absl/strings/str_cat.h"
+#include "service/status_convert.h"
+
+namespace moe::service {
+namespace {
+
+grpc::ServerUnaryReactor* Answer(grpc::CallbackServerContext* context, const absl::Status& st) {
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  reactor->Finish(ToGrpcStatus(st));
+  return reactor;
+}
+
+// A write reactor that only reports a status (refused before any work).
+class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
+ public:
+  explicit Refusal(const grpc::Status& status) { Finish(status); }
+  void OnDone() override { delete this; }
+};
+
+// Same-length comparison whose time does not depend on where the strings differ.
+bool ConstantTimeEquals(const std::string& a, const std::string& b) {
+  if (a.size() != b.size()) return false;
+  unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
+  return diff == 0;
+}
+
+// Forwards a unary call to a worker; the worker's answer (or failure) becomes ours.
+// `call(async_stub, client_context, done)` starts the worker's method.
+template <typename Req, typename Call>
+grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, Router& router,
+                                  const Req* request, Call call) {
+  if (request->model().empty()) {
+    return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
+  }
+  absl::StatusOr<std::shared_ptr<WorkerEndpoint>> worker =
+      router.Pick(request->model(), /*session_id=*/"", {});
+  if (!worker.ok()) return Answer(context, worker.status());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<grpc::ClientContext> client =
+      grpc::ClientContext::FromCallbackServerContext(*context);
+  // The lambda keeps the client context and the worker alive until the answer.
+  call((*worker)->stub().async(), client.get(),
+       [reactor, client, keep = *worker](grpc::Status status) { reactor->Finish(status); });
+  return reactor;
+}
+
+}  // namespace
+
+FrontendService::FrontendService(FrontendOptions options, WorkerSet& workers, Router& router,
+                                 Admission& admission, metrics::FrontendMetrics& metrics)
+    : options_(std::move(options)),
+      workers_(workers),
+      router_(router),
+      admission_(admission),
+      metrics_(metrics) {
+  fe_.router = &router_;
+  fe_.admission = &admission_;
+  fe_.metrics = &metrics_;
+  fe_.max_attempts = options_.max_attempts;
+}
+
+absl::Status FrontendService::CheckAuth(const grpc::CallbackServerContext& context) const {
+  if (options_.auth_token.empty()) return absl::OkStatus();
+  const auto& md = context.client_metadata();
+  auto it = md.find("authorization");
+  if (it == md.end()) {
+    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
+  }
+  if (!ConstantTimeEquals(std::string(it->second.data(), it->second.size()),
+                          "Bearer " + options_.auth_token)) {
+    return absl::UnauthenticatedError("wrong bearer token");
+  }
+  return absl::OkStatus();
+}
+
+void FrontendService::StartDrain() {
+  draining_ = true;
+  admission_.Close();
+}
+
+std::map<std::string, moe::v1::ModelInfo> FrontendService::Models() const {
+  std::map<std::string, moe::v1::ModelInfo> models;
+  for (const auto& w : workers_.Snapshot()) {
+    if (!w->has_model()) continue;
+    moe::v1::ModelInfo info = w->model();
+    auto [it, inserted] = models.emplace(info.name(), info);
+    if (inserted) it->second.set_ready_workers(0);
+    if (w->up()) it->second.set_ready_workers(it->second.ready_workers() + 1);
+  }
+  return models;
+}
+
+void FrontendService::UpdateHealth(grpc::HealthCheckServiceInterface* health) {
+  if (health == nullptr) return;
+  const bool serving = !draining_;
+  health->SetServingStatus("", serving);
+  health->SetServingStatus("moe.v1.Inference", serving);
+  health->SetServingStatus("liveness", true);  // a drain must not get the process killed
+  bool any_model = false;
+  for (const auto& [name, info] : Models()) {
+    health->SetServingStatus("model/" + name, serving && info.ready_workers() > 0);
+    any_model = any_model || info.ready_workers() > 0;
+  }
+  // Ready for traffic: admitting, and some worker can serve.
+  health->SetServingStatus("readiness", serving && any_model);
+}
+
+grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
+    grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) {
+    metrics_.RequestFinished(CodeLabel(st.code()));
+    return new Refusal(ToGrpcStatus(st));
+  }
+  if (draining_) {
+    metrics_.RequestFinished("unavailable");
+    return new Refusal(grpc::Status(grpc::StatusCode::UNAVAILABLE, "the frontend is draining"));
+  }
+  grpc::ByteBuffer copy(*raw);  // Deserialize consumes its buffer; slices are shared, not copied
+  moe::v1::GenerateRequest request;
+  if (grpc::Status st =
+          grpc::SerializationTraits<moe::v1::GenerateRequest>::Deserialize(&copy, &request);
+      !st.ok()) {
+    metrics_.RequestFinished("invalid_argument");
+    return new Refusal(
+        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                     "request: not a moe.v1.GenerateRequest (" + st.error_message() + ")"));
+  }
+  GenerateCall* call = nullptr;
+  GenerateCall::Start(&fe_, context, &request, &call);
+  return call;
+}
+
+grpc::ServerUnaryReactor* FrontendService::Tokenize(grpc::CallbackServerContext* context,
+                                                    const moe::v1::TokenizeRequest* request,
+                                                    moe::v1::TokenizeResponse* response) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
+    stub->Tokenize(ctx, request, response, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* FrontendService::Detokenize(grpc::CallbackServerContext* context,
+                                                      const moe::v1::DetokenizeRequest* request,
+                                                      moe::v1::DetokenizeResponse* response) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
+    stub->Detokenize(ctx, request, response, std::move(done));
+  });
+}
+
+grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerContext* context,
+                                                       const moe::v1::DropSessionRequest* request,
+                                                       moe::v1::DropSessionResponse* response) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (request->model().empty()) {
+    return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
+  }
+  if (request->session_id().empty()) {
+    return Answer(context, absl::InvalidArgumentError("session_id: is required"));
+  }
+  std::shared_ptr<WorkerEndpoint> worker = router_.SessionWorker(request->session_id());
+  if (worker == nullptr) {
+    return Answer(context, absl::NotFoundError(
+                               absl::StrCat("session '", request->session_id(), "' is not known")));
+  }
+  router_.Unbind(request->session_id());
+  grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
+  std::shared_ptr<grpc::ClientContext> client =
+      grpc::ClientContext::FromCallbackServerContext(*context);
+  worker->stub().async()->DropSession(
+      client.get(), request, response,
+      [reactor, client, worker](grpc::Status status) { reactor->Finish(status); });
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
+                                                      const moe::v1::ListModelsRequest*,
+                                                      moe::v1::ListModelsResponse* response) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  for (auto& [name, info] : Models()) {
+    if (info.ready_workers() > 0) *response->add_models() = info;
+  }
+  return Answer(context, absl::OkStatus());
+}
+
+grpc::ServerUnaryReactor* FrontendService::GetModel(grpc::CallbackServerContext* context,
+                                                    const moe::v1::GetModelRequest* request,
+                                                    moe::v1::ModelInfo* response) {
+  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (request->model().empty()) {
+    return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
+  }
+  const auto models = Models();
+  auto it = models.find(request->model());
+  if (it == models.end()) {
+    return Answer(
+        context, absl::NotFoundError(absl::StrCat("model '", request->model(), "' is not served")));
+  }
+  *response = it->second;
+  return Answer(context, absl::OkStatus());
+}
+
+}  // namespace moe::service

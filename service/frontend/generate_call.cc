@@ -1,0 +1,332 @@
+// GenerateCall: validate -> admit -> route -> relay, with retries before the first token.
+#include "service/frontend/generate_call.h"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/log.h"
+#include "service/proto_convert.h"
+#include "service/status_convert.h"
+
+namespace moe::service {
+namespace {
+
+std::atomic<uint64_t> g_request_counter{0};
+
+// Tokens the request may still cost its worker, for least-loaded routing. Text is estimated at
+// four bytes per token; the exact count is known only to the worker's tokenizer.
+int64_t EstimateTokens(const moe::v1::GenerateRequest& r) {
+  int64_t prompt = 0;
+  if (r.has_token_ids()) prompt = r.token_ids().ids_size();
+  if (r.has_text()) prompt = static_cast<int64_t>(r.text().size()) / 4 + 1;
+  if (r.has_chat()) {
+    for (const auto& m : r.chat().messages())
+      prompt += static_cast<int64_t>(m.content().size()) / 4 + 4;
+  }
+  return prompt + (r.has_max_tokens() ? r.max_tokens() : kDefaultMaxTokens);
+}
+
+// Failures that say "this worker could not serve it", worth another worker before any token.
+bool Retryable(const grpc::Status& s) { return s.error_code() == grpc::StatusCode::UNAVAILABLE; }
+
+const char* FinishLabel(moe::v1::FinishReason r) {
+  switch (r) {
+    case moe::v1::FINISH_REASON_STOP:
+      return "stop";
+    case moe::v1::FINISH_REASON_LENGTH:
+      return "length";
+    case moe::v1::FINISH_REASON_CANCELLED:
+      return "cancelled";
+    case moe::v1::FINISH_REASON_ERROR:
+      return "error";
+    default:
+      return "unknown";
+  }
+}
+
+}  // namespace
+
+// One Worker.Generate stream. It keeps a hold (AddHold) until its last read failed, so OnDone
+// (after which it is deleted) cannot run while the call may still ask it to read.
+class GenerateCall::Upstream final
+    : public grpc::ClientReadReactor<moe::internal::v1::WorkerGenerateResponse> {
+ public:
+  Upstream(GenerateCall* call, std::shared_ptr<WorkerEndpoint> worker, int64_t estimate)
+      : call_(call),
+        // Propagates the client's deadline and cancellation to the worker stream.
+        ctx_(grpc::ClientContext::FromCallbackServerContext(*call->context_)),
+        worker_(std::move(worker)),
+        remaining_(estimate) {
+    worker_->streams.fetch_add(1);
+    worker_->outstanding_tokens.fetch_add(remaining_);
+  }
+  ~Upstream() override {
+    worker_->streams.fetch_sub(1);
+    worker_->outstanding_tokens.fetch_sub(remaining_);
+  }
+
+  void Begin() {
+    worker_->stub().async()->Generate(ctx_.get(), &request_, this);
+    AddHold();
+    StartRead(&response_);
+    StartCall();
+  }
+  void ReadNext() { StartRead(&response_); }
+  void Cancel() { ctx_->TryCancel(); }
+  void Consumed(int64_t tokens) {
+    const int64_t n = std::min(tokens, remaining_);
+    remaining_ -= n;
+    worker_->outstanding_tokens.fetch_sub(n);
+  }
+
+  moe::internal::v1::WorkerGenerateRequest request_;
+  moe::internal::v1::WorkerGenerateResponse response_;
+  WorkerEndpoint& worker() { return *worker_; }
+
+ private:
+  void OnReadDone(bool ok) override {
+    if (ok) {
+      call_->OnUpstreamMessage(this);
+    } else {
+      RemoveHold();  // the stream is over; OnDone brings its status
+    }
+  }
+  void OnDone(const grpc::Status& status) override {
+    call_->OnUpstreamDone(this, status);
+    delete this;
+  }
+
+  GenerateCall* const call_;
+  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::shared_ptr<WorkerEndpoint> worker_;
+  int64_t remaining_;
+};
+
+void GenerateCall::Start(FrontendContext* fe, grpc::CallbackServerContext* context,
+                         const moe::v1::GenerateRequest* request, GenerateCall** out) {
+  auto* call = new GenerateCall(fe, context, request);
+  *out = call;
+  call->Begin();
+}
+
+GenerateCall::GenerateCall(FrontendContext* fe, grpc::CallbackServerContext* context,
+                           const moe::v1::GenerateRequest* request)
+    : fe_(fe), context_(context), request_(*request), arrival_(base::NowSeconds()) {}
+
+void GenerateCall::Begin() {
+  absl::StatusOr<ModelLimits> limits = fe_->router->Limits(request_.model());
+  if (request_.model().empty()) limits = ModelLimits{};  // validation names the field
+  if (!limits.ok()) return End(ToGrpcStatus(limits.status()), CodeLabel(limits.status().code()));
+  if (absl::Status st = ValidateGenerateRequest(request_, *limits); !st.ok()) {
+    return End(ToGrpcStatus(st), CodeLabel(st.code()));
+  }
+  if (request_.request_id().empty()) {
+    request_.set_request_id(absl::StrCat("req-", base::NowMicros(), "-", g_request_counter++));
+  }
+  estimated_tokens_ = EstimateTokens(request_);
+  absl::StatusOr<uint64_t> ticket = fe_->admission->Enter([this] {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      admitted_ = true;
+      admitted_at_ = base::NowSeconds();
+    }
+    Attempt();
+  });
+  if (!ticket.ok()) {
+    if (ticket.status().code() == absl::StatusCode::kResourceExhausted) {
+      // gRFC A6: a client with a retry policy waits this long before retrying.
+      context_->AddTrailingMetadata("grpc-retry-pushback-ms", "500");
+    }
+    return End(ToGrpcStatus(ticket.status()), CodeLabel(ticket.status().code()));
+  }
+  std::lock_guard<std::mutex> lock(mu_);
+  ticket_ = *ticket;
+}
+
+void GenerateCall::Attempt() {
+  std::set<std::string> tried;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    tried = tried_;
+  }
+  absl::StatusOr<std::shared_ptr<WorkerEndpoint>> worker =
+      fe_->router->Pick(request_.model(), request_.session_id(), tried);
+  if (!worker.ok()) return End(ToGrpcStatus(worker.status()), CodeLabel(worker.status().code()));
+  auto* up = new Upstream(this, *worker, estimated_tokens_);
+  const double now = base::NowSeconds();
+  *up->request_.mutable_request() = request_;
+  bool cancelled = false;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    up->request_.set_frontend_queue_seconds(admitted_at_ - arrival_);
+    up->request_.set_frontend_elapsed_seconds(now - arrival_);
+    cancelled = cancelled_;
+    if (!cancelled) {
+      upstream_ = up;
+      tried_.insert((*worker)->target());
+    }
+  }
+  if (cancelled) {
+    delete up;
+    return End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"), "cancelled");
+  }
+  up->Begin();
+}
+
+void GenerateCall::OnUpstreamMessage(Upstream* up) {
+  const double now = base::NowSeconds();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (cancelled_ || ended_) {
+    lock.unlock();
+    up->Cancel();    // propagation should have done it; make sure
+    up->ReadNext();  // runs into the cancellation and ends the stream
+    return;
+  }
+  out_.Swap(up->response_.mutable_response());
+  const int k = out_.token_ids_size();
+  up->Consumed(k);
+  if (k > 0) {
+    if (first_token_at_ == 0) {
+      first_token_at_ = now;
+      fe_->metrics->ObserveTtft(now - arrival_);
+      fe_->router->Bind(request_.session_id(), up->worker().target());
+    } else {
+      for (int i = 0; i < k; ++i) fe_->metrics->ObserveItl((now - last_token_at_) / k);
+    }
+    last_token_at_ = now;
+    tokens_sent_ += k;
+  }
+  if (out_.has_completion()) {
+    // The worker measured from the frontend's arrival time by offset; these are exact.
+    moe::v1::Timings* t = out_.mutable_completion()->mutable_timings();
+    if (first_token_at_ > 0) t->set_time_to_first_token_seconds(first_token_at_ - arrival_);
+    t->set_total_seconds(now - arrival_);
+    completion_reason_ = out_.completion().finish_reason();
+  }
+  relayed_ = true;
+  writing_ = true;
+  bool own = false;
+  out_bytes_.Clear();  // the serializer wants an empty buffer; the last write is done with it
+  const grpc::Status serialized =
+      grpc::SerializationTraits<moe::v1::GenerateResponse>::Serialize(out_, &out_bytes_, &own);
+  lock.unlock();
+  if (!serialized.ok()) {  // cannot happen for a message we built; end cleanly if it does
+    up->Cancel();
+    up->ReadNext();
+    return;
+  }
+  StartWrite(&out_bytes_);
+}
+
+void GenerateCall::OnWriteDone(bool ok) {
+  std::unique_lock<std::mutex> lock(mu_);
+  writing_ = false;
+  if (!ok) cancelled_ = true;  // the client went away; the propagated cancel ends upstream
+  if (upstream_status_) {
+    const grpc::Status status = *upstream_status_;
+    lock.unlock();
+    return Conclude(status);
+  }
+  Upstream* up = upstream_;
+  lock.unlock();
+  // The upstream holds a hold until its read fails, so it is alive here.
+  if (up != nullptr) {
+    if (!ok) up->Cancel();
+    up->ReadNext();
+  }
+}
+
+void GenerateCall::OnUpstreamDone(Upstream* up, const grpc::Status& status) {
+  std::unique_lock<std::mutex> lock(mu_);
+  upstream_ = nullptr;
+  if (!status.ok() && Retryable(status) && !cancelled_) {
+    up->worker().MarkDown(status.error_message());
+  }
+  if (writing_) {
+    upstream_status_ = status;  // OnWriteDone concludes
+    return;
+  }
+  lock.unlock();
+  Conclude(status);
+}
+
+void GenerateCall::Conclude(const grpc::Status& status) {
+  std::unique_lock<std::mutex> lock(mu_);
+  upstream_status_.reset();
+  const bool cancelled = cancelled_;
+  const bool relayed = relayed_;
+  const int attempts = static_cast<int>(tried_.size());
+  const int64_t tokens = tokens_sent_;
+  const moe::v1::FinishReason reason = completion_reason_;
+  lock.unlock();
+  if (cancelled) {
+    const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
+    return End(
+        grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
+                     deadline ? "deadline exceeded" : "cancelled"),
+        deadline ? "deadline_exceeded" : "cancelled");
+  }
+  if (status.ok()) return End(status, FinishLabel(reason));
+  if (Retryable(status) && !relayed && attempts < fe_->max_attempts) {
+    MOE_LOG(WARNING) << "[frontend] " << request_.request_id() << ": worker failed before the "
+                     << "first token (" << status.error_message() << "); retrying elsewhere";
+    fe_->metrics->Retried();
+    return Attempt();
+  }
+  if (Retryable(status) && relayed) {
+    return End(grpc::Status(grpc::StatusCode::UNAVAILABLE,
+                            absl::StrCat("the worker failed after ", tokens,
+                                         " tokens: ", status.error_message())),
+               "unavailable");
+  }
+  End(status, CodeLabel(FromGrpcStatus(status).code()));
+}
+
+void GenerateCall::OnCancel() {
+  std::unique_lock<std::mutex> lock(mu_);
+  cancelled_ = true;
+  const bool queued = !admitted_ && ticket_ != 0;
+  const uint64_t ticket = ticket_;
+  lock.unlock();
+  // A queued call ends here; a running one ends when its (cancelled) upstream reports.
+  if (queued && fe_->admission->Withdraw(ticket)) {
+    const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
+    End(grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
+                     "ended while queued"),
+        deadline ? "deadline_exceeded" : "cancelled");
+  }
+}
+
+void GenerateCall::End(const grpc::Status& status, const std::string& outcome) {
+  bool leave = false;
+  double admitted_at = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (ended_) return;
+    ended_ = true;
+    leave = admitted_;
+    admitted_at = admitted_at_;
+  }
+  fe_->metrics->RequestFinished(outcome);
+  if (status.ok()) fe_->metrics->ObserveE2e(base::NowSeconds() - arrival_);
+  if (admitted_at > 0) fe_->metrics->ObserveQueue(admitted_at - arrival_);
+  if (leave) fe_->admission->Leave();
+  Finish(status);
+}
+
+void GenerateCall::OnDone() {
+  std::unique_lock<std::mutex> lock(mu_);
+  server_done_ = true;
+  MaybeDelete(lock);
+}
+
+void GenerateCall::MaybeDelete(std::unique_lock<std::mutex>& lock) {
+  if (!server_done_ || upstream_ != nullptr) return;
+  lock.unlock();
+  delete this;
+}
+
+}  // namespace moe::service

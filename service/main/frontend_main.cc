@@ -1,0 +1,170 @@
+// moe-frontend: the public moe.v1 gRPC API. Validates, admits into a bounded queue, routes to
+// moe-worker processes (static list or DNS), relays token streams; health, reflection and
+// /metrics. SIGTERM drains: refuse new calls, let running ones finish within --drain_seconds.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/log.h"
+#include "kernels/base/status.h"
+#include "service/frontend/admission.h"
+#include "service/frontend/frontend_service.h"
+#include "service/frontend/router.h"
+#include "service/frontend/worker_set.h"
+#include "service/main/signals.h"
+#include "service/metrics/registry.h"
+
+ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address of the public API");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9451", "HTTP address of /metrics (port 0: any)");
+ABSL_FLAG(std::vector<std::string>, workers, {}, "Comma-separated worker addresses (host:port)");
+ABSL_FLAG(std::string, workers_dns, "",
+          "host:port whose every DNS address is a worker (a Kubernetes headless Service); "
+          "re-resolved every --dns_refresh_seconds");
+ABSL_FLAG(double, dns_refresh_seconds, 5, "How often --workers_dns is resolved again");
+ABSL_FLAG(double, health_seconds, 1, "How often every worker's health and load are polled");
+ABSL_FLAG(int64_t, max_running, 256, "Calls relayed to workers at once");
+ABSL_FLAG(int64_t, max_queued, 1024,
+          "Calls waiting for a slot; beyond it calls get RESOURCE_EXHAUSTED at once");
+ABSL_FLAG(int32_t, max_attempts, 3, "Workers tried for a call before its first token");
+ABSL_FLAG(int64_t, max_request_bytes, 4 << 20,
+          "Largest request message; larger ones get RESOURCE_EXHAUSTED");
+ABSL_FLAG(std::string, auth_token, "",
+          "If set, public calls need 'authorization: Bearer <token>' (health and reflection "
+          "stay open for probes and tools)");
+ABSL_FLAG(std::string, auth_token_file, "", "Read --auth_token from this file instead");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key serves TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running calls may take to finish");
+
+namespace moe {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() {
+  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key);
+  if (cert.empty() && key.empty()) return grpc::InsecureServerCredentials();
+  if (cert.empty() || key.empty()) {
+    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
+  }
+  grpc::SslServerCredentialsOptions ssl;
+  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
+  MOE_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(cert));
+  MOE_ASSIGN_OR_RETURN(pair.private_key, ReadFile(key));
+  ssl.pem_key_cert_pairs.push_back(std::move(pair));
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::Status Run() {
+  service::WorkerSetOptions wopts;
+  wopts.static_targets = absl::GetFlag(FLAGS_workers);
+  wopts.dns_target = absl::GetFlag(FLAGS_workers_dns);
+  wopts.poll_seconds = absl::GetFlag(FLAGS_health_seconds);
+  wopts.poll_timeout_seconds = std::max(0.2, wopts.poll_seconds);
+  wopts.dns_refresh_seconds = absl::GetFlag(FLAGS_dns_refresh_seconds);
+  MOE_RETURN_IF_ERROR(base::Annotate(wopts.Validate(), "--workers/--workers_dns"));
+  service::AdmissionOptions aopts{absl::GetFlag(FLAGS_max_running),
+                                  absl::GetFlag(FLAGS_max_queued)};
+  MOE_RETURN_IF_ERROR(base::Annotate(aopts.Validate(), "--max_running/--max_queued"));
+  service::FrontendOptions fopts;
+  fopts.auth_token = absl::GetFlag(FLAGS_auth_token);
+  if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
+    MOE_ASSIGN_OR_RETURN(fopts.auth_token, ReadFile(absl::GetFlag(FLAGS_auth_token_file)));
+    while (!fopts.auth_token.empty() &&
+           std::isspace(static_cast<unsigned char>(fopts.auth_token.back()))) {
+      fopts.auth_token.pop_back();
+    }
+  }
+  fopts.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  if (fopts.max_attempts < 1) return absl::InvalidArgumentError("--max_attempts must be >= 1");
+  MOE_ASSIGN_OR_RETURN(auto credentials, Credentials());
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  service::metrics::FrontendMetrics metrics(*registry);
+  MOE_ASSIGN_OR_RETURN(auto metrics_server, service::metrics::MetricsServer::Start(
+                                                absl::GetFlag(FLAGS_metrics_listen), registry));
+
+  // The health service exists only once the server is built; polls before that skip it.
+  std::atomic<grpc::HealthCheckServiceInterface*> health{nullptr};
+  service::FrontendService* svc_ptr = nullptr;
+  std::atomic<bool> svc_ready{false};
+  service::WorkerSet workers(wopts, [&](int64_t up, int64_t down) {
+    metrics.SetWorkers(up, down);
+    if (svc_ready.load()) svc_ptr->UpdateHealth(health.load());
+  });
+  service::Router router(workers);
+  service::Admission admission(
+      aopts, [&](int64_t running, int64_t queued) { metrics.SetAdmission(running, queued); });
+  service::FrontendService svc(fopts, workers, router, admission, metrics);
+  svc_ptr = &svc;
+  svc_ready = true;
+  workers.Start();
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
+  builder.RegisterService(&svc);
+  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_request_bytes)));
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+  }
+  health = server->GetHealthCheckService();
+  svc.UpdateHealth(health.load());
+  MOE_LOG(INFO) << "[frontend] serving moe.v1 on port " << port << ", /metrics on port "
+                << metrics_server->port() << ", " << workers.Snapshot().size() << " workers";
+
+  const int sig = service::WaitForTerminationSignal();
+  MOE_LOG(INFO) << "[frontend] signal " << sig << ": draining for up to "
+                << absl::GetFlag(FLAGS_drain_seconds) << " s, " << admission.running()
+                << " running";
+  svc.StartDrain();
+  svc.UpdateHealth(health.load());
+  const double deadline = base::NowSeconds() + absl::GetFlag(FLAGS_drain_seconds);
+  while ((admission.running() > 0 || admission.queued() > 0) && base::NowSeconds() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // The poll thread updates the server's health service: stop it before the server goes.
+  workers.Stop();
+  // Calls still running are cancelled by Shutdown once its deadline passes.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  MOE_LOG(INFO) << "[frontend] stopped";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  moe::service::BlockTerminationSignals();
+  absl::SetProgramUsageMessage(
+      "Serves the public moe.v1 gRPC API in front of moe-worker processes.\n"
+      "  moe-frontend --workers=127.0.0.1:50061,127.0.0.1:50062 --listen=0.0.0.0:50051");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = moe::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "moe-frontend: %s\n", std::string(status.ToString()).c_str());
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,196 @@
+// moe-worker: serves one model on the CPU or one GPU through the internal worker API, with
+// grpc.health.v1 and /metrics. SIGTERM drains: stop admitting, let running streams finish
+// within --drain_seconds, cancel the rest, exit.
+#include <grpcpp/ext/proto_server_reflection_plugin.h>
+#include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/flags/usage.h"
+#include "absl/strings/str_cat.h"
+#include "engine/default_model.h"
+#include "engine/engine.h"
+#include "expertstore/expert_store.h"
+#include "kernels/base/bytes.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/log.h"
+#include "kernels/base/status.h"
+#include "service/main/signals.h"
+#include "service/metrics/registry.h"
+#include "service/worker/engine_loop.h"
+#include "service/worker/worker_service.h"
+
+constexpr char kDefaultModelDir[] = "models/default";
+
+ABSL_FLAG(std::string, model, kDefaultModelDir,
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). The "
+          "default is the built-in model (random weights), written there on first use");
+ABSL_FLAG(std::string, model_name, "",
+          "The name requests use for the model. Default: the directory's base name");
+ABSL_FLAG(std::string, listen, "0.0.0.0:50061", "gRPC address of the worker API and health");
+ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "HTTP address of /metrics (port 0: any)");
+ABSL_FLAG(std::string, name, "", "Name reported in responses and logs. Default: --listen");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
+ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory for all sequences and sessions");
+ABSL_FLAG(int64_t, max_running, 64, "Sequences in the running batch");
+ABSL_FLAG(int64_t, max_batch_tokens, 256, "Tokens per engine step (prefill chunks + decodes)");
+ABSL_FLAG(int64_t, max_context, 0, "Context length; 0: the model's max_position_embeddings");
+ABSL_FLAG(int64_t, max_sessions, 64, "Conversations whose KV is kept between turns");
+ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running streams may take to finish");
+ABSL_FLAG(std::string, store_dir, "",
+          "Expert store written by moe-import; empty serves experts from the checkpoint");
+ABSL_FLAG(std::string, device_budget, "0", "Expert store device tier (VRAM slots), e.g. 8GiB");
+ABSL_FLAG(std::string, host_budget, "0", "Expert store host tier (pinned RAM slots), e.g. 32GiB");
+ABSL_FLAG(std::string, store_policy, "lru", "Eviction policy: lru, weighted_lru, lfu_aging");
+
+namespace moe {
+namespace {
+
+absl::Status Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model);
+  if (dir == kDefaultModelDir &&
+      !std::filesystem::exists(std::filesystem::path(dir) / "config.json")) {
+    MOE_LOG(INFO) << "writing the built-in default model (random weights) to " << dir;
+    MOE_RETURN_IF_ERROR(engine::WriteDefaultModel(dir));
+  }
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name != "cpu" && backend_name != "cuda") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
+  }
+  kernels::BackendOptions backend_options;
+  backend_options.num_threads = absl::GetFlag(FLAGS_threads);
+  MOE_ASSIGN_OR_RETURN(auto backend,
+                       kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
+                                                                  : kernels::BackendKind::kCuda,
+                                            backend_options));
+  // With --store_dir the experts come from the tiered store (its counters feed /metrics);
+  // the model owns it, so `store` stays valid as long as the model.
+  store::ExpertStore* store = nullptr;
+  std::unique_ptr<store::ExpertProvider> provider;
+  store::StoreOptions sopts;
+  if (!absl::GetFlag(FLAGS_store_dir).empty()) {
+    sopts.store_dir = absl::GetFlag(FLAGS_store_dir);
+    MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
+                         base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
+    MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes,
+                         base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
+    sopts.policy.name = absl::GetFlag(FLAGS_store_policy);
+    MOE_RETURN_IF_ERROR(base::Annotate(sopts.Validate(), "store flags"));
+    MOE_ASSIGN_OR_RETURN(auto opened, store::ExpertStore::Open(sopts, backend.get()));
+    store = opened.get();
+    provider = std::move(opened);
+  }
+  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, std::move(provider)));
+  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
+
+  engine::EngineOptions eopts;
+  MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
+  eopts.kv_budget_bytes = static_cast<int64_t>(kv_budget);
+  eopts.max_running = absl::GetFlag(FLAGS_max_running);
+  eopts.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  eopts.max_context = absl::GetFlag(FLAGS_max_context);
+  eopts.max_sessions = absl::GetFlag(FLAGS_max_sessions);
+  MOE_RETURN_IF_ERROR(base::Annotate(eopts.Validate(), "engine flags"));
+  engine::Engine eng(*model, *tokenizer, eopts);
+
+  service::WorkerOptions wopts;
+  wopts.model_name = absl::GetFlag(FLAGS_model_name);
+  if (wopts.model_name.empty()) {
+    wopts.model_name = std::filesystem::path(dir).lexically_normal().filename().string();
+    if (wopts.model_name.empty()) {
+      wopts.model_name = std::filesystem::path(dir).lexically_normal().parent_path().filename();
+    }
+  }
+  wopts.name =
+      absl::GetFlag(FLAGS_name).empty() ? absl::GetFlag(FLAGS_listen) : absl::GetFlag(FLAGS_name);
+  wopts.context_length =
+      eopts.max_context > 0 ? eopts.max_context : model->config().max_position_embeddings;
+  wopts.max_running = eopts.max_running;
+  wopts.kv_budget_bytes = eopts.kv_budget_bytes;
+  wopts.expert_format = store != nullptr ? "store" : "checkpoint";
+  wopts.device_budget_bytes = sopts.device_budget_bytes;
+  wopts.host_budget_bytes = sopts.host_budget_bytes;
+
+  auto registry = std::make_shared<prometheus::Registry>();
+  service::metrics::WorkerMetrics metrics(*registry);
+  MOE_ASSIGN_OR_RETURN(auto metrics_server, service::metrics::MetricsServer::Start(
+                                                absl::GetFlag(FLAGS_metrics_listen), registry));
+  const engine::Model& model_ref = *model;
+  service::EngineLoop loop(eng, [&](const engine::EngineStats& s, int64_t steps) {
+    metrics.SetEngine({s.running, s.waiting, s.kv_bytes_used, s.kv_bytes_budget,
+                       s.kv_bytes_per_token, s.sessions});
+    // Read on the engine thread, which is the only one running the model.
+    metrics.SetPhaseTimes(model_ref.phase_times(), steps);
+    if (store != nullptr)
+      metrics.UpdateExpertStore(service::metrics::FromStoreStats(store->Stats()));
+  });
+  service::WorkerService svc(wopts, *model, *tokenizer, loop, metrics);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(&svc);
+  builder.SetMaxReceiveMessageSize(64 << 20);  // the frontend enforces the public limit
+  std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
+  if (server == nullptr || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+  }
+  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
+  // Kubernetes probes name a service: "liveness" serves as long as the process runs (a drain
+  // must not get it killed), "readiness" drops when the drain starts.
+  health->SetServingStatus("", true);
+  health->SetServingStatus("moe.internal.v1.Worker", true);
+  health->SetServingStatus("liveness", true);
+  health->SetServingStatus("readiness", true);
+  MOE_LOG(INFO) << "[worker] " << wopts.name << " serving model '" << wopts.model_name << "' ("
+                << model->config().arch.model_type << ", context " << wopts.context_length
+                << ") on port " << port << ", /metrics on port " << metrics_server->port();
+
+  const int sig = service::WaitForTerminationSignal();
+  MOE_LOG(INFO) << "[worker] signal " << sig << ": draining for up to "
+                << absl::GetFlag(FLAGS_drain_seconds) << " s, " << loop.live() << " live";
+  svc.StartDrain();
+  health->SetServingStatus("", false);
+  health->SetServingStatus("moe.internal.v1.Worker", false);
+  health->SetServingStatus("readiness", false);
+  const double deadline = base::NowSeconds() + absl::GetFlag(FLAGS_drain_seconds);
+  while (loop.live() > 0 && base::NowSeconds() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (loop.live() > 0) {
+    MOE_LOG(WARNING) << "[worker] drain time is up: cancelling " << loop.live() << " requests";
+    loop.CancelAll();
+  }
+  // Let the last messages reach the frontend, then cut what is left.
+  server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  MOE_LOG(INFO) << "[worker] stopped";
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  moe::service::BlockTerminationSignals();
+  absl::SetProgramUsageMessage(
+      "Serves one Mixture-of-Experts model to moe-frontend (internal worker API).\n"
+      "  moe-worker --model=models/default --listen=0.0.0.0:50061 --metrics_listen=0.0.0.0:9461");
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status status = moe::Run();
+  if (!status.ok()) {
+    std::fprintf(stderr, "moe-worker: %s\n", std::string(status.ToString()).c_str());
+    return 1;
+  }
+  return 0;
+}

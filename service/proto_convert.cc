@@ -1,0 +1,186 @@
+// Validation of moe.v1 requests and conversion to engine parameters.
+#include "service/proto_convert.h"
+
+#include <algorithm>
+#include <cmath>
+
+#include "absl/strings/str_cat.h"
+
+namespace moe::service {
+namespace {
+
+absl::Status Bad(absl::string_view field, absl::string_view why) {
+  return absl::InvalidArgumentError(absl::StrCat(field, ": ", why));
+}
+
+// NaN and infinities pass naive range checks (NaN compares false), so finiteness comes first.
+absl::Status CheckFloat(absl::string_view field, float value, float lo, float hi, bool lo_open,
+                        absl::string_view range) {
+  if (!std::isfinite(value)) return Bad(field, absl::StrCat(value, " is not a finite number"));
+  if (value < lo || (lo_open && value == lo) || value > hi) {
+    return Bad(field, absl::StrCat(value, " is outside ", range));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateSampling(const moe::v1::SamplingParams& s) {
+  if (s.has_temperature()) {
+    if (!std::isfinite(s.temperature())) {
+      return Bad("sampling.temperature", absl::StrCat(s.temperature(), " is not a finite number"));
+    }
+    if (s.temperature() < 0) {
+      return Bad("sampling.temperature", absl::StrCat(s.temperature(), " is negative"));
+    }
+  }
+  if (s.has_top_k() && s.top_k() < 0) {
+    return Bad("sampling.top_k", absl::StrCat(s.top_k(), " is negative (0 turns it off)"));
+  }
+  if (s.has_top_p()) {
+    absl::Status st = CheckFloat("sampling.top_p", s.top_p(), 0.f, 1.f, true, "(0, 1]");
+    if (!st.ok()) return st;
+  }
+  if (s.has_min_p()) {
+    absl::Status st = CheckFloat("sampling.min_p", s.min_p(), 0.f, 1.f, false, "[0, 1]");
+    if (!st.ok()) return st;
+  }
+  if (s.has_repetition_penalty()) {
+    absl::Status st = CheckFloat("sampling.repetition_penalty", s.repetition_penalty(), 0.f, 1e6f,
+                                 true, "(0, 1e6]");
+    if (!st.ok()) return st;
+  }
+  if (s.has_presence_penalty()) {
+    absl::Status st =
+        CheckFloat("sampling.presence_penalty", s.presence_penalty(), -2.f, 2.f, false, "[-2, 2]");
+    if (!st.ok()) return st;
+  }
+  if (s.has_frequency_penalty()) {
+    absl::Status st = CheckFloat("sampling.frequency_penalty", s.frequency_penalty(), -2.f, 2.f,
+                                 false, "[-2, 2]");
+    if (!st.ok()) return st;
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateInput(const moe::v1::GenerateRequest& r, const ModelLimits& limits) {
+  switch (r.input_case()) {
+    case moe::v1::GenerateRequest::INPUT_NOT_SET:
+      return Bad("input", "one of text, chat or token_ids is required");
+    case moe::v1::GenerateRequest::kText:
+      if (r.text().empty()) return Bad("text", "the prompt is empty");
+      return absl::OkStatus();
+    case moe::v1::GenerateRequest::kChat: {
+      const auto& msgs = r.chat().messages();
+      if (msgs.empty()) return Bad("chat.messages", "at least one message is required");
+      for (int i = 0; i < msgs.size(); ++i) {
+        if (msgs[i].role().empty()) {
+          return Bad(absl::StrCat("chat.messages[", i, "].role"), "is empty");
+        }
+      }
+      return absl::OkStatus();
+    }
+    case moe::v1::GenerateRequest::kTokenIds: {
+      const auto& ids = r.token_ids().ids();
+      if (ids.empty()) return Bad("token_ids.ids", "the prompt is empty");
+      if (limits.vocab_size > 0) {
+        for (int i = 0; i < ids.size(); ++i) {
+          if (static_cast<int64_t>(ids[i]) >= limits.vocab_size) {
+            return Bad(absl::StrCat("token_ids.ids[", i, "]"),
+                       absl::StrCat(ids[i], " is outside the vocabulary (vocab_size ",
+                                    limits.vocab_size, ")"));
+          }
+        }
+      }
+      if (limits.context_length > 0 && ids.size() >= limits.context_length) {
+        return Bad("token_ids.ids",
+                   absl::StrCat("the prompt has ", ids.size(), " tokens; the context length is ",
+                                limits.context_length,
+                                " (prompt + at least one generated token must fit)"));
+      }
+      return absl::OkStatus();
+    }
+  }
+  return Bad("input", "unknown input kind");
+}
+
+}  // namespace
+
+absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& r, const ModelLimits& limits) {
+  if (r.model().empty()) return Bad("model", "is required (see ListModels)");
+  if (absl::Status st = ValidateInput(r, limits); !st.ok()) return st;
+  if (absl::Status st = ValidateSampling(r.sampling()); !st.ok()) return st;
+  if (r.has_max_tokens()) {
+    if (r.max_tokens() == 0) return Bad("max_tokens", "must be at least 1");
+    if (limits.context_length > 0 && r.max_tokens() >= limits.context_length) {
+      return Bad("max_tokens", absl::StrCat(r.max_tokens(), " is not below the context length ",
+                                            limits.context_length));
+    }
+    if (limits.context_length > 0 && r.has_token_ids() &&
+        r.token_ids().ids_size() + int64_t{r.max_tokens()} > limits.context_length) {
+      return Bad(
+          "max_tokens",
+          absl::StrCat("prompt (", r.token_ids().ids_size(), " tokens) + max_tokens (",
+                       r.max_tokens(), ") is over the context length ", limits.context_length));
+    }
+  }
+  if (r.stop().strings_size() > kMaxStopStrings) {
+    return Bad("stop.strings",
+               absl::StrCat(r.stop().strings_size(), " strings; at most ", kMaxStopStrings));
+  }
+  for (int i = 0; i < r.stop().strings_size(); ++i) {
+    const std::string& s = r.stop().strings(i);
+    if (s.empty() || s.size() > kMaxStopStringBytes) {
+      return Bad(absl::StrCat("stop.strings[", i, "]"),
+                 absl::StrCat("must have 1 to ", kMaxStopStringBytes, " bytes"));
+    }
+  }
+  if (limits.vocab_size > 0) {
+    for (int i = 0; i < r.stop().token_ids_size(); ++i) {
+      if (static_cast<int64_t>(r.stop().token_ids(i)) >= limits.vocab_size) {
+        return Bad(absl::StrCat("stop.token_ids[", i, "]"),
+                   absl::StrCat(r.stop().token_ids(i), " is outside the vocabulary (vocab_size ",
+                                limits.vocab_size, ")"));
+      }
+    }
+  }
+  if (r.top_logprobs() > kMaxTopLogprobs) {
+    return Bad("top_logprobs", absl::StrCat(r.top_logprobs(), " is over ", kMaxTopLogprobs));
+  }
+  if (r.session_id().size() > kMaxIdBytes) {
+    return Bad("session_id", absl::StrCat("is over ", kMaxIdBytes, " bytes"));
+  }
+  if (r.request_id().size() > kMaxIdBytes) {
+    return Bad("request_id", absl::StrCat("is over ", kMaxIdBytes, " bytes"));
+  }
+  return absl::OkStatus();
+}
+
+engine::SamplingParams ToSamplingParams(const moe::v1::SamplingParams& s) {
+  engine::SamplingParams p;
+  if (s.has_temperature()) p.temperature = s.temperature();
+  if (s.has_top_k()) p.top_k = s.top_k();
+  if (s.has_top_p()) p.top_p = s.top_p();
+  if (s.has_min_p()) p.min_p = s.min_p();
+  if (s.has_repetition_penalty()) p.repetition_penalty = s.repetition_penalty();
+  if (s.has_presence_penalty()) p.presence_penalty = s.presence_penalty();
+  if (s.has_frequency_penalty()) p.frequency_penalty = s.frequency_penalty();
+  if (s.has_seed()) p.seed = s.seed();
+  return p;
+}
+
+engine::StopConditions ToStopConditions(const moe::v1::GenerateRequest& r, int64_t prompt_tokens,
+                                        int64_t context_length) {
+  engine::StopConditions stop;
+  if (r.has_max_tokens()) {
+    stop.max_tokens = r.max_tokens();
+  } else {
+    // The default never makes a valid prompt fail: it shrinks to what the context has left.
+    stop.max_tokens =
+        std::max<int64_t>(1, std::min<int64_t>(kDefaultMaxTokens, context_length - prompt_tokens));
+  }
+  stop.stop_strings.assign(r.stop().strings().begin(), r.stop().strings().end());
+  stop.stop_token_ids.assign(r.stop().token_ids().begin(), r.stop().token_ids().end());
+  stop.ignore_eos = r.stop().ignore_eos();
+  return stop;
+}
+
+}  // namespace moe::service

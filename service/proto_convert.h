@@ -1,0 +1,39 @@
+// moe.v1 request validation (errors name the proto field) and conversion to engine types.
+// Used by the frontend (validation before admission) and the worker (conversion).
+#pragma once
+
+#include <cstdint>
+
+#include "absl/status/status.h"
+#include "engine/sampler.h"
+#include "engine/stop.h"
+#include "moe/v1/moe.pb.h"
+
+namespace moe::service {
+
+// What validation needs to know about the model. A zero field is not checked (unknown).
+struct ModelLimits {
+  int64_t vocab_size = 0;
+  int64_t context_length = 0;
+};
+
+inline constexpr uint32_t kMaxTopLogprobs = 20;
+inline constexpr int kMaxStopStrings = 16;
+inline constexpr size_t kMaxStopStringBytes = 256;
+inline constexpr size_t kMaxIdBytes = 128;  // request_id, session_id
+inline constexpr int64_t kDefaultMaxTokens = 256;
+
+// Checks everything that does not need the tokenizer. InvalidArgument with the field path and
+// the reason, e.g. "sampling.top_p: 1.5 is outside (0, 1]". Prompts given as text or chat are
+// checked against the context length by the worker after tokenization.
+absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& request,
+                                     const ModelLimits& limits);
+
+// Unset fields take the defaults documented in moe.proto (and engine/sampler.h).
+engine::SamplingParams ToSamplingParams(const moe::v1::SamplingParams& sampling);
+
+// `prompt_tokens` decides the default max_tokens: min(kDefaultMaxTokens, context - prompt).
+engine::StopConditions ToStopConditions(const moe::v1::GenerateRequest& request,
+                                        int64_t prompt_tokens, int64_t context_length);
+
+}  // namespace moe::service

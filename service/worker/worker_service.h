@@ -1,0 +1,77 @@
+// WorkerService: the internal moe.internal.v1.Worker API over one model and its engine loop.
+#pragma once
+
+#include <grpcpp/grpcpp.h>
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "engine/engine.h"
+#include "moe/internal/v1/worker.grpc.pb.h"
+#include "service/metrics/registry.h"
+#include "service/worker/engine_loop.h"
+
+namespace moe::service {
+
+struct WorkerOptions {
+  std::string name;            // reported in Completion.worker. Default: the listen address
+  std::string model_name;      // what requests call the model
+  int64_t context_length = 0;  // the engine's max context
+  int64_t max_running = 0;     // the engine's max_running
+  int64_t kv_budget_bytes = 0;
+  std::string expert_format;         // "checkpoint" or "store"
+  uint64_t device_budget_bytes = 0;  // expert store tiers (0: off)
+  uint64_t host_budget_bytes = 0;
+};
+
+// Thread-safe. `model`, `tokenizer`, `loop` and `metrics` must outlive it.
+class WorkerService final : public moe::internal::v1::Worker::CallbackService {
+ public:
+  WorkerService(WorkerOptions options, const engine::Model& model,
+                const engine::Tokenizer& tokenizer, EngineLoop& loop,
+                metrics::WorkerMetrics& metrics);
+
+  // From now on Generate answers UNAVAILABLE and GetInfo says not serving; running streams go on.
+  void StartDrain();
+  bool serving() const { return serving_.load(); }
+
+  // The model as GetModel reports it.
+  const moe::v1::ModelInfo& model_info() const { return info_; }
+
+  grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* Generate(
+      grpc::CallbackServerContext* context,
+      const moe::internal::v1::WorkerGenerateRequest* request) override;
+  grpc::ServerUnaryReactor* Tokenize(grpc::CallbackServerContext* context,
+                                     const moe::v1::TokenizeRequest* request,
+                                     moe::v1::TokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* Detokenize(grpc::CallbackServerContext* context,
+                                       const moe::v1::DetokenizeRequest* request,
+                                       moe::v1::DetokenizeResponse* response) override;
+  grpc::ServerUnaryReactor* DropSession(grpc::CallbackServerContext* context,
+                                        const moe::v1::DropSessionRequest* request,
+                                        moe::v1::DropSessionResponse* response) override;
+  grpc::ServerUnaryReactor* GetInfo(grpc::CallbackServerContext* context,
+                                    const moe::internal::v1::GetInfoRequest* request,
+                                    moe::internal::v1::WorkerInfo* response) override;
+
+ private:
+  // Text (tokenized as is), chat (rendered with the chat template) or ids -> prompt ids.
+  // InvalidArgument names the field.
+  absl::StatusOr<std::vector<int32_t>> Prompt(const moe::v1::GenerateRequest& request) const;
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const moe::v1::ChatMessages& chat) const;
+  absl::Status CheckModel(const std::string& model) const;
+
+  const WorkerOptions options_;
+  const engine::Model& model_;
+  const engine::Tokenizer& tokenizer_;
+  EngineLoop& loop_;
+  metrics::WorkerMetrics& metrics_;
+  moe::v1::ModelInfo info_;
+  std::atomic<bool> serving_{true};
+  std::atomic<int64_t> next_id_{0};
+};
+
+}  // namespace moe::service

@@ -1,0 +1,135 @@
+// Request validation names the field and the reason; conversion applies documented defaults.
+#include "service/proto_convert.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "service/status_convert.h"
+
+namespace moe::service {
+namespace {
+
+moe::v1::GenerateRequest Valid() {
+  moe::v1::GenerateRequest r;
+  r.set_model("m");
+  r.mutable_token_ids()->add_ids(1);
+  r.mutable_token_ids()->add_ids(2);
+  return r;
+}
+
+const ModelLimits kLimits{/*vocab_size=*/100, /*context_length=*/64};
+
+void ExpectInvalid(const moe::v1::GenerateRequest& r, const std::string& words) {
+  const absl::Status st = ValidateGenerateRequest(r, kLimits);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << words;
+  EXPECT_NE(st.message().find(words), std::string::npos) << st.message();
+}
+
+TEST(ValidateGenerateRequest, AcceptsAValidRequest) {
+  EXPECT_TRUE(ValidateGenerateRequest(Valid(), kLimits).ok());
+}
+
+TEST(ValidateGenerateRequest, NamesTheBadField) {
+  auto r = Valid();
+  r.clear_model();
+  ExpectInvalid(r, "model: is required");
+  r = Valid();
+  r.clear_input();
+  ExpectInvalid(r, "input: one of text, chat or token_ids");
+  r = Valid();
+  r.set_text("");
+  ExpectInvalid(r, "text: the prompt is empty");
+  r = Valid();
+  r.mutable_token_ids()->set_ids(1, 100);
+  ExpectInvalid(r, "token_ids.ids[1]: 100 is outside the vocabulary");
+  r = Valid();
+  for (int i = 0; i < 70; ++i) r.mutable_token_ids()->add_ids(1);
+  ExpectInvalid(r, "the context length is 64");
+  r = Valid();
+  r.set_max_tokens(0);
+  ExpectInvalid(r, "max_tokens: must be at least 1");
+  r.set_max_tokens(63);
+  ExpectInvalid(r, "over the context length 64");
+  r = Valid();
+  r.mutable_sampling()->set_temperature(std::nanf(""));
+  ExpectInvalid(r, "sampling.temperature: nan is not a finite number");
+  r.mutable_sampling()->set_temperature(-1);
+  ExpectInvalid(r, "sampling.temperature: -1 is negative");
+  r = Valid();
+  r.mutable_sampling()->set_top_p(0);
+  ExpectInvalid(r, "sampling.top_p: 0 is outside (0, 1]");
+  r.mutable_sampling()->set_top_p(std::numeric_limits<float>::infinity());
+  ExpectInvalid(r, "sampling.top_p: inf is not a finite number");
+  r = Valid();
+  r.mutable_sampling()->set_min_p(1.5);
+  ExpectInvalid(r, "sampling.min_p");
+  r = Valid();
+  r.mutable_sampling()->set_repetition_penalty(0);
+  ExpectInvalid(r, "sampling.repetition_penalty");
+  r = Valid();
+  r.mutable_sampling()->set_frequency_penalty(3);
+  ExpectInvalid(r, "sampling.frequency_penalty: 3 is outside [-2, 2]");
+  r = Valid();
+  r.mutable_sampling()->set_top_k(-1);
+  ExpectInvalid(r, "sampling.top_k");
+  r = Valid();
+  r.mutable_stop()->add_strings("");
+  ExpectInvalid(r, "stop.strings[0]");
+  r = Valid();
+  r.mutable_stop()->add_token_ids(1000);
+  ExpectInvalid(r, "stop.token_ids[0]");
+  r = Valid();
+  r.set_top_logprobs(21);
+  ExpectInvalid(r, "top_logprobs");
+  r = Valid();
+  r.set_session_id(std::string(200, 's'));
+  ExpectInvalid(r, "session_id");
+  r = Valid();
+  r.mutable_chat();
+  ExpectInvalid(r, "chat.messages");
+  r.mutable_chat()->add_messages()->set_content("hi");
+  ExpectInvalid(r, "chat.messages[0].role");
+}
+
+TEST(ValidateGenerateRequest, UnknownLimitsAreNotChecked) {
+  auto r = Valid();
+  r.mutable_token_ids()->set_ids(0, 1 << 30);
+  EXPECT_TRUE(ValidateGenerateRequest(r, ModelLimits{}).ok());
+}
+
+TEST(ToStopConditions, DefaultMaxTokensFitsTheContext) {
+  auto r = Valid();
+  EXPECT_EQ(ToStopConditions(r, 2, 4096).max_tokens, kDefaultMaxTokens);
+  EXPECT_EQ(ToStopConditions(r, 60, 64).max_tokens, 4);
+  r.set_max_tokens(7);
+  r.mutable_stop()->add_strings("\n\n");
+  r.mutable_stop()->set_ignore_eos(true);
+  const engine::StopConditions stop = ToStopConditions(r, 2, 64);
+  EXPECT_EQ(stop.max_tokens, 7);
+  EXPECT_EQ(stop.stop_strings, std::vector<std::string>{"\n\n"});
+  EXPECT_TRUE(stop.ignore_eos);
+}
+
+TEST(ToSamplingParams, UnsetFieldsKeepEngineDefaults) {
+  moe::v1::SamplingParams s;
+  EXPECT_EQ(ToSamplingParams(s).temperature, engine::SamplingParams{}.temperature);
+  s.set_temperature(0);  // explicit 0 is greedy, not "unset"
+  s.set_seed(42);
+  EXPECT_EQ(ToSamplingParams(s).temperature, 0.f);
+  EXPECT_EQ(ToSamplingParams(s).seed, 42u);
+}
+
+TEST(StatusConvert, CodesMapOneToOne) {
+  for (int c = 0; c <= 16; ++c) {
+    const absl::Status st(static_cast<absl::StatusCode>(c), c == 0 ? "" : "why");
+    const grpc::Status g = ToGrpcStatus(st);
+    EXPECT_EQ(static_cast<int>(g.error_code()), c);
+    EXPECT_EQ(FromGrpcStatus(g), st);
+  }
+  EXPECT_STREQ(CodeLabel(absl::StatusCode::kResourceExhausted), "resource_exhausted");
+}
+
+}  // namespace
+}  // namespace moe::service
