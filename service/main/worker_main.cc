@@ -46,7 +46,9 @@ ABSL_FLAG(int64_t, max_context, 0, "Context length; 0: the model's max_position_
 ABSL_FLAG(int64_t, max_sessions, 64, "Conversations whose KV is kept between turns");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running streams may take to finish");
 ABSL_FLAG(std::string, store_dir, "",
-          "Expert store written by moe-import; empty serves experts from the checkpoint");
+          "Model store written by moe-import from --model: when set the model (config, tokenizer, "
+          "dense weights) is served from it and its experts through the tiered store; empty "
+          "serves everything from --model");
 ABSL_FLAG(std::string, device_budget, "0", "Expert store device tier (VRAM slots), e.g. 8GiB");
 ABSL_FLAG(std::string, host_budget, "0", "Expert store host tier (pinned RAM slots), e.g. 32GiB");
 ABSL_FLAG(std::string, store_policy, "lru", "Eviction policy: lru, weighted_lru, lfu_aging");
@@ -72,25 +74,26 @@ absl::Status Run() {
                        kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
                                                                   : kernels::BackendKind::kCuda,
                                             backend_options));
-  // With --store_dir the experts come from the tiered store (its counters feed /metrics);
-  // the model owns it, so `store` stays valid as long as the model.
-  store::ExpertStore* store = nullptr;
-  std::unique_ptr<store::ExpertProvider> provider;
+  // With --store_dir the model is served from that store (moe-import copies config, tokenizer
+  // and dense weights into it) and its experts through the tiered store, whose counters feed
+  // /metrics; the model owns the store, so `store` stays valid as long as the model.
   store::StoreOptions sopts;
+  const std::string model_dir =
+      absl::GetFlag(FLAGS_store_dir).empty() ? dir : absl::GetFlag(FLAGS_store_dir);
   if (!absl::GetFlag(FLAGS_store_dir).empty()) {
-    sopts.store_dir = absl::GetFlag(FLAGS_store_dir);
+    if (!engine::Model::IsStoreDir(model_dir)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "--store_dir ", model_dir, ": no finished model store (run moe-import first)"));
+    }
     MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
                          base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
     MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes,
                          base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
     sopts.policy.name = absl::GetFlag(FLAGS_store_policy);
-    MOE_RETURN_IF_ERROR(base::Annotate(sopts.Validate(), "store flags"));
-    MOE_ASSIGN_OR_RETURN(auto opened, store::ExpertStore::Open(sopts, backend.get()));
-    store = opened.get();
-    provider = std::move(opened);
   }
-  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, std::move(provider)));
-  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
+  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(model_dir, *backend, sopts));
+  const store::ExpertStore* store = model->expert_store();
+  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(model_dir));
 
   engine::EngineOptions eopts;
   MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
