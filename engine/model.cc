@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <filesystem>
 #include <map>
 #include <numeric>
 
@@ -49,9 +50,14 @@ void SequenceKv::CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backe
   length_ = n;
 }
 
+bool Model::IsStoreDir(const std::string& dir) {
+  std::error_code ec;
+  return std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec);
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    kernels::Backend& backend,
-                                                   std::unique_ptr<store::ExpertProvider> experts) {
+                                                   const store::StoreOptions& store) {
   MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   if (config.clip_qkv != 0.0) {
     return absl::UnimplementedError(absl::StrCat(dir, ": clip_qkv is not supported"));
@@ -64,12 +70,18 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   auto weights = LoadDenseWeights(c, *model->checkpoint_, backend);
   if (!weights.ok()) return base::Annotate(weights.status(), dir);
   model->weights_ = std::move(*weights);
-  if (experts == nullptr) {
+  if (IsStoreDir(dir)) {
+    store::StoreOptions options = store;
+    options.store_dir = dir;
+    auto opened = store::ExpertStore::Open(options, &backend);
+    if (!opened.ok()) return base::Annotate(opened.status(), dir);
+    model->store_ = opened->get();
+    model->experts_ = std::move(*opened);
+  } else {
     auto views = LoadExpertsFromCheckpoint(c, *model->checkpoint_, backend, &model->expert_storage_);
     if (!views.ok()) return base::Annotate(views.status(), dir);
-    experts = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
+    model->experts_ = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
   }
-  model->experts_ = std::move(experts);
   model->rope_ = ComputeRopeTable(c);
   return model;
 }

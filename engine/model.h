@@ -16,6 +16,7 @@
 #include "engine/rope.h"
 #include "engine/weights.h"
 #include "expertstore/expert_provider.h"
+#include "expertstore/expert_store.h"
 #include "expertstore/safetensors.h"
 #include "kernels/backend.h"
 
@@ -56,11 +57,15 @@ struct PhaseTimes {
 
 class Model {
  public:
-  // Loads config, dense weights and, unless `experts` is given, the trivial provider that serves
-  // experts straight from the checkpoint. Errors name the directory and the file or tensor.
-  static absl::StatusOr<std::unique_ptr<Model>> Load(
-      const std::string& dir, kernels::Backend& backend,
-      std::unique_ptr<store::ExpertProvider> experts = nullptr);
+  // Loads config and dense weights from `dir`. Experts come from the tiered ExpertStore when
+  // `dir` is a model store made by moe-import (it has manifest.json; `store` gives the budgets
+  // and policy, its store_dir is set to `dir`), else straight from the checkpoint. Errors name
+  // the directory and the file, tensor or budget.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     kernels::Backend& backend,
+                                                     const store::StoreOptions& store = {});
+  // True when `dir` is a finished model store.
+  static bool IsStoreDir(const std::string& dir);
 
   const ModelConfig& config() const { return config_; }
   kernels::Backend& backend() const { return backend_; }
@@ -74,6 +79,8 @@ class Model {
                        std::vector<float>* logits);
 
   const PhaseTimes& phase_times() const { return times_; }
+  // The tiered store serving the experts, or null when they come from the checkpoint.
+  const store::ExpertStore* expert_store() const { return store_; }
 
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
@@ -91,6 +98,7 @@ class Model {
   ModelWeights weights_;
   std::vector<kernels::DeviceTensor> expert_storage_;
   std::unique_ptr<store::ExpertProvider> experts_;
+  const store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
   RopeTable rope_;
   PhaseTimes times_;
 

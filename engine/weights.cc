@@ -30,10 +30,11 @@ kernels::ExpertWeights Views(const kernels::DeviceTensor& gate, const kernels::D
 
 }  // namespace
 
-ExpertTensorNames ExpertNames(const ModelConfig& c, int64_t layer, int64_t expert) {
+store::ExpertTensorNames ExpertNames(const ModelConfig& c, int64_t layer, int64_t expert) {
   const std::string p = absl::StrCat("model.layers.", layer, ".", c.arch.moe_block, ".experts.",
                                      expert, ".");
-  return {absl::StrCat(p, c.arch.expert_gate, ".weight"), absl::StrCat(p, c.arch.expert_up, ".weight"),
+  return {static_cast<int32_t>(layer), static_cast<int32_t>(expert),
+          absl::StrCat(p, c.arch.expert_gate, ".weight"), absl::StrCat(p, c.arch.expert_up, ".weight"),
           absl::StrCat(p, c.arch.expert_down, ".weight")};
 }
 
@@ -107,7 +108,7 @@ absl::StatusOr<std::vector<std::vector<kernels::ExpertWeights>>> LoadExpertsFrom
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsSparseLayer(l)) continue;
     for (int64_t e = 0; e < c.num_experts; ++e) {
-      const ExpertTensorNames names = ExpertNames(c, l, e);
+      const store::ExpertTensorNames names = ExpertNames(c, l, e);
       MOE_ASSIGN_OR_RETURN(kernels::DeviceTensor gate, load.Get(names.gate, {I, H}));
       MOE_ASSIGN_OR_RETURN(kernels::DeviceTensor up, load.Get(names.up, {I, H}));
       MOE_ASSIGN_OR_RETURN(kernels::DeviceTensor down, load.Get(names.down, {H, I}));

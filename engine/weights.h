@@ -8,6 +8,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model_config.h"
+#include "expertstore/importer.h"
 #include "expertstore/safetensors.h"
 #include "kernels/backend.h"
 
@@ -29,10 +30,7 @@ struct LayerWeights {
 };
 
 // Tensor names of one expert in a Hugging Face checkpoint.
-struct ExpertTensorNames {
-  std::string gate, up, down;
-};
-ExpertTensorNames ExpertNames(const ModelConfig& config, int64_t layer, int64_t expert);
+store::ExpertTensorNames ExpertNames(const ModelConfig& config, int64_t layer, int64_t expert);
 
 struct ModelWeights {
   kernels::DeviceTensor embed_tokens;  // [V, H]

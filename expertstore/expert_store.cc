@@ -4,6 +4,7 @@
 #include "expertstore/expert_store.h"
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "absl/strings/str_cat.h"
 #include "expertstore/blob_index.h"
@@ -27,6 +28,15 @@ std::shared_future<absl::Status> Failed(absl::Status status) {
   std::promise<absl::Status> p;
   p.set_value(std::move(status));
   return p.get_future().share();
+}
+
+absl::StatusOr<kernels::Buffer> AllocateStaging(uint64_t bytes) {
+  void* p = std::aligned_alloc(kBlobAlignment, AlignUp(bytes, kBlobAlignment));
+  if (p == nullptr) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("staging buffer: cannot allocate ", base::FormatBytes(bytes)));
+  }
+  return kernels::Buffer(p, bytes, [](void* q) { std::free(q); });
 }
 
 absl::Status CheckBudget(const char* tier, uint64_t budget, uint64_t slot_bytes,
@@ -262,7 +272,10 @@ void ExpertStore::FillFromBelow(const BlobLocation& loc, const Target& target) {
     }
   }
   // No host slot to stage in: read into a buffer of its own, then copy up.
-  absl::StatusOr<kernels::Buffer> staging = host_allocator_->Allocate(loc.length);
+  // Plain aligned memory, not the tier allocator: that one prefaults (and, pinned, is slow to
+  // allocate), which pays only for memory that stays.
+  // TODO(store): a small pool of pinned staging buffers for the CUDA backend.
+  absl::StatusOr<kernels::Buffer> staging = AllocateStaging(loc.length);
   if (!staging.ok()) {
     FinishTarget(target, base::Annotate(staging.status(), ExpertName(loc.layer, loc.expert)));
     return;

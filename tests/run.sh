@@ -1,10 +1,19 @@
 #!/usr/bin/env bash
 # The test command: installs what is missing, builds everything (CUDA sources too when nvcc is
-# present, warnings as errors) and runs every test that needs no GPU. Usage: tests/run.sh
+# present, warnings as errors), runs every test that needs no GPU, then the store's stress test
+# again under ThreadSanitizer. Usage: tests/run.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh
 build_dir=${MOE_BUILD_DIR:-build}
+jobs=$(nproc)
 cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_WERROR=ON >/dev/null
-cmake --build "$build_dir" -j "$(nproc)"
-ctest --test-dir "$build_dir" -LE gpu --output-on-failure -j "$(nproc)" --timeout 600
+cmake --build "$build_dir" -j "$jobs"
+ctest --test-dir "$build_dir" -LE gpu --output-on-failure -j "$jobs" --timeout 900
+
+# ThreadSanitizer: the multithreaded expert-store stress test (no CUDA needed for it).
+tsan_dir="$build_dir-tsan"
+cmake -S . -B "$tsan_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_WERROR=ON \
+  -DMOE_SANITIZE=thread -DMOE_WITH_CUDA=OFF >/dev/null
+cmake --build "$tsan_dir" -j "$jobs" --target store_stress_test
+ctest --test-dir "$tsan_dir" -L stress --output-on-failure --timeout 900

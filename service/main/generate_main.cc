@@ -12,6 +12,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "engine/default_model.h"
@@ -49,6 +50,14 @@ ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the model's EOS tokens"
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory budget (e.g. 512MiB, 2GiB)");
+ABSL_FLAG(std::string, device_budget, "0",
+          "Expert store: VRAM (device tier) budget, e.g. 16GiB; 0 removes the tier. Only for a "
+          "--model made by moe-import");
+ABSL_FLAG(std::string, host_budget, "0",
+          "Expert store: pinned host RAM (host tier) budget; 0 removes the tier");
+ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
+ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
+          "Expert store: comma-separated layers whose experts are never evicted");
 ABSL_FLAG(bool, timings, false, "Print the per-phase time breakdown of the forward pass");
 
 namespace moe {
@@ -91,7 +100,20 @@ absl::Status Run() {
                                                                   : kernels::BackendKind::kCuda,
                                             backend_options));
   const double t_load = base::NowSeconds();
-  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend));
+  store::StoreOptions store_options;
+  MOE_ASSIGN_OR_RETURN(store_options.device_budget_bytes,
+                       base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
+  MOE_ASSIGN_OR_RETURN(store_options.host_budget_bytes,
+                       base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
+  store_options.policy.name = absl::GetFlag(FLAGS_policy);
+  for (const std::string& layer : absl::GetFlag(FLAGS_pinned_layers)) {
+    int32_t l = 0;
+    if (!absl::SimpleAtoi(layer, &l)) {
+      return absl::InvalidArgumentError(absl::StrCat("--pinned_layers: '", layer, "' is not a layer"));
+    }
+    store_options.policy.pinned_layers.push_back(l);
+  }
+  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, store_options));
   MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
   MOE_LOG(INFO) << "loaded " << dir << " (" << model->config().arch.model_type << ", "
                 << model->config().num_hidden_layers << " layers, " << model->config().num_experts
@@ -156,14 +178,19 @@ absl::Status Run() {
                n > 1 ? (n - 1) / std::max(t_end - t_first, 1e-9) : 0.0,
                base::FormatBytes(PeakRssBytes()).c_str());
   if (absl::GetFlag(FLAGS_timings)) {
+    // Totals over prefill and decode; per token = per forward step of one sequence.
     const engine::PhaseTimes& t = model->phase_times();
-    const double steps = static_cast<double>(prompt_tokens > 0 ? n : 1);
-    std::fprintf(stderr,
-                 "[timings] ms per token: attention %.3f routing %.3f expert_wait %.3f "
-                 "expert_compute %.3f dense_mlp %.3f logits %.3f\n",
-                 t.attention_us / 1e3 / steps, t.routing_us / 1e3 / steps,
-                 t.expert_wait_us / 1e3 / steps, t.expert_compute_us / 1e3 / steps,
-                 t.dense_us / 1e3 / steps, t.logits_us / 1e3 / steps);
+    const double steps = static_cast<double>(std::max<int64_t>(n, 1));
+    const double layers = static_cast<double>(model->config().num_hidden_layers);
+    std::fprintf(stderr, "[timings] phase          total ms   ms/step   ms/layer/step\n");
+    const std::pair<const char*, int64_t> phases[] = {
+        {"attention", t.attention_us},         {"routing", t.routing_us},
+        {"expert_wait", t.expert_wait_us},     {"expert_compute", t.expert_compute_us},
+        {"dense_mlp", t.dense_us},             {"norm+logits", t.logits_us}};
+    for (const auto& [name, us] : phases) {
+      std::fprintf(stderr, "[timings] %-14s %9.2f %9.3f %12.4f\n", name, us / 1e3,
+                   us / 1e3 / steps, us / 1e3 / steps / layers);
+    }
   }
   return absl::OkStatus();
 }

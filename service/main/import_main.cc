@@ -4,12 +4,11 @@
 // Expert tensors are named from the engine's architecture table and config.json:
 //   model.layers.{L}.{moe_block}.experts.{E}.{expert_gate|expert_up|expert_down}.weight
 // for every sparse layer L (ModelConfig::IsSparseLayer) and E < num_experts. Every other tensor
-// of the checkpoint is dense.
+// of the checkpoint is dense. config.json and the tokenizer files are copied beside them.
 #include <cstdio>
 #include <filesystem>
 #include <string>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
@@ -18,6 +17,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model_config.h"
+#include "engine/store_import.h"
 #include "expertstore/importer.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
@@ -48,38 +48,6 @@ int Fail(const absl::Status& s) {
   return 1;
 }
 
-absl::StatusOr<store::ImportOptions> BuildImportOptions(const engine::ModelConfig& config,
-                                                        const store::Checkpoint& ckpt) {
-  store::ImportOptions o;
-  absl::flat_hash_set<std::string> expert_tensors;
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    if (!config.IsSparseLayer(l)) continue;
-    for (int64_t e = 0; e < config.num_experts; ++e) {
-      const std::string prefix =
-          absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".experts.", e, ".");
-      store::ExpertTensorNames n{static_cast<int32_t>(l), static_cast<int32_t>(e),
-                                 absl::StrCat(prefix, config.arch.expert_gate, ".weight"),
-                                 absl::StrCat(prefix, config.arch.expert_up, ".weight"),
-                                 absl::StrCat(prefix, config.arch.expert_down, ".weight")};
-      expert_tensors.insert({n.gate, n.up, n.down});
-      o.experts.push_back(std::move(n));
-    }
-  }
-  if (o.experts.empty()) {
-    return absl::InvalidArgumentError("config.json describes no sparse layers: nothing to import");
-  }
-  for (const auto& [name, info] : ckpt.tensors()) {
-    if (!expert_tensors.contains(name)) o.dense_tensors.push_back(name);
-  }
-  // Routers stay in full precision when dense weights are quantized (ARCHITECTURE.md: formats).
-  for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
-    const std::string block = absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".");
-    o.dense_full_precision.push_back(block + "gate.weight");
-    o.dense_full_precision.push_back(block + "shared_expert_gate.weight");
-  }
-  return o;
-}
-
 void PrintProgress(const store::ImportProgress& p) {
   std::fprintf(stderr,
                "\r[import] %s / %s  experts %ld/%ld (%ld already there)  %s/s  ETA %.0fs   ",
@@ -87,6 +55,31 @@ void PrintProgress(const store::ImportProgress& p) {
                static_cast<long>(p.experts_done), static_cast<long>(p.experts_total),
                static_cast<long>(p.experts_skipped),
                base::FormatBytes(static_cast<uint64_t>(p.bytes_per_second)).c_str(), p.eta_seconds);
+}
+
+// Copies config, generation config and tokenizer files next to the store, so that the store
+// directory alone is a model directory for the engine (LoadModelConfig + Checkpoint::Open on it
+// read config.json and dense.safetensors). Each file goes through a temporary name.
+absl::Status CopyModelFiles(const std::string& model_dir, const std::string& store_dir) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  for (const auto& entry : fs::directory_iterator(model_dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    const std::string ext = entry.path().extension().string();
+    const bool wanted = ext == ".json" || ext == ".txt" || ext == ".model" || ext == ".tiktoken";
+    if (!entry.is_regular_file() || !wanted || name == "model.safetensors.index.json" ||
+        name == "manifest.json") {
+      continue;
+    }
+    const fs::path tmp = fs::path(store_dir) / (name + ".tmp");
+    fs::copy_file(entry.path(), tmp, fs::copy_options::overwrite_existing, ec);
+    if (!ec) fs::rename(tmp, fs::path(store_dir) / name, ec);
+    if (ec)
+      return absl::InternalError(
+          absl::StrCat("copying ", entry.path().string(), ": ", ec.message()));
+  }
+  if (ec) return absl::InternalError(absl::StrCat("listing ", model_dir, ": ", ec.message()));
+  return absl::OkStatus();
 }
 
 int Verify(const std::string& store_dir) {
@@ -132,7 +125,7 @@ int main(int argc, char** argv) {
   if (!config.ok()) return Fail(config.status());
   auto ckpt = store::Checkpoint::Open(model_dir);
   if (!ckpt.ok()) return Fail(ckpt.status());
-  auto options = BuildImportOptions(*config, **ckpt);
+  auto options = engine::ImportOptionsFor(*config, **ckpt);
   if (!options.ok()) return Fail(options.status());
   options->model = absl::GetFlag(FLAGS_model);
   if (options->model.empty()) {
@@ -156,6 +149,7 @@ int main(int argc, char** argv) {
   const double start = base::NowSeconds();
   auto result = store::ImportModel(**ckpt, store_dir, *options);
   if (!result.ok()) return Fail(result.status());
+  if (absl::Status s = CopyModelFiles(model_dir, store_dir); !s.ok()) return Fail(s);
   std::fprintf(stderr,
                "\n[import] model '%s': %ld experts written (%ld re-written), %ld already there, "
                "%s in %.1fs; %zu dense tensors\n",

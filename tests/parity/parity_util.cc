@@ -95,6 +95,10 @@ HostWeight MakeWeight(const std::vector<float>& values, DType dtype,
         std::memcpy(&w.bytes[i * 2], &h, 2);
         break;
       }
+      case DType::kQ8:
+      case DType::kQ4:
+      case DType::kQ2:
+        MOE_CHECK(false) << "MakeWeight: quantized weights are made by kernels/quant.h";
     }
   }
   w.cpu = kernels::View(w.bytes.data(), dtype, shape);

@@ -51,6 +51,13 @@ TEST_P(ImportMain, StoreServesTheCheckpointsExperts) {
     ASSERT_EQ(RunImport(absl::StrCat("--model_dir=", fixture, " --store_dir=", store_dir,
                                      " --format=", format, " --verify")),
               0);
+    // The store directory alone is a model directory: config and dense weights.
+    auto store_config = engine::LoadModelConfig(store_dir);
+    ASSERT_TRUE(store_config.ok()) << store_config.status();
+    EXPECT_EQ(store_config->num_experts, config->num_experts);
+    auto dense = store::Checkpoint::Open(store_dir);
+    ASSERT_TRUE(dense.ok()) << dense.status();
+    EXPECT_TRUE((*dense)->Has("model.embed_tokens.weight"));
     store::StoreOptions o;
     o.store_dir = store_dir;
     o.model = GetParam();  // the default model id is the directory name
