@@ -14,6 +14,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/flags/usage.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
@@ -30,8 +31,9 @@
 constexpr char kDefaultModelDir[] = "models/default";
 
 ABSL_FLAG(std::string, model, kDefaultModelDir,
-          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). The "
-          "default is the built-in model (random weights), written there on first use");
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a model "
+          "store made by moe-import. The default is the built-in model (random weights), "
+          "written there on first use");
 ABSL_FLAG(std::string, model_name, "",
           "The name requests use for the model. Default: the directory's base name");
 ABSL_FLAG(std::string, listen, "0.0.0.0:50061", "gRPC address of the worker API and health");
@@ -45,13 +47,14 @@ ABSL_FLAG(int64_t, max_batch_tokens, 256, "Tokens per engine step (prefill chunk
 ABSL_FLAG(int64_t, max_context, 0, "Context length; 0: the model's max_position_embeddings");
 ABSL_FLAG(int64_t, max_sessions, 64, "Conversations whose KV is kept between turns");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running streams may take to finish");
-ABSL_FLAG(std::string, store_dir, "",
-          "Model store written by moe-import from --model: when set the model (config, tokenizer, "
-          "dense weights) is served from it and its experts through the tiered store; empty "
-          "serves everything from --model");
-ABSL_FLAG(std::string, device_budget, "0", "Expert store device tier (VRAM slots), e.g. 8GiB");
-ABSL_FLAG(std::string, host_budget, "0", "Expert store host tier (pinned RAM slots), e.g. 32GiB");
-ABSL_FLAG(std::string, store_policy, "lru", "Eviction policy: lru, weighted_lru, lfu_aging");
+ABSL_FLAG(std::string, device_budget, "0",
+          "Expert store (when --model is a store made by moe-import): VRAM (device tier) "
+          "budget, e.g. 16GiB; 0 removes the tier");
+ABSL_FLAG(std::string, host_budget, "0",
+          "Expert store: pinned host RAM (host tier) budget; 0 removes the tier");
+ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
+ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
+          "Expert store: comma-separated layers whose experts are never evicted");
 
 namespace moe {
 namespace {
@@ -74,26 +77,24 @@ absl::Status Run() {
                        kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
                                                                   : kernels::BackendKind::kCuda,
                                             backend_options));
-  // With --store_dir the model is served from that store (moe-import copies config, tokenizer
-  // and dense weights into it) and its experts through the tiered store, whose counters feed
-  // /metrics; the model owns the store, so `store` stays valid as long as the model.
+  // When --model is a model store (moe-import), experts come from the tiered store; its
+  // counters then feed /metrics.
   store::StoreOptions sopts;
-  const std::string model_dir =
-      absl::GetFlag(FLAGS_store_dir).empty() ? dir : absl::GetFlag(FLAGS_store_dir);
-  if (!absl::GetFlag(FLAGS_store_dir).empty()) {
-    if (!engine::Model::IsStoreDir(model_dir)) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "--store_dir ", model_dir, ": no finished model store (run moe-import first)"));
+  MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
+                       base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
+  MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes, base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
+  sopts.policy.name = absl::GetFlag(FLAGS_policy);
+  for (const std::string& layer : absl::GetFlag(FLAGS_pinned_layers)) {
+    int32_t l = 0;
+    if (!absl::SimpleAtoi(layer, &l)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--pinned_layers: '", layer, "' is not a layer"));
     }
-    MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
-                         base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
-    MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes,
-                         base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
-    sopts.policy.name = absl::GetFlag(FLAGS_store_policy);
+    sopts.policy.pinned_layers.push_back(l);
   }
-  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(model_dir, *backend, sopts));
+  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, sopts));
   const store::ExpertStore* store = model->expert_store();
-  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(model_dir));
+  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
 
   engine::EngineOptions eopts;
   MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
@@ -120,8 +121,8 @@ absl::Status Run() {
   wopts.max_running = eopts.max_running;
   wopts.kv_budget_bytes = eopts.kv_budget_bytes;
   wopts.expert_format = store != nullptr ? "store" : "checkpoint";
-  wopts.device_budget_bytes = sopts.device_budget_bytes;
-  wopts.host_budget_bytes = sopts.host_budget_bytes;
+  wopts.device_budget_bytes = store != nullptr ? sopts.device_budget_bytes : 0;
+  wopts.host_budget_bytes = store != nullptr ? sopts.host_budget_bytes : 0;
 
   auto registry = std::make_shared<prometheus::Registry>();
   service::metrics::WorkerMetrics metrics(*registry);

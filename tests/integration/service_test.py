@@ -335,8 +335,10 @@ class ServiceTest(unittest.TestCase):
         subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-import"),
                         f"--model_dir={harness.MODEL_DIR}", f"--store_dir={store}"],
                        check=True, capture_output=True)
+        # The last --model wins: the worker serves the store, under the checkpoint's name.
         c2 = harness.Cluster(workers=1, worker_args=[
-            f"--store_dir={store}", "--device_budget=2MiB", "--host_budget=4MiB"])
+            f"--model={store}", f"--model_name={MODEL_NAME}", "--device_budget=2MiB",
+            "--host_budget=4MiB"])
         try:
             fe = c2.add_frontend()
             stub = c2.stub(fe)
