@@ -1,11 +1,12 @@
 """The command lines of the manifests against the binaries and against each other:
   - every overlay gives moe-worker (and moe-frontend) the same flags, only the values differ
     (an overlay that drops or adds a flag is a deployment that behaves differently by accident);
-  - with --bin-dir, every --flag the manifests pass to moe-worker, moe-frontend or moe-import
+  - with --binary NAME=PATH, every --flag the manifests pass to moe-worker, moe-frontend or moe-import
     (also inside the init container's shell script) is a flag that binary defines (its
     --helpfull), so a renamed flag fails here and not in a crash-looping pod.
 
-Usage: check_flags.py --kubectl K [--bin-dir BUILD_BIN_DIR] OVERLAY..."""
+Usage: check_flags.py --kubectl K [--binary moe-worker=PATH ...] OVERLAY...
+A binary the manifests run but that is not given is reported, unless none is given at all."""
 import argparse
 import os
 import re
@@ -39,9 +40,10 @@ def flags_by_binary(objects):
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--kubectl", required=True)
-    parser.add_argument("--bin-dir")
+    parser.add_argument("--binary", action="append", help="NAME=PATH of a built binary")
     parser.add_argument("overlays", nargs="+")
     args = parser.parse_args()
+    binaries = manifests.parse_binaries(args.binary)
     failures = []
     per_overlay = {}
     for overlay in args.overlays:
@@ -54,11 +56,11 @@ def main():
         used = flags_by_binary(objects)
         for binary, names in sorted(used.items()):
             print(f"{overlay}: {binary} --{' --'.join(sorted(names))}")
-            if not args.bin_dir:
+            if not binaries:
                 continue
-            path = os.path.join(args.bin_dir, binary)
-            if not os.access(path, os.X_OK):
-                failures.append(f"{overlay}: {binary} is not built in {args.bin_dir}")
+            path = binaries.get(binary)
+            if not path or not os.access(path, os.X_OK):
+                failures.append(f"{overlay}: {binary} is not built ({path})")
                 continue
             out = subprocess.run([path, "--helpfull"], capture_output=True, text=True, timeout=60)
             known = set(re.findall(r"--([A-Za-z0-9_]+)", out.stdout + out.stderr))

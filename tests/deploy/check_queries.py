@@ -4,10 +4,10 @@
       Every dashboard query (Grafana variables replaced) parses: promtool check rules on a
       rules file made of them.
   check_queries.py names --dashboard D --rules R... --kubectl K --overlay O
-                         (--bin-dir B | --registry SOURCE)
+                         (--binary moe-worker=PATH --binary moe-frontend=PATH | --registry SOURCE)
       Every metric name that a dashboard query, a rule or the HPA reads is one the service
       exports, or a recording rule's output, or one Prometheus makes itself (up).
-      --bin-dir: start the overlay's moe-worker and moe-frontend from the build tree with the
+      --binary: start the overlay's moe-worker and moe-frontend from the build tree with the
       manifests' arguments and read their /metrics (the real thing). --registry: read the names
       from service/metrics/registry.cc instead (when the binaries are not built)."""
 import argparse
@@ -52,8 +52,9 @@ def scrape_launched(args):
     (_, wspec, wc), = manifests.containers(objects, "moe-worker")[:1]
     (_, fspec, fc), = manifests.containers(objects, "moe-frontend")[:1]
     logs = tempfile.mkdtemp(prefix="deploy-metrics-")
-    worker = manifests.Launch(wc, objects, args.bin_dir, logs, "worker")
-    frontend = manifests.Launch(fc, objects, args.bin_dir, logs, "frontend")
+    binaries = manifests.parse_binaries(args.binary)
+    worker = manifests.Launch(wc, objects, binaries, logs, "worker")
+    frontend = manifests.Launch(fc, objects, binaries, logs, "frontend")
     worker_grpc = wc["startupProbe"]["grpc"]["port"]
     frontend.args = manifests.set_flag(frontend.args, "workers",
                                        f"127.0.0.1:{worker.port(worker_grpc)}")
@@ -87,7 +88,7 @@ def check_names(args):
     objects = manifests.render(args.kubectl, args.overlay)
     found += [(f"HPA {name}", metric) for name, metric in queries.hpa_metric_names(objects)]
 
-    if args.bin_dir:
+    if args.binary:
         exported = set()
         for text in scrape_launched(args):
             exported |= queries.exposed_names(text)
@@ -121,7 +122,7 @@ def main():
     parser.add_argument("--rules", nargs="+", default=[])
     parser.add_argument("--kubectl")
     parser.add_argument("--overlay")
-    parser.add_argument("--bin-dir")
+    parser.add_argument("--binary", action="append", help="NAME=PATH of a built binary")
     parser.add_argument("--registry")
     args = parser.parse_args()
     return check_syntax(args) if args.mode == "syntax" else check_names(args)

@@ -85,19 +85,20 @@ def free_port():
 class Launch:
     """One container of the manifests run as a local process.
 
-    Differences from the pod, and why: the binary is the build tree's (same name); every
+    Differences from the pod, and why: the binary is the build tree's (`binaries` maps the
+    command name to its path); every
     --*listen=0.0.0.0:P flag gets 127.0.0.1 and a free port (several "pods" share one host);
     each volume mount path in the arguments is replaced by a fresh temporary directory (the
     pod's volume); the environment is the container's, plus PATH and HOME."""
 
-    def __init__(self, container, objects, bin_dir, log_dir, name):
+    def __init__(self, container, objects, binaries, log_dir, name):
         self.container = container
         self.name = name
         self.env = environment(container, objects)
         args = argv(container, self.env)
-        binary = os.path.join(bin_dir, args[0])
-        if not os.access(binary, os.X_OK):
-            raise FileNotFoundError(f"{args[0]} is not built in {bin_dir}")
+        binary = binaries.get(args[0])
+        if not binary or not os.access(binary, os.X_OK):
+            raise FileNotFoundError(f"{args[0]} is not built ({binary})")
         self.ports = {}
         for i, a in enumerate(args):
             m = re.match(r"--([a-z_]*listen)=0\.0\.0\.0:(\d+)$", a)
@@ -152,3 +153,8 @@ class Launch:
                 return b"\n".join(f.read().splitlines()[-lines:]).decode(errors="replace")
         except OSError:
             return ""
+
+
+def parse_binaries(items):
+    """--binary NAME=PATH arguments -> {NAME: PATH}."""
+    return dict(item.split("=", 1) for item in items or [])
