@@ -66,6 +66,12 @@ def main():
             known = set(re.findall(r"--([A-Za-z0-9_]+)", out.stdout + out.stderr))
             for name in sorted(names - known):
                 failures.append(f"{overlay}: {binary} has no flag --{name} (not in its --helpfull)")
+    # --workers (a static list: the CPU pod's neighbour) and --workers_dns (the headless
+    # Service) are the frontend's two ways to the same thing.
+    for overlay in per_overlay.values():
+        for binary in overlay:
+            overlay[binary] = {tuple(sorted("workers*" if f in ("workers", "workers_dns") else f
+                                            for f in flags)) for flags in overlay[binary]}
     first, *rest = args.overlays
     for overlay in rest:
         for binary, flag_sets in per_overlay[overlay].items():

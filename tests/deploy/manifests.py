@@ -37,7 +37,7 @@ def containers(objects, command):
     return found
 
 
-def environment(container, objects, namespace="default"):
+def environment(container, objects, namespace="default", pod_name="pod-0"):
     """The container's environment variables, resolved as the kubelet resolves them."""
     env = {}
     for e in container.get("env", []):
@@ -52,6 +52,8 @@ def environment(container, objects, namespace="default"):
             env[e["name"]] = cm["data"][ref["key"]]
         elif source.get("fieldRef", {}).get("fieldPath") == "metadata.namespace":
             env[e["name"]] = namespace
+        elif source.get("fieldRef", {}).get("fieldPath") == "metadata.name":
+            env[e["name"]] = pod_name
         else:
             raise ValueError(f"env {e['name']}: unsupported source {source}")
     return env
@@ -94,7 +96,7 @@ class Launch:
     def __init__(self, container, objects, binaries, log_dir, name):
         self.container = container
         self.name = name
-        self.env = environment(container, objects)
+        self.env = environment(container, objects, pod_name=name)
         args = argv(container, self.env)
         binary = binaries.get(args[0])
         if not binary or not os.access(binary, os.X_OK):

@@ -138,12 +138,13 @@ const selects = (selector, labels) =>
   Object.entries(selector ?? {}).every(([k, v]) => labels?.[k] === v);
 
 // The value a container sees for $(VAR): literal env, a key of a rendered ConfigMap, or the
-// pod's namespace (the only downward-API field the manifests use).
+// pod's name or namespace (the downward-API fields the manifests use).
 function envValue(container, name, objects) {
   const env = (container.env ?? []).find((e) => e.name === name);
   if (!env) return undefined;
   if (env.value !== undefined) return env.value;
-  if (env.valueFrom?.fieldRef?.fieldPath === "metadata.namespace") return "<namespace>";
+  const field = env.valueFrom?.fieldRef?.fieldPath;
+  if (field === "metadata.namespace" || field === "metadata.name") return `<${field}>`;
   const ref = env.valueFrom?.configMapKeyRef;
   if (!ref) return undefined;
   return objects.find((o) => o.kind === "ConfigMap" && o.metadata.name === ref.name)?.data?.[ref.key];
@@ -240,7 +241,10 @@ function checkConsistency(objects, overlay) {
       }
       // Memory: the host tier is RAM on either backend; on the CPU backend the device tier and
       // the KV cache are RAM too. The limit must hold them plus 1 GiB for the process itself.
-      const budget = (n) => parseBytes(expand(flag(worker, n), worker, objects) ?? "0");
+      // A budget is the worker's flag, or (store tiers the worker has no flag for yet) the
+      // moe-budgets ConfigMap's MOE_<NAME> key.
+      const config = objects.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith("moe-budgets"))?.data ?? {};
+      const budget = (n) => parseBytes(expand(flag(worker, n), worker, objects) ?? config[`MOE_${n.toUpperCase()}`] ?? "0");
       let ram = budget("host_budget");
       if (backend === "cpu") ram += budget("device_budget") + budget("kv_budget");
       const limit = worker.resources?.limits?.memory;
@@ -280,14 +284,17 @@ function checkConsistency(objects, overlay) {
   // The frontend resolves the workers' headless Service by DNS.
   for (const { owner, pod } of templates) {
     for (const c of pod.spec.containers.filter((c) => c.command?.[0] === "moe-frontend")) {
-      const target = flag(c, "workers") ?? "";
-      const m = target.match(/^dns:\/\/\/([^.:]+)\.[^:]+:(\d+)$/);
-      if (m) {
+      const dns = flag(c, "workers_dns");
+      const target = dns ?? flag(c, "workers") ?? "";
+      const m = dns?.match(/^([^.:]+)\.[^:]+:(\d+)$/);
+      if (dns !== undefined && !m) {
+        fail(where(owner), `--workers_dns=${dns} is not <headless service>.<namespace>.svc...:<port>`);
+      } else if (m) {
         const svc = objects.find((o) => o.kind === "Service" && o.metadata.name === m[1]);
-        if (!svc || svc.spec.clusterIP !== "None") fail(where(owner), `--workers names ${m[1]}, not a headless Service`);
-        else if (!svc.spec.ports.some((p) => p.port === Number(m[2]))) fail(where(owner), `--workers port ${m[2]} is not a port of Service ${m[1]}`);
+        if (!svc || svc.spec.clusterIP !== "None") fail(where(owner), `--workers_dns names ${m[1]}, not a headless Service`);
+        else if (!svc.spec.ports.some((p) => p.port === Number(m[2]))) fail(where(owner), `--workers_dns port ${m[2]} is not a port of Service ${m[1]}`);
       } else if (!/^(\d+\.\d+\.\d+\.\d+:\d+)(,\d+\.\d+\.\d+\.\d+:\d+)*$/.test(target)) {
-        fail(where(owner), `--workers=${target} is neither dns:///<headless service>:<port> nor a host:port list`);
+        fail(where(owner), `--workers=${target} is not a host:port list`);
       }
     }
   }
