@@ -90,8 +90,8 @@ class Launch:
     Differences from the pod, and why: the binary is the build tree's (`binaries` maps the
     command name to its path); every
     --*listen=0.0.0.0:P flag gets 127.0.0.1 and a free port (several "pods" share one host);
-    each volume mount path in the arguments is replaced by a fresh temporary directory (the
-    pod's volume); the environment is the container's, plus PATH and HOME."""
+    each volume mount path in the arguments (and workingDir) is replaced by a fresh temporary
+    directory (the pod's volume); the environment is the container's, plus PATH and HOME."""
 
     def __init__(self, container, objects, binaries, log_dir, name):
         self.container = container
@@ -114,6 +114,8 @@ class Launch:
             self.volumes[mount["mountPath"]] = local
             args = [a.replace(mount["mountPath"], local) for a in args]
         self.args = [binary] + args[1:]
+        # workingDir, when it is a mounted volume, is that volume's directory here too.
+        self.cwd = self.volumes.get(container.get("workingDir"))
         self.log_path = os.path.join(log_dir, f"{name}.log")
         self.proc = None
 
@@ -125,7 +127,7 @@ class Launch:
         env = dict(self.env, PATH=os.environ.get("PATH", "/usr/bin:/bin"),
                    HOME=os.environ.get("HOME", "/tmp"))
         self.log = open(self.log_path, "wb")
-        self.proc = subprocess.Popen(self.args, env=env, stdout=self.log,
+        self.proc = subprocess.Popen(self.args, env=env, stdout=self.log, cwd=self.cwd,
                                      stderr=subprocess.STDOUT, start_new_session=True)
         return self
 
