@@ -65,6 +65,18 @@ def generate(stub, request, timeout=120):
         return tokens, completion, e.code()
 
 
+def reflection_lists(channel, symbol):
+    """What ghz does without a .proto: server reflection v1alpha (Debian's gRPC serves only that
+    one), list_services then file_containing_symbol. Returns (services listed, descriptor
+    served), by looking for the names in the raw responses (no reflection stubs needed)."""
+    call = channel.stream_stream("/grpc.reflection.v1alpha.ServerReflection/ServerReflectionInfo")
+    name = symbol.encode()
+    # ServerReflectionRequest: list_services = 7 (string), file_containing_symbol = 4 (string).
+    requests = [b"\x3a\x00", b"\x22" + bytes([len(name)]) + name]
+    responses = list(call(iter(requests), timeout=10))
+    return name in responses[0], b"GenerateRequest" in responses[1]
+
+
 def probe_target(proc, container, kind):
     return f"127.0.0.1:{proc.port(container[kind]['grpc']['port'])}"
 
@@ -148,6 +160,12 @@ def main():
             if completion:
                 served_by.add(completion.worker)
         print(f"served by {sorted(served_by)}")
+        try:
+            listed, described = reflection_lists(channel, "moe.v1.Inference")
+            step("reflection lists moe.v1.Inference and serves its descriptor (ghz *-reflect)",
+                 listed and described, f"listed {listed}, descriptor {described}")
+        except grpc.RpcError as e:
+            step("reflection answers (ghz *-reflect)", False, e.code().name)
 
         drain(workers[1], wspec, wc, "worker-1")
         ok, _, last = health.wait_until_passes(probe_target(frontend, fc, "readinessProbe"),
