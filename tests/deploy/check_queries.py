@@ -3,7 +3,7 @@
   check_queries.py syntax --promtool P --dashboard D --rules R...
       Every dashboard query (Grafana variables replaced) parses: promtool check rules on a
       rules file made of them.
-  check_queries.py names --dashboard D --rules R... --kubectl K --overlay O
+  check_queries.py names --dashboard D --rules R... --kubectl K --overlay O [--hpa-overlay O...]
                          (--binary moe-worker=PATH --binary moe-frontend=PATH | --registry SOURCE)
       Every metric name that a dashboard query, a rule or the HPA reads is one the service
       exports, or a recording rule's output, or one Prometheus makes itself (up).
@@ -85,8 +85,10 @@ def check_names(args):
     found = queries.dashboard_queries(args.dashboard)
     rules, recorded = queries.rule_queries(args.rules)
     found += rules
-    objects = manifests.render(args.kubectl, args.overlay)
-    found += [(f"HPA {name}", metric) for name, metric in queries.hpa_metric_names(objects)]
+    for overlay in [args.overlay] + (args.hpa_overlay or []):
+        objects = manifests.render(args.kubectl, overlay)
+        found += [(f"{overlay} HPA {name}", metric)
+                  for name, metric in queries.hpa_metric_names(objects)]
 
     if args.binary:
         exported = set()
@@ -122,6 +124,7 @@ def main():
     parser.add_argument("--rules", nargs="+", default=[])
     parser.add_argument("--kubectl")
     parser.add_argument("--overlay")
+    parser.add_argument("--hpa-overlay", nargs="*", help="more overlays whose HPA metrics to check")
     parser.add_argument("--binary", action="append", help="NAME=PATH of a built binary")
     parser.add_argument("--registry")
     args = parser.parse_args()
