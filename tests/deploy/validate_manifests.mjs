@@ -8,6 +8,9 @@
 //      selectors that select, budgets that fit the memory limits, grace periods that cover the
 //      drain, config maps that exist, one GPU per GPU worker, ...).
 // Usage: node validate_manifests.mjs <kubectl> <overlay dir>...   Exit 1 on any finding.
+//        node validate_manifests.mjs --expect <file> <kubectl> <overlay dir>...
+//   Exit 0 only when the findings are exactly those the file lists (one substring a line):
+//   how tests/deploy/broken-overlay shows that each check can fail.
 import { execFileSync } from "node:child_process";
 import { existsSync, readFileSync } from "node:fs";
 import { dirname, join, resolve } from "node:path";
@@ -328,7 +331,10 @@ function checkConsistency(objects, overlay) {
 
 // --- main ------------------------------------------------------------------------------------
 
-const [kubectl, ...overlays] = process.argv.slice(2);
+let argv = process.argv.slice(2);
+let expectFile = null;
+if (argv[0] === "--expect") [, expectFile, ...argv] = argv;
+const [kubectl, ...overlays] = argv;
 if (!kubectl || overlays.length === 0) {
   console.error("usage: node validate_manifests.mjs <kubectl> <overlay dir>...");
   process.exit(2);
@@ -355,6 +361,15 @@ for (const overlay of overlays) {
   checkConsistency(objects, overlay);
   checked += objects.length;
   console.log(`${overlay}: ${objects.length} objects (${objects.map((o) => o.kind).join(", ")})`);
+}
+if (expectFile) {
+  const expected = readFileSync(expectFile, "utf8").split("\n").filter((l) => l.trim());
+  const missed = expected.filter((e) => !failures.some((f) => f.includes(e)));
+  const unexpected = failures.filter((f) => !expected.some((e) => f.includes(e)));
+  for (const e of missed) console.error(`MISSED (expected, not reported): ${e}`);
+  for (const f of unexpected) console.error(`UNEXPECTED: ${f}`);
+  console.log(`${expected.length - missed.length} of ${expected.length} planted mistakes reported, ${unexpected.length} unexpected`);
+  process.exit(missed.length || unexpected.length ? 1 : 0);
 }
 for (const f of failures) console.error(`FAIL ${f}`);
 console.log(failures.length ? `${failures.length} problems in ${checked} objects` : `all ${checked} objects valid`);
