@@ -5,4 +5,4 @@ cd "$(dirname "$0")/.."
 deploy/install_deps.sh
 cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j "$(nproc)" --target moe-generate
-build/moe-generate --max_tokens=48 "$@"
+build/bin/moe-generate --max_tokens=48 "$@"

@@ -55,6 +55,8 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
                      : model.config().max_position_embeddings;
 }
 
+Engine::~Engine() = default;
+
 int64_t Engine::KvBytes(int64_t capacity) const {
   return capacity * SequenceKv::BytesPerToken(model_.config());
 }

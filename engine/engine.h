@@ -72,6 +72,7 @@ struct EngineStats {
 class Engine {
  public:
   Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options);
+  ~Engine();
 
   // Queues a request. InvalidArgument names the bad field (empty prompt, ids outside the
   // vocabulary, prompt + max_tokens over the context, sampling out of range, duplicate id).

@@ -98,6 +98,7 @@ void BpeModel::MergeWord(absl::string_view word, std::vector<int32_t>* out) cons
     int pos;
     int32_t left_id;
     int32_t right_id;
+    int32_t merged_id;
     bool operator>(const Candidate& o) const {
       return rank != o.rank ? rank > o.rank : pos > o.pos;
     }
@@ -112,7 +113,8 @@ void BpeModel::MergeWord(absl::string_view word, std::vector<int32_t>* out) cons
     int next = syms[pos].next;
     if (next < 0) return;
     auto it = merges_.find(PairKey(syms[pos].id, syms[next].id));
-    if (it != merges_.end()) heap.push({it->second.rank, pos, syms[pos].id, syms[next].id});
+    if (it != merges_.end())
+      heap.push({it->second.rank, pos, syms[pos].id, syms[next].id, it->second.merged_id});
   };
   for (int i = 0; i + 1 < n; ++i) push(i);
   std::vector<bool> alive(n, true);
@@ -126,7 +128,7 @@ void BpeModel::MergeWord(absl::string_view word, std::vector<int32_t>* out) cons
       continue;
     }
     int right = left.next;
-    left.id = merges_.find(PairKey(c.left_id, c.right_id))->second.merged_id;
+    left.id = c.merged_id;
     alive[right] = false;
     left.next = syms[right].next;
     if (left.next >= 0) syms[left.next].prev = c.pos;

@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/bpe.h"
 #include "engine/tokenizer/normalize.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/unicode.h"
@@ -30,6 +31,8 @@ std::string ByteLevelToBytes(absl::string_view token) {
 }
 
 }  // namespace
+
+Tokenizer::~Tokenizer() = default;
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string& tokenizer_json) {
   MOE_ASSIGN_OR_RETURN(TokenizerSpec spec, ParseTokenizerJson(tokenizer_json));

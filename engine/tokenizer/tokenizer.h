@@ -12,10 +12,11 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
-#include "engine/tokenizer/bpe.h"
 #include "engine/tokenizer/tokenizer_json.h"
 
 namespace moe::engine {
+
+class BpeModel;
 
 // Immutable after construction; every const method is thread-safe.
 class Tokenizer {
@@ -29,6 +30,8 @@ class Tokenizer {
   // <model_dir>/tokenizer_config.json for chat_template, eos_token and bos_token
   // (chat_template.jinja is read when the config has no template).
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadFromDir(const std::string& model_dir);
+
+  ~Tokenizer();
 
   // Text -> ids, as HF `tokenizer.encode(text, add_special_tokens=False)`: added tokens are found
   // in the raw text first (leftmost, longest); the text between them is NFC-normalized, split by

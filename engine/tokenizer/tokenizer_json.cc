@@ -10,8 +10,9 @@ namespace moe::engine {
 namespace {
 using nlohmann::json;
 
-// Ids above this are rejected so a hostile file cannot make us allocate huge id tables.
-constexpr int64_t kMaxTokenId = (int64_t{1} << 24) - 1;
+// Ids above this are rejected so a hostile file cannot make us allocate huge id tables (the
+// largest real vocabularies are ~260k).
+constexpr int64_t kMaxTokenId = (int64_t{1} << 21) - 1;
 
 bool IsNull(const json& j, const char* key) { return !j.contains(key) || j[key].is_null(); }
 

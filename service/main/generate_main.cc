@@ -20,6 +20,7 @@
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/log.h"
+#include "kernels/base/status.h"
 #include "nlohmann/json.hpp"
 
 constexpr char kDefaultModelDir[] = "models/default";
