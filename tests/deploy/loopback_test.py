@@ -111,11 +111,44 @@ def drain(proc, pod_spec, container, name):
              "still running: the kubelet would SIGKILL it")
 
 
+def check_dns_frontend(args, pb, pb_grpc, binaries, logs, worker_port):
+    """The multi-GPU overlay's frontend, which resolves the workers' headless Service: here its
+    --workers_dns names localhost (127.0.0.1, where worker-0 listens) instead of
+    moe-worker.<namespace>.svc.cluster.local. It must find the worker through DNS."""
+    objects = manifests.render(args.kubectl, args.dns_overlay)
+    (_, spec, c), = manifests.containers(objects, "moe-frontend")[:1]
+    proc = manifests.Launch(c, objects, binaries, logs, "frontend-dns")
+    dns = manifests.flag(proc.args, "workers_dns")
+    proc.args = manifests.set_flag(proc.args, "workers_dns", f"localhost:{worker_port}")
+    print(f"frontend-dns: --workers_dns={dns} -> localhost:{worker_port}")
+    try:
+        proc.start()
+        ok, _, last = health.wait_until_passes(probe_target(proc, c, "startupProbe"), c["startupProbe"])
+        if not step("frontend-dns: startupProbe passes", ok, f"last {last}"):
+            print(proc.tail())
+            return
+        with grpc.insecure_channel(f"127.0.0.1:{proc.port(c['startupProbe']['grpc']['port'])}") as ch:
+            stub = pb_grpc.InferenceStub(ch)
+            found, deadline = [], time.monotonic() + 30
+            while time.monotonic() < deadline:
+                found = [(m.name, m.ready_workers) for m in stub.ListModels(pb.ListModelsRequest(), timeout=5).models]
+                if any(ready > 0 for _, ready in found):
+                    break
+                time.sleep(0.5)
+            step("frontend-dns: finds the worker through --workers_dns", any(r > 0 for _, r in found),
+                 f"ListModels {found}")
+        drain(proc, spec, c, "frontend-dns")
+    finally:
+        proc.stop()
+
+
 def main():
     parser = argparse.ArgumentParser()
     for a in ("kubectl", "overlay", "proto-dir", "protoc", "grpc-python-plugin", "data"):
         parser.add_argument(f"--{a}", required=True)
     parser.add_argument("--binary", action="append", required=True, help="NAME=PATH")
+    parser.add_argument("--dns-overlay", help="overlay whose frontend finds workers by DNS "
+                        "(--workers_dns): started too, pointed at localhost")
     args = parser.parse_args()
     pb, pb_grpc = load_stubs(args)
 
@@ -166,6 +199,9 @@ def main():
                  listed and described, f"listed {listed}, descriptor {described}")
         except grpc.RpcError as e:
             step("reflection answers (ghz *-reflect)", False, e.code().name)
+
+        if args.dns_overlay:
+            check_dns_frontend(args, pb, pb_grpc, binaries, logs, workers[0].port(worker_port))
 
         drain(workers[1], wspec, wc, "worker-1")
         ok, _, last = health.wait_until_passes(probe_target(frontend, fc, "readinessProbe"),
