@@ -10,6 +10,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev
   unicode-data            # UnicodeData.txt: NFC and character classes for the tokenizer
   python3 python3-grpcio python3-protobuf  # the Python client in the integration tests
+  python3-yaml            # tests/deploy reads the rendered Kubernetes manifests
   openssl                 # the TLS test's self-signed certificate
   prometheus              # promtool and the real server the metrics tests query
 )
