@@ -6,7 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 deploy/install_deps.sh
-cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# The same configuration as tests/run.sh, so the two commands share one build.
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_WERROR=ON >/dev/null
 cmake --build build -j "$(nproc)" --target moe-worker moe-frontend moe-client
 
 build/bin/moe-worker --model=models/default --listen=127.0.0.1:50061 \
