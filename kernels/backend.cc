@@ -1,6 +1,7 @@
 // MakeBackend: the one place that knows which backends this binary was built with.
 #include "kernels/backend.h"
 
+#include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_backend.h"
 #if MOE_WITH_CUDA
 #include "kernels/base/status.h"
@@ -15,6 +16,16 @@ const char* BackendKindName(BackendKind kind) {
     case BackendKind::kCuda: return "cuda";
   }
   return "?";
+}
+
+absl::Status Backend::PagedKvWrite(const PagedKvWriteArgs&) {
+  return absl::UnimplementedError(absl::StrCat("the ", BackendKindName(kind()),
+                                               " backend has no paged KV cache write yet"));
+}
+
+absl::Status Backend::PagedAttention(const PagedAttentionArgs&) {
+  return absl::UnimplementedError(absl::StrCat("the ", BackendKindName(kind()),
+                                               " backend has no paged KV cache attention yet"));
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(BackendKind kind,

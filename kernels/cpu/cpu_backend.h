@@ -30,6 +30,8 @@ class CpuBackend final : public Backend {
                float eps) override;
   void Rope(const RopeArgs& args) override;
   void Attention(const AttentionArgs& args) override;
+  absl::Status PagedKvWrite(const PagedKvWriteArgs& args) override;
+  absl::Status PagedAttention(const PagedAttentionArgs& args) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
