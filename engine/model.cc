@@ -277,6 +277,13 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
 absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T) {
   const ModelConfig& c = config_;
   const int64_t D = c.head_dim, q_dim = c.num_attention_heads * D, kv_dim = c.num_key_value_heads * D;
+  if (observer_) {
+    std::vector<float> q(T * q_dim), k(T * kv_dim), v(T * kv_dim);
+    backend_.CopyToHost(q.data(), q_.data(), q.size() * sizeof(float));
+    backend_.CopyToHost(k.data(), k_.data(), k.size() * sizeof(float));
+    backend_.CopyToHost(v.data(), v_.data(), v.size() * sizeof(float));
+    observer_(layer, q.data(), k.data(), v.data(), T);
+  }
   // Paged items: every new K/V of the step is stored before any attention reads the cache
   // (the block manager's ordering contract: a block another item of this step shares is full).
   int64_t offset = 0;

@@ -6,6 +6,7 @@
 // K experts per token, V vocabulary.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -119,6 +120,12 @@ class Model {
 
   const PhaseTimes& phase_times() const { return times_; }
 
+  // Debugging and quality tools (kv-quality): called once per layer of every Forward with host
+  // copies of the step's post-RoPE, post-q/k-norm q [T, NH, D], k and v [T, NKV, D]. Empty: none.
+  using AttentionObserver =
+      std::function<void(int64_t layer, const float* q, const float* k, const float* v, int64_t T)>;
+  void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
+
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
@@ -138,6 +145,7 @@ class Model {
   std::unique_ptr<store::ExpertProvider> experts_;
   RopeTable rope_;
   PhaseTimes times_;
+  AttentionObserver observer_;
 
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;
