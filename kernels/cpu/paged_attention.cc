@@ -18,7 +18,7 @@ const uint8_t* TileAt(const PagedKvLayer& kv, int64_t pos, int kv_head, int role
 
 }  // namespace
 
-absl::Status CpuBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
+absl::Status PagedKvWriteOnHost(const PagedKvWriteArgs& a) {
   const PagedKvLayer& kv = a.kv;
   const int D = kv.head_dim;
   for (int64_t t = 0; t < a.num_tokens; ++t) {
@@ -40,14 +40,14 @@ absl::Status CpuBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
   return absl::OkStatus();
 }
 
-absl::Status CpuBackend::PagedAttention(const PagedAttentionArgs& a) {
+void PagedAttentionOnHost(const PagedAttentionArgs& a, int64_t begin, int64_t end) {
   const PagedKvLayer& kv = a.kv;
   MOE_CHECK(kv.num_kv_heads > 0 && a.num_heads % kv.num_kv_heads == 0)
       << "PagedAttention: heads " << a.num_heads << " kv heads " << kv.num_kv_heads;
   const int group = a.num_heads / kv.num_kv_heads;
   const int D = kv.head_dim;
   const int bs = kv.block_size;
-  pool_.ParallelFor(a.num_tokens * a.num_heads, [&](int64_t begin, int64_t end) {
+  {
     std::vector<float> scores, q_prep, acc(D);
     for (int64_t job = begin; job < end; ++job) {
       const int64_t t = job / a.num_heads;
@@ -88,7 +88,14 @@ absl::Status CpuBackend::PagedAttention(const PagedAttentionArgs& a) {
       }
       vc.FinishValues(acc.data(), a.out + (t * a.num_heads + h) * D);
     }
-  });
+  }
+}
+
+absl::Status CpuBackend::PagedKvWrite(const PagedKvWriteArgs& a) { return PagedKvWriteOnHost(a); }
+
+absl::Status CpuBackend::PagedAttention(const PagedAttentionArgs& a) {
+  pool_.ParallelFor(a.num_tokens * a.num_heads,
+                    [&](int64_t begin, int64_t end) { PagedAttentionOnHost(a, begin, end); });
   return absl::OkStatus();
 }
 
