@@ -27,7 +27,8 @@ absl::Status EngineOptions::Validate() const {
   if (kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv_budget_bytes must be > 0");
   if (max_context < 0) return absl::InvalidArgumentError("max_context must be >= 0");
   if (max_sessions < 0) return absl::InvalidArgumentError("max_sessions must be >= 0");
-  return absl::OkStatus();
+  if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  return kernels::ParseKvFormat(kv_cache_dtype).status();
 }
 
 struct Engine::Sequence {
