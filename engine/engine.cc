@@ -346,6 +346,7 @@ std::vector<Event> Engine::Step() {
     planned.push_back(s);
     budget -= end - begin;
   }
+  if (plan.empty()) return events;  // everything runnable was preempted this step
   std::vector<ForwardItem> items;
   for (Planned& p : plan) {
     const auto table = cache_->BlockTable(p.seq->cache_id);
