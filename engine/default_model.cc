@@ -51,7 +51,7 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
 
 }  // namespace
 
-absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed) {
+absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_dim) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
@@ -64,7 +64,7 @@ absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed) {
   const auto eot = tokenizer->TokenId("<|endoftext|>");
   if (!eos || !eot) return absl::InternalError("trained tokenizer lacks its special tokens");
 
-  const int64_t H = 256, layers = 4, heads = 8, kv_heads = 2, D = 32, E = 16, I = 128;
+  const int64_t H = 256, layers = 4, heads = 8, kv_heads = 2, D = head_dim, E = 16, I = 128;
   json config = {
       {"architectures", {"Qwen3MoeForCausalLM"}},
       {"model_type", "qwen3_moe"},

@@ -12,7 +12,8 @@ namespace moe::engine {
 
 // Writes config.json, generation_config.json, model.safetensors (bf16), tokenizer.json and
 // tokenizer_config.json into `dir` (created if needed). The weights are random: the text it
-// generates is fluent only in the tokenizer's sense. Internal on a write failure.
-absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed = 20261121);
+// generates is fluent only in the tokenizer's sense. Internal on a write failure. head_dim other
+// than the default 32 makes a variant (kv-quality uses 128 for the split TurboQuant formats).
+absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed = 20261121, int head_dim = 32);
 
 }  // namespace moe::engine

@@ -27,16 +27,20 @@ absl::Status EngineOptions::Validate() const {
   if (kv_budget_bytes <= 0) return absl::InvalidArgumentError("kv_budget_bytes must be > 0");
   if (max_context < 0) return absl::InvalidArgumentError("max_context must be >= 0");
   if (max_sessions < 0) return absl::InvalidArgumentError("max_sessions must be >= 0");
-  return absl::OkStatus();
+  if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  return kernels::ParseKvFormat(kv_cache_dtype).status();
 }
 
 struct Engine::Sequence {
   Sequence(Request r, const Tokenizer& tok)
       : req(std::move(r)), sampler(req.sampling), detok(tok), stop_filter(req.stop.stop_strings) {}
   Request req;
-  std::unique_ptr<SequenceKv> kv;
-  int64_t kv_bytes = 0;
-  int64_t cached = 0;  // prompt tokens reused from a session
+  int64_t cache_id = 0;     // live in the KV cache when non-zero
+  int64_t kv_len = 0;       // positions whose K/V is written
+  int64_t cache_len = 0;    // positions the block table covers (>= kv_len)
+  int64_t prefill_end = 0;  // prompt (+ output so far, after a preemption) to compute
+  int64_t cached = 0;       // prompt tokens reused at the first admission
+  bool admitted_before = false;
   std::vector<int32_t> output;
   Sampler sampler;
   IncrementalDetokenizer detok;
@@ -44,22 +48,46 @@ struct Engine::Sequence {
   int64_t added_us = 0;
   int64_t admitted_us = 0;
   bool started = false;
-  int64_t prompt_done() const { return std::min<int64_t>(kv->length(), req.prompt.size()); }
-  bool prefilling() const { return kv->length() < static_cast<int64_t>(req.prompt.size()); }
+  bool prefilling() const { return kv_len < prefill_end; }
+  int32_t TokenAt(int64_t pos) const {
+    const int64_t p = static_cast<int64_t>(req.prompt.size());
+    return pos < p ? req.prompt[pos] : output[pos - p];
+  }
+  std::vector<int32_t> Tokens(int64_t begin, int64_t end) const {
+    std::vector<int32_t> t;
+    for (int64_t i = begin; i < end; ++i) t.push_back(TokenAt(i));
+    return t;
+  }
 };
 
 Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options)
     : model_(model), tokenizer_(tokenizer), options_(options) {
+  const ModelConfig& c = model.config();
   max_context_ = options.max_context > 0
-                     ? std::min(options.max_context, model.config().max_position_embeddings)
-                     : model.config().max_position_embeddings;
+                     ? std::min(options.max_context, c.max_position_embeddings)
+                     : c.max_position_embeddings;
+  kv_status_ = [&]() -> absl::Status {
+    MOE_RETURN_IF_ERROR(options.Validate());
+    MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(options.kv_cache_dtype));
+    KvCacheOptions o;
+    o.format = format;
+    o.num_layers = static_cast<int>(c.num_hidden_layers);
+    o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
+    o.head_dim = static_cast<int>(c.head_dim);
+    o.block_size = options.block_size;
+    o.budget_bytes = static_cast<uint64_t>(options.kv_budget_bytes);
+    o.prefix_reuse = options.prefix_reuse;
+    MOE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(o));
+    cache_ = std::make_unique<KvCache>(std::move(cache));
+    bytes_per_token_ = cache_->Stats().bytes_per_token;
+    MOE_ASSIGN_OR_RETURN(paged_, PagedKv::Create(c, model.backend(), format, options.block_size,
+                                                 cache_->Stats().total_blocks));
+    return absl::OkStatus();
+  }();
+  if (!kv_status_.ok()) cache_.reset();
 }
 
 Engine::~Engine() = default;
-
-int64_t Engine::KvBytes(int64_t capacity) const {
-  return capacity * SequenceKv::BytesPerToken(model_.config());
-}
 
 absl::Status Engine::Add(Request request) {
   const ModelConfig& c = model_.config();
@@ -82,10 +110,14 @@ absl::Status Engine::Add(Request request) {
                                                    request.stop.max_tokens, " exceeds the context of ",
                                                    max_context_));
   }
-  if (KvBytes(total) > options_.kv_budget_bytes) {
-    return absl::ResourceExhaustedError(absl::StrCat("request needs ", KvBytes(total),
-                                                     " bytes of KV, more than the whole budget ",
-                                                     options_.kv_budget_bytes));
+  if (!kv_status_.ok()) return kv_status_;
+  const int64_t bs = options_.block_size;
+  const int64_t blocks = (total + bs - 1) / bs;
+  if (blocks > cache_->Stats().total_blocks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("request needs ", blocks * bs * bytes_per_token_, " bytes of KV (",
+                     blocks, " blocks of ", bs, " tokens), more than the whole budget ",
+                     options_.kv_budget_bytes, " (", cache_->Stats().total_blocks, " blocks)"));
   }
   if (request.top_logprobs < 0 || request.top_logprobs > 20) {
     return absl::InvalidArgumentError("top_logprobs: must be in [0, 20]");
@@ -103,59 +135,101 @@ absl::Status Engine::Add(Request request) {
 
 void Engine::Cancel(const std::string& request_id) { cancelled_.push_back(request_id); }
 
-absl::Status Engine::DropSession(const std::string& session_id) {
+void Engine::ForgetSession(const std::string& session_id) {
   auto it = sessions_.find(session_id);
-  if (it == sessions_.end()) return absl::NotFoundError(absl::StrCat("session '", session_id, "'"));
-  kv_bytes_used_ -= KvBytes(it->second.kv->capacity());
+  if (it == sessions_.end()) return;
+  cache_->Free(it->second.cache_id);
   sessions_.erase(it);
+}
+
+absl::Status Engine::DropSession(const std::string& session_id) {
+  if (!sessions_.contains(session_id)) {
+    return absl::NotFoundError(absl::StrCat("session '", session_id, "'"));
+  }
+  ForgetSession(session_id);
   return absl::OkStatus();
 }
 
-// Takes a KV for `seq` from its session (prefix reuse) or the budget, evicting least recently
-// used sessions as needed. False when the budget cannot hold it now.
-bool Engine::Admit(std::unique_ptr<Sequence>& seq) {
-  const int64_t capacity = static_cast<int64_t>(seq->req.prompt.size()) + seq->req.stop.max_tokens;
-  const int64_t bytes = KvBytes(capacity);
-  std::unique_ptr<SequenceKv> reuse;
-  int64_t reuse_len = 0;
-  if (auto it = sessions_.find(seq->req.session_id); !seq->req.session_id.empty() && it != sessions_.end()) {
-    const auto& tokens = it->second.tokens;
-    // Reuse only a strict prefix of the prompt: the last prompt token must run to give logits.
-    if (tokens.size() < seq->req.prompt.size() &&
-        std::equal(tokens.begin(), tokens.end(), seq->req.prompt.begin())) {
-      reuse = std::move(it->second.kv);
-      reuse_len = static_cast<int64_t>(tokens.size());
+bool Engine::DropLruSession() {
+  if (sessions_.empty()) return false;
+  auto lru = std::min_element(sessions_.begin(), sessions_.end(), [](const auto& a, const auto& b) {
+    return a.second.last_used < b.second.last_used;
+  });
+  ForgetSession(lru->first);
+  return true;
+}
+
+// Gives `seq` a block table: the continuation of its kept session when the prompt extends it,
+// else the cached prefix blocks of its tokens plus one position. The rest of the table grows as
+// prefill chunks run (Reserve). False when the blocks cannot be had now.
+bool Engine::Admit(std::unique_ptr<Sequence>& seq_ptr) {
+  Sequence& seq = *seq_ptr;
+  seq.prefill_end = static_cast<int64_t>(seq.req.prompt.size() + seq.output.size());
+  const std::vector<int32_t> tokens = seq.Tokens(0, seq.prefill_end);
+  const int64_t id = next_cache_id_++;
+  int64_t reused = 0;
+  if (auto it = sessions_.find(seq.req.session_id); !seq.req.session_id.empty() && it != sessions_.end()) {
+    const std::vector<int32_t>& kept = it->second.tokens;
+    // Continue only a strict prefix of the prompt: the last prompt token must run to give logits.
+    if (kept.size() < tokens.size() && std::equal(kept.begin(), kept.end(), tokens.begin())) {
+      MOE_CHECK(cache_->Rename(it->second.cache_id, id).ok());
+      reused = static_cast<int64_t>(kept.size());
+      sessions_.erase(it);
+      seq.cache_id = id;
+      seq.kv_len = seq.cache_len = reused;
     } else {
-      reuse = std::move(it->second.kv);  // a diverging turn: drop the old KV
+      ForgetSession(seq.req.session_id);  // a diverging turn: its full blocks stay cached
     }
-    kv_bytes_used_ -= KvBytes(reuse->capacity());
-    sessions_.erase(it);
   }
-  while (kv_bytes_used_ + bytes > options_.kv_budget_bytes && !sessions_.empty()) {
-    auto lru = std::min_element(sessions_.begin(), sessions_.end(), [](const auto& a, const auto& b) {
-      return a.second.last_used < b.second.last_used;
-    });
-    kv_bytes_used_ -= KvBytes(lru->second.kv->capacity());
-    sessions_.erase(lru);
-  }
-  if (kv_bytes_used_ + bytes > options_.kv_budget_bytes) {
-    if (reuse != nullptr) {  // put the session back untouched
-      Session& s = sessions_[seq->req.session_id];
-      s.tokens.assign(seq->req.prompt.begin(), seq->req.prompt.begin() + reuse_len);
-      kv_bytes_used_ += KvBytes(reuse->capacity());
-      s.kv = std::move(reuse);
-      s.last_used = step_counter_;
+  if (seq.cache_id == 0) {
+    for (;;) {
+      const int64_t blocks = cache_->ReusablePrefixBlocks(tokens);
+      const int64_t admit_len = std::min<int64_t>(seq.prefill_end, blocks * options_.block_size + 1);
+      auto admitted = cache_->Admit(id, absl::MakeConstSpan(tokens.data(), admit_len));
+      if (admitted.ok()) {
+        reused = admitted->num_cached_tokens;
+        seq.cache_id = id;
+        seq.kv_len = reused;
+        seq.cache_len = admit_len;
+        break;
+      }
+      if (!DropLruSession()) return false;
     }
-    return false;
   }
-  auto kv = SequenceKv::Create(model_.config(), model_.backend(), capacity);
-  if (!kv.ok()) return false;
-  seq->kv = std::move(*kv);
-  seq->kv_bytes = bytes;
-  kv_bytes_used_ += bytes;
-  if (reuse_len > 0) {
-    seq->kv->CopyPrefixFrom(*reuse, reuse_len, model_.backend());
-    seq->cached = reuse_len;
+  if (!seq.admitted_before) {
+    seq.admitted_before = true;
+    seq.cached = std::min<int64_t>(reused, static_cast<int64_t>(seq.req.prompt.size()));
+    cached_prompt_tokens_ += seq.cached;
+  }
+  return true;
+}
+
+void Engine::Preempt(size_t index) {
+  std::unique_ptr<Sequence> seq = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
+  cache_->Free(seq->cache_id);  // its written full blocks stay cached: recompute may reuse them
+  seq->cache_id = 0;
+  seq->kv_len = seq->cache_len = 0;
+  ++preemptions_;
+  waiting_.push_front(std::move(seq));
+}
+
+bool Engine::Reserve(Sequence& seq, int64_t end, const std::vector<const Sequence*>& planned) {
+  while (seq.cache_len < end) {
+    const std::vector<int32_t> more = seq.Tokens(seq.cache_len, end);
+    if (cache_->AppendTokens(seq.cache_id, more).ok()) {
+      seq.cache_len = end;
+      return true;
+    }
+    if (DropLruSession()) continue;
+    // Preempt the newest running sequence that has no work planned in this step (seq has none).
+    size_t victim = running_.size();
+    while (victim-- > 0) {
+      if (std::find(planned.begin(), planned.end(), running_[victim].get()) == planned.end()) break;
+    }
+    const bool self = running_[victim].get() == &seq;
+    Preempt(victim);
+    if (self) return false;
   }
   return true;
 }
@@ -173,27 +247,21 @@ void Engine::Finish(Sequence& seq, FinishReason reason, absl::Status error, bool
   }
   e.usage = {static_cast<int64_t>(seq.req.prompt.size()), seq.cached,
              static_cast<int64_t>(seq.output.size())};
-  if (seq.kv != nullptr) {
-    kv_bytes_used_ -= seq.kv_bytes;
+  if (seq.cache_id != 0) {
     const bool keep = !seq.req.session_id.empty() && options_.max_sessions > 0 &&
-                      (reason == FinishReason::kStop || reason == FinishReason::kLength);
+                      (reason == FinishReason::kStop || reason == FinishReason::kLength) &&
+                      seq.cache_len == seq.kv_len;
     if (keep) {
+      ForgetSession(seq.req.session_id);
       Session& s = sessions_[seq.req.session_id];
-      s.tokens = seq.req.prompt;
-      s.tokens.insert(s.tokens.end(), seq.output.begin(), seq.output.end());
-      s.tokens.resize(seq.kv->length());  // the last sampled token has no K/V yet
-      s.kv = std::move(seq.kv);
+      s.tokens = seq.Tokens(0, seq.kv_len);  // the last sampled token has no K/V yet
+      s.cache_id = seq.cache_id;
       s.last_used = step_counter_;
-      kv_bytes_used_ += KvBytes(s.kv->capacity());
-      while (static_cast<int64_t>(sessions_.size()) > options_.max_sessions) {
-        auto lru = std::min_element(sessions_.begin(), sessions_.end(), [](const auto& a, const auto& b) {
-          return a.second.last_used < b.second.last_used;
-        });
-        kv_bytes_used_ -= KvBytes(lru->second.kv->capacity());
-        sessions_.erase(lru);
-      }
+      while (static_cast<int64_t>(sessions_.size()) > options_.max_sessions) DropLruSession();
+    } else {
+      cache_->Free(seq.cache_id);
     }
-    seq.kv.reset();
+    seq.cache_id = 0;
   }
   events->push_back(std::move(e));
 }
@@ -239,7 +307,7 @@ std::vector<Event> Engine::Step() {
   }
   cancelled_.clear();
 
-  // 2. Admissions in arrival order while the batch and the KV budget allow.
+  // 2. Admissions in arrival order while the batch and the KV blocks allow.
   while (!waiting_.empty() && static_cast<int64_t>(running_.size()) < options_.max_running) {
     if (!Admit(waiting_.front())) break;
     waiting_.front()->admitted_us = base::NowMicros();
@@ -249,29 +317,51 @@ std::vector<Event> Engine::Step() {
   if (running_.empty()) return events;
 
   // 3. Plan: every decode gets its one token, then prefill chunks fill the remaining budget.
+  // Blocks are reserved oldest first; when they run out the newest sequences are preempted.
   struct Planned {
     Sequence* seq;
     std::vector<int32_t> tokens;
     bool samples;  // this chunk ends at the end of the prompt, or is a decode
+    bool prefill;
+    std::vector<int32_t> table;
   };
   std::vector<Planned> plan;
+  std::vector<const Sequence*> planned;
   int64_t budget = options_.max_batch_tokens;
-  for (auto& s : running_) {
-    if (!s->prefilling() && budget > 0) {
-      plan.push_back({s.get(), {s->output.back()}, true});
-      --budget;
-    }
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i].get();
+    if (s->prefilling()) continue;
+    if (!Reserve(*s, s->kv_len + 1, planned)) break;  // s was preempted: it was the newest
+    plan.push_back({s, {s->output.back()}, true, false, {}});
+    planned.push_back(s);
+    --budget;
   }
-  for (auto& s : running_) {
-    if (!s->prefilling() || budget <= 0) continue;
-    const int64_t begin = s->kv->length();
-    const int64_t end = std::min<int64_t>(s->req.prompt.size(), begin + budget);
-    plan.push_back({s.get(), {s->req.prompt.begin() + begin, s->req.prompt.begin() + end},
-                    end == static_cast<int64_t>(s->req.prompt.size())});
+  for (size_t i = 0; i < running_.size() && budget > 0; ++i) {
+    Sequence* s = running_[i].get();
+    if (!s->prefilling()) continue;
+    const int64_t begin = s->kv_len;
+    const int64_t end = std::min<int64_t>(s->prefill_end, begin + budget);
+    if (!Reserve(*s, end, planned)) break;
+    plan.push_back({s, s->Tokens(begin, end), end == s->prefill_end, true, {}});
+    planned.push_back(s);
     budget -= end - begin;
   }
+  if (plan.empty()) return events;  // everything runnable was preempted this step
   std::vector<ForwardItem> items;
-  for (Planned& p : plan) items.push_back({p.tokens, p.seq->kv.get()});
+  for (Planned& p : plan) {
+    const auto table = cache_->BlockTable(p.seq->cache_id);
+    MOE_CHECK(table.ok()) << table.status();
+    p.table.assign(table->begin(), table->end());
+  }
+  for (Planned& p : plan) {
+    ForwardItem item;
+    item.tokens = p.tokens;
+    item.paged = paged_.get();
+    item.block_table = p.table;
+    item.start = p.seq->kv_len;
+    items.push_back(item);
+    if (p.prefill) prefill_tokens_ += static_cast<int64_t>(p.tokens.size());
+  }
 
   // 4. Forward, 5. sample. An error fails every sequence of the step (it names the cause).
   std::vector<float> logits;
@@ -285,6 +375,7 @@ std::vector<Event> Engine::Step() {
       done.push_back(&s);
       continue;
     }
+    s.kv_len += static_cast<int64_t>(plan[i].tokens.size());
     if (!plan[i].samples) continue;
     TokenLogprobs lp;
     const int32_t token = s.sampler.Sample(absl::MakeSpan(logits.data() + i * V, V), s.req.prompt,
@@ -305,11 +396,24 @@ EngineStats Engine::Stats() const {
   EngineStats s;
   s.running = static_cast<int64_t>(running_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
-  s.kv_bytes_used = kv_bytes_used_;
   s.kv_bytes_budget = options_.kv_budget_bytes;
-  s.kv_bytes_per_token = SequenceKv::BytesPerToken(model_.config());
+  s.kv_bytes_per_token = bytes_per_token_;
   s.sessions = static_cast<int64_t>(sessions_.size());
+  s.preemptions = preemptions_;
+  s.prefill_tokens = prefill_tokens_;
+  s.cached_prompt_tokens = cached_prompt_tokens_;
+  if (cache_ != nullptr) {
+    const KvCacheStats k = cache_->Stats();
+    s.kv_bytes_used = int64_t{k.used_blocks} * k.block_bytes;
+    s.kv_blocks_total = k.total_blocks;
+    s.kv_blocks_used = k.used_blocks;
+    s.kv_blocks_cached = k.cached_blocks;
+    s.kv_blocks_free = k.free_blocks;
+    s.kv_evictions = k.evictions;
+  }
   return s;
 }
+
+const KvCache* Engine::kv_cache() const { return cache_.get(); }
 
 }  // namespace moe::engine

@@ -1,6 +1,10 @@
 // Engine: continuous batching over one Model. Requests join the running batch between steps;
 // prompts are prefilled in chunks under a per-step token budget so decodes keep flowing;
-// sequences leave on finish or cancel and their KV memory is freed at once. One thread owns an
+// sequences leave on finish or cancel and their KV memory is freed at once. KV lives in a paged,
+// optionally compressed cache (engine/kv_cache.h blocks, PagedKv storage): full blocks of a prompt
+// are reused by later prompts with the same prefix, a finished session turn keeps its blocks for
+// the next turn, and when blocks run out the newest running sequence is preempted (its blocks
+// freed, requeued to recompute its prompt and output so far). One thread owns an
 // Engine (it is not thread-safe); the worker hands it requests and cancels between steps.
 #pragma once
 
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
@@ -27,6 +32,11 @@ struct EngineOptions {
   int64_t kv_budget_bytes = 1 << 30; // KV memory for all sequences (and kept sessions)
   int64_t max_context = 0;           // 0: the model's max_position_embeddings
   int64_t max_sessions = 64;         // conversations whose KV is kept between turns
+  // KV cache format: bf16 (default), fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (kernels/kv_quant.h;
+  // TurboQuant needs a head_dim with committed codebooks, the split ones head_dim 128).
+  std::string kv_cache_dtype = "bf16";
+  int block_size = 16;               // tokens per KV block
+  bool prefix_reuse = true;          // reuse cached full blocks of a shared prompt prefix
   absl::Status Validate() const;
 };
 
@@ -45,7 +55,7 @@ const char* FinishReasonName(FinishReason reason);
 
 struct Usage {
   int64_t prompt_tokens = 0;
-  int64_t cached_prompt_tokens = 0;  // reused from a kept session, not prefilled again
+  int64_t cached_prompt_tokens = 0;  // reused (a kept session or cached prefix blocks), not prefilled
   int64_t completion_tokens = 0;
 };
 
@@ -64,9 +74,14 @@ struct Event {
 
 struct EngineStats {
   int64_t running = 0, waiting = 0;
-  int64_t kv_bytes_used = 0, kv_bytes_budget = 0;
-  int64_t kv_bytes_per_token = 0;
+  int64_t kv_bytes_used = 0, kv_bytes_budget = 0;  // used: referenced blocks (running + sessions)
+  int64_t kv_bytes_per_token = 0;                    // in the chosen format
   int64_t sessions = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_used = 0, kv_blocks_cached = 0, kv_blocks_free = 0;
+  int64_t kv_evictions = 0;            // cached blocks reclaimed, cumulative
+  int64_t preemptions = 0;             // sequences preempted for KV space, cumulative
+  int64_t prefill_tokens = 0;          // tokens run through prefill (recomputation included)
+  int64_t cached_prompt_tokens = 0;    // prompt tokens served from the cache, cumulative
 };
 
 class Engine {
@@ -87,14 +102,21 @@ class Engine {
   // Schedules and runs one step and returns its events.
   std::vector<Event> Step();
   EngineStats Stats() const;
+  // The block manager, for tests and metrics (null when the KV cache could not be made).
+  const KvCache* kv_cache() const;
 
  private:
   struct Sequence;
   bool Admit(std::unique_ptr<Sequence>& seq);
+  // Grows seq's blocks to cover `end` positions, dropping LRU sessions and then preempting the
+  // newest running sequences without planned work as needed. False if seq itself was preempted.
+  bool Reserve(Sequence& seq, int64_t end, const std::vector<const Sequence*>& planned);
+  void Preempt(size_t running_index);
+  bool DropLruSession();
+  void ForgetSession(const std::string& session_id);  // frees its blocks (they stay cached)
   void Finish(Sequence& seq, FinishReason reason, absl::Status error, bool flush_text,
               std::vector<Event>* events);
   void Emit(Sequence& seq, int32_t token, const TokenLogprobs& lp, std::vector<Event>* events);
-  int64_t KvBytes(int64_t capacity) const;
 
   Model& model_;
   const Tokenizer& tokenizer_;
@@ -104,12 +126,19 @@ class Engine {
   std::vector<std::unique_ptr<Sequence>> running_;
   std::vector<std::string> cancelled_;
   struct Session {
-    std::vector<int32_t> tokens;  // prompt + output whose K/V is in kv
-    std::unique_ptr<SequenceKv> kv;
+    std::vector<int32_t> tokens;  // prompt + output whose K/V is in the blocks of cache_id
+    int64_t cache_id = 0;
     int64_t last_used = 0;
   };
   std::map<std::string, Session> sessions_;
-  int64_t kv_bytes_used_ = 0;
+  absl::Status kv_status_;  // why the KV cache could not be made (then Add fails with it)
+  std::unique_ptr<PagedKv> paged_;
+  std::unique_ptr<KvCache> cache_;
+  int64_t bytes_per_token_ = 0;
+  int64_t next_cache_id_ = 1;
+  int64_t preemptions_ = 0;
+  int64_t prefill_tokens_ = 0;
+  int64_t cached_prompt_tokens_ = 0;
   int64_t step_counter_ = 0;
 };
 

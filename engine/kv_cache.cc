@@ -168,6 +168,41 @@ absl::Status KvCache::AppendTokens(int64_t seq_id, absl::Span<const int32_t> tok
   return absl::OkStatus();
 }
 
+int64_t KvCache::ReusablePrefixBlocks(absl::Span<const int32_t> tokens) const {
+  if (!options_.prefix_reuse || tokens.empty()) return 0;
+  const int64_t bs = options_.block_size;
+  const int64_t max_reuse = (static_cast<int64_t>(tokens.size()) - 1) / bs;
+  uint64_t parent = 0;
+  int64_t i = 0;
+  for (; i < max_reuse; ++i) {
+    const auto content = tokens.subspan(i * bs, bs);
+    const uint64_t hash = ChainHash(parent, content);
+    auto it = registry_.find(hash);
+    if (it == registry_.end()) break;
+    const Block& block = blocks_[it->second];
+    if (block.parent_hash != parent ||
+        !std::equal(block.tokens.begin(), block.tokens.end(), content.begin(), content.end())) {
+      break;
+    }
+    parent = hash;
+  }
+  return i;
+}
+
+absl::Status KvCache::Rename(int64_t from, int64_t to) {
+  auto it = sequences_.find(from);
+  if (it == sequences_.end()) {
+    return absl::NotFoundError(absl::StrCat("KV cache: sequence ", from, " is not admitted"));
+  }
+  if (sequences_.contains(to)) {
+    return absl::AlreadyExistsError(absl::StrCat("KV cache: sequence ", to, " is already admitted"));
+  }
+  Sequence seq = std::move(it->second);
+  sequences_.erase(it);
+  sequences_.emplace(to, std::move(seq));
+  return absl::OkStatus();
+}
+
 void KvCache::Free(int64_t seq_id) {
   auto it = sequences_.find(seq_id);
   if (it == sequences_.end()) return;

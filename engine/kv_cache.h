@@ -91,6 +91,14 @@ class KvCache {
   // Extends a live sequence by generated tokens, growing its table. NotFound for an unknown
   // sequence; ResourceExhausted when the blocks run out (nothing changes then).
   absl::Status AppendTokens(int64_t seq_id, absl::Span<const int32_t> tokens);
+  // Full blocks at the start of `tokens` that Admit would reuse now (same rule: registered,
+  // matching, at most (size − 1) / block_size). Changes nothing. The engine admits only that
+  // prefix plus one token and appends the rest as it is computed, so a block is registered in
+  // the step that writes its KV, never earlier.
+  int64_t ReusablePrefixBlocks(absl::Span<const int32_t> tokens) const;
+  // Moves a live sequence to a new id (a kept session's blocks continuing in its next turn).
+  // NotFound for an unknown `from`, AlreadyExists for a live `to`.
+  absl::Status Rename(int64_t from, int64_t to);
   // Releases a sequence (finished or cancelled); its registered blocks stay cached. Unknown ids
   // are ignored, so a cancel racing a finish is harmless.
   void Free(int64_t seq_id);

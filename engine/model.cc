@@ -55,6 +55,71 @@ bool Model::IsStoreDir(const std::string& dir) {
   return std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec);
 }
 
+int64_t ForwardItem::length() const { return kv != nullptr ? kv->length() : start; }
+
+absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
+                                                         kernels::Backend& backend,
+                                                         kernels::KvFormat format, int block_size,
+                                                         int32_t num_blocks) {
+  const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
+  if (backend.kind() != kernels::BackendKind::kCpu && format != kernels::KvFormat::kBf16) {
+    return absl::UnimplementedError(absl::StrCat(
+        "KV cache format ", kernels::KvFormatName(format), " is not implemented on the ",
+        kernels::BackendKindName(backend.kind()),
+        " backend yet (CPU only); use kv_cache_dtype bf16 there"));
+  }
+  MOE_ASSIGN_OR_RETURN(KvStorage storage,
+                       KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
+                                         block_size, num_blocks));
+  auto kv = std::unique_ptr<PagedKv>(new PagedKv(storage));
+  kv->format_ = format;
+  kv->block_size_ = block_size;
+  kv->num_blocks_ = num_blocks;
+  kv->num_kv_heads_ = NKV;
+  kv->head_dim_ = D;
+  MOE_RETURN_IF_ERROR(Alloc(backend, &kv->buffer_, static_cast<size_t>(storage.total_bytes())));
+  kv->codecs_.resize(c.num_hidden_layers);
+  kv->codec_ptrs_.resize(c.num_hidden_layers);
+  const bool split = format == kernels::KvFormat::kTq3p5 || format == kernels::KvFormat::kTq2p5;
+  if (!split) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      MOE_RETURN_IF_ERROR(kv->EnsureCodecs(l, nullptr, nullptr, 0));
+    }
+  }
+  return kv;
+}
+
+absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T) {
+  if (!codecs_[layer].empty()) return absl::OkStatus();
+  const bool split = format_ == kernels::KvFormat::kTq3p5 || format_ == kernels::KvFormat::kTq2p5;
+  std::vector<kernels::KvCodec> codecs;
+  std::vector<float> sample(split ? T * head_dim_ : 0);
+  for (int h = 0; h < num_kv_heads_; ++h) {
+    for (int role = 0; role < 2; ++role) {
+      kernels::KvCodecOptions o;
+      o.format = format_;
+      o.head_dim = head_dim_;
+      o.role = role == 0 ? kernels::KvRole::kKey : kernels::KvRole::kValue;
+      o.layer = static_cast<int>(layer);
+      o.kv_head = h;
+      if (split) {
+        const float* x = role == 0 ? k : v;
+        for (int64_t t = 0; t < T; ++t) {
+          std::copy_n(x + (t * num_kv_heads_ + h) * head_dim_, head_dim_,
+                      sample.data() + t * head_dim_);
+        }
+        o.outlier_channels = kernels::SelectOutlierChannels(sample.data(), T, head_dim_, 32);
+      }
+      MOE_ASSIGN_OR_RETURN(kernels::KvCodec codec, kernels::KvCodec::Create(o));
+      codecs.push_back(std::move(codec));
+    }
+  }
+  codecs_[layer] = std::move(codecs);
+  codec_ptrs_[layer].clear();
+  for (const kernels::KvCodec& codec : codecs_[layer]) codec_ptrs_[layer].push_back(&codec);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    kernels::Backend& backend,
                                                    const store::StoreOptions& store) {
@@ -120,7 +185,24 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   for (size_t i = 0; i < batch.size(); ++i) {
     const ForwardItem& item = batch[i];
     if (item.tokens.empty()) return absl::InvalidArgumentError(absl::StrCat("item ", i, ": no tokens"));
-    if (item.kv->length() + static_cast<int64_t>(item.tokens.size()) > item.kv->capacity()) {
+    if ((item.kv == nullptr) == (item.paged == nullptr)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", i, ": needs exactly one of a contiguous or a paged KV"));
+    }
+    if (item.paged != nullptr) {
+      const int64_t covered =
+          static_cast<int64_t>(item.block_table.size()) * item.paged->block_size();
+      if (item.start < 0 || item.start + static_cast<int64_t>(item.tokens.size()) > covered) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("item ", i, ": ", item.start, " cached + ", item.tokens.size(),
+                         " new tokens exceed its block table of ", covered, " positions"));
+      }
+      for (int32_t b : item.block_table) {
+        if (b < 0 || b >= item.paged->num_blocks()) {
+          return absl::InvalidArgumentError(absl::StrCat("item ", i, ": block ", b, " out of range"));
+        }
+      }
+    } else if (item.kv->length() + static_cast<int64_t>(item.tokens.size()) > item.kv->capacity()) {
       return absl::InvalidArgumentError(
           absl::StrCat("item ", i, ": ", item.kv->length(), " cached + ", item.tokens.size(),
                        " new tokens exceed the sequence's KV capacity ", item.kv->capacity()));
@@ -132,7 +214,7 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
             absl::StrCat("token id ", id, " is outside the vocabulary [0, ", c.vocab_size, ")"));
       }
       ids.push_back(id);
-      positions.push_back(static_cast<int32_t>(item.kv->length() + t));
+      positions.push_back(static_cast<int32_t>(item.length() + t));
     }
   }
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
@@ -203,7 +285,9 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   backend_.MatMul(logits_.f32(), h_.f32(), R, weights_.lm_head.view, nullptr);
   logits->resize(R * c.vocab_size);
   backend_.CopyToHost(logits->data(), logits_.data(), R * c.vocab_size * sizeof(float));
-  for (const ForwardItem& item : batch) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
+  for (const ForwardItem& item : batch) {
+    if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
+  }
   times_.logits_us += base::NowMicros() - t0;
   return absl::OkStatus();
 }
@@ -211,9 +295,53 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
 absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T) {
   const ModelConfig& c = config_;
   const int64_t D = c.head_dim, q_dim = c.num_attention_heads * D, kv_dim = c.num_key_value_heads * D;
+  if (observer_) {
+    std::vector<float> q(T * q_dim), k(T * kv_dim), v(T * kv_dim);
+    backend_.CopyToHost(q.data(), q_.data(), q.size() * sizeof(float));
+    backend_.CopyToHost(k.data(), k_.data(), k.size() * sizeof(float));
+    backend_.CopyToHost(v.data(), v_.data(), v.size() * sizeof(float));
+    observer_(layer, q.data(), k.data(), v.data(), T);
+  }
+  // Paged items: every new K/V of the step is stored before any attention reads the cache
+  // (the block manager's ordering contract: a block another item of this step shares is full).
   int64_t offset = 0;
   for (const ForwardItem& item : batch) {
     const int64_t n = static_cast<int64_t>(item.tokens.size());
+    if (item.paged != nullptr) {
+      PagedKv& pk = *item.paged;
+      if (pk.codecs_[layer].empty()) {
+        std::vector<float> k(T * kv_dim), v(T * kv_dim);  // the split formats' first-step sample
+        backend_.CopyToHost(k.data(), k_.data(), k.size() * sizeof(float));
+        backend_.CopyToHost(v.data(), v_.data(), v.size() * sizeof(float));
+        MOE_RETURN_IF_ERROR(pk.EnsureCodecs(layer, k.data(), v.data(), T));
+      }
+      kernels::PagedKvWriteArgs w;
+      w.kv = PagedLayer(layer, item);
+      w.k = k_.f32() + offset * kv_dim;
+      w.v = v_.f32() + offset * kv_dim;
+      w.num_tokens = n;
+      w.start_pos = item.start;
+      MOE_RETURN_IF_ERROR(backend_.PagedKvWrite(w));
+    }
+    offset += n;
+  }
+  offset = 0;
+  for (const ForwardItem& item : batch) {
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    if (item.paged != nullptr) {
+      kernels::PagedAttentionArgs a;
+      a.kv = PagedLayer(layer, item);
+      a.out = attn_.f32() + offset * q_dim;
+      a.q = q_.f32() + offset * q_dim;
+      a.num_tokens = n;
+      a.start_pos = item.start;
+      a.num_heads = static_cast<int>(c.num_attention_heads);
+      a.scale = 1.f / std::sqrt(static_cast<float>(D));
+      a.sliding_window = c.sliding_window;
+      MOE_RETURN_IF_ERROR(backend_.PagedAttention(a));
+      offset += n;
+      continue;
+    }
     const int64_t start = item.kv->length();
     float* k_cache = item.kv->k_[layer].f32();
     float* v_cache = item.kv->v_[layer].f32();
@@ -235,6 +363,21 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
     offset += n;
   }
   return absl::OkStatus();
+}
+
+kernels::PagedKvLayer Model::PagedLayer(int64_t layer, const ForwardItem& item) const {
+  const PagedKv& pk = *item.paged;
+  kernels::PagedKvLayer kv;
+  kv.layer_base = static_cast<uint8_t*>(pk.buffer_.data()) +
+                  pk.storage_.TileOffset(static_cast<int>(layer), 0, 0, kernels::KvRole::kKey);
+  kv.block_stride = pk.storage_.block_bytes();
+  kv.tile_bytes = pk.storage_.tile_bytes();
+  kv.block_size = pk.block_size_;
+  kv.block_table = item.block_table.data();
+  kv.codecs = pk.codec_ptrs_[layer].data();
+  kv.num_kv_heads = pk.num_kv_heads_;
+  kv.head_dim = pk.head_dim_;
+  return kv;
 }
 
 void Model::DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,

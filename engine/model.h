@@ -6,12 +6,14 @@
 // K experts per token, V vocabulary.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/kv_storage.h"
 #include "engine/model_config.h"
 #include "engine/rope.h"
 #include "engine/weights.h"
@@ -43,10 +45,53 @@ class SequenceKv {
   std::vector<kernels::Buffer> k_, v_;  // per layer [capacity, NKV, D]
 };
 
-// One sequence's share of a step: `tokens` are appended at position kv->length().
+// The paged KV cache's storage: one backend buffer laid out by KvStorage
+// ([layer][block][kv_head][K, V] tiles in `format`) and a KvCodec per (layer, kv-head, K|V).
+// Block indices come from the block manager (engine/kv_cache.h). The split formats (tq3.5,
+// tq2.5) pick their outlier channels per (layer, kv-head, K|V) from the first step that writes
+// the layer (its keys/values, post-RoPE), as the spec says; the other formats' codecs are made
+// here. Rotation seeds use model_fingerprint "" (kv_rotation.h).
+class PagedKv {
+ public:
+  // InvalidArgument for a format the model's head_dim does not support; ResourceExhausted when
+  // the backend cannot hold num_blocks blocks.
+  static absl::StatusOr<std::unique_ptr<PagedKv>> Create(const ModelConfig& config,
+                                                        kernels::Backend& backend,
+                                                        kernels::KvFormat format, int block_size,
+                                                        int32_t num_blocks);
+  kernels::KvFormat format() const { return format_; }
+  int block_size() const { return block_size_; }
+  int32_t num_blocks() const { return num_blocks_; }
+  const KvStorage& storage() const { return storage_; }
+
+ private:
+  friend class Model;
+  explicit PagedKv(KvStorage storage) : storage_(storage) {}
+  // Makes the codecs of `layer` if not yet made; k, v: [T, NKV, D] (the split formats' sample).
+  absl::Status EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T);
+
+  kernels::KvFormat format_ = kernels::KvFormat::kBf16;
+  int block_size_ = 0;
+  int32_t num_blocks_ = 0;
+  int num_kv_heads_ = 0;
+  int head_dim_ = 0;
+  KvStorage storage_;
+  kernels::Buffer buffer_;
+  // Per layer: [NKV][2] codecs (empty until made) and their pointers for the backend.
+  std::vector<std::vector<kernels::KvCodec>> codecs_;
+  std::vector<std::vector<const kernels::KvCodec*>> codec_ptrs_;
+};
+
+// One sequence's share of a step. Either contiguous (`kv`: tokens are appended at kv->length())
+// or paged (`paged` non-null, kv null: tokens are written at positions `start`.. of the blocks in
+// `block_table`, which must cover start + tokens.size() positions; the caller tracks lengths).
 struct ForwardItem {
   absl::Span<const int32_t> tokens;
   SequenceKv* kv = nullptr;
+  PagedKv* paged = nullptr;
+  absl::Span<const int32_t> block_table = {};
+  int64_t start = 0;
+  int64_t length() const;  // positions already cached before this step
 };
 
 // Time spent per phase over the model's lifetime, in microseconds (the --timings breakdown).
@@ -82,10 +127,17 @@ class Model {
   // The tiered store serving the experts, or null when they come from the checkpoint.
   const store::ExpertStore* expert_store() const { return store_; }
 
+  // Debugging and quality tools (kv-quality): called once per layer of every Forward with host
+  // copies of the step's post-RoPE, post-q/k-norm q [T, NH, D], k and v [T, NKV, D]. Empty: none.
+  using AttentionObserver =
+      std::function<void(int64_t layer, const float* q, const float* k, const float* v, int64_t T)>;
+  void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
+
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
+  kernels::PagedKvLayer PagedLayer(int64_t layer, const ForwardItem& item) const;
   absl::Status MoeBlock(int64_t layer, int64_t T);
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
@@ -101,6 +153,7 @@ class Model {
   const store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
   RopeTable rope_;
   PhaseTimes times_;
+  AttentionObserver observer_;
 
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;

@@ -16,6 +16,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/kv_quant.h"
 #include "kernels/tensor.h"
 
 namespace moe::kernels {
@@ -107,6 +108,46 @@ struct AttentionArgs {
   int64_t sliding_window = 0;
 };
 
+// One layer of a paged, possibly compressed KV cache (engine/kv_storage.h): the tile of (block b,
+// kv-head h, K|V) is at layer_base + b·block_stride + (2h + role)·tile_bytes, block_size vectors
+// in the codec's structure-of-arrays layout (kernels/kv_quant.h). Token p of a sequence is slot
+// p % block_size of block block_table[p / block_size].
+struct PagedKvLayer {
+  uint8_t* layer_base = nullptr;   // backend memory
+  int64_t block_stride = 0;        // bytes of one block of this layer (all kv-heads, K and V)
+  int64_t tile_bytes = 0;          // block_size · bytes per vector
+  int block_size = 0;
+  const int32_t* block_table = nullptr;  // host memory, covers positions [0, start_pos + T)
+  const KvCodec* const* codecs = nullptr;  // host memory, [NKV][2]: key codec, value codec
+  int num_kv_heads = 0;
+  int head_dim = 0;
+};
+
+// Quantizes T new keys and values (post-RoPE and q/k-norm) into positions start_pos.. of the
+// sequence's blocks. InvalidArgument when a vector is not finite (KvCodec::Quantize).
+struct PagedKvWriteArgs {
+  PagedKvLayer kv;
+  const float* k = nullptr;  // [T, NKV, D]
+  const float* v = nullptr;  // [T, NKV, D]
+  int64_t num_tokens = 0;
+  int64_t start_pos = 0;
+};
+
+// AttentionArgs' causal attention read straight from the compressed blocks (spec §4): per query
+// head q' = Π q, logits from codebook entries, values accumulated in the rotated frame, one
+// inverse rotation per head at the end (KvCodec::PrepareQuery / Score / AccumulateValues /
+// FinishValues). The new tokens' K/V must have been written first (PagedKvWrite).
+struct PagedAttentionArgs {
+  PagedKvLayer kv;
+  float* out = nullptr;      // [T, NH, D]
+  const float* q = nullptr;  // [T, NH, D], RoPE applied
+  int64_t num_tokens = 0;
+  int64_t start_pos = 0;
+  int num_heads = 0;
+  float scale = 1.f;
+  int64_t sliding_window = 0;
+};
+
 // Router: probs = softmax(logits[t]) over E; the K largest (ties to the lower expert id) are kept;
 // with renormalize they are divided by their sum (norm_topk_prob), else left as probabilities.
 struct RouteArgs {
@@ -159,6 +200,11 @@ class Backend {
                        float eps) = 0;
   virtual void Rope(const RopeArgs& args) = 0;
   virtual void Attention(const AttentionArgs& args) = 0;
+  // Paged KV cache ops. The CPU backend implements both. The defaults, which the CUDA backend
+  // inherits for now, stage the touched tiles through host copies and run the CPU code: correct
+  // but slow; Model uses them only for the bf16 cache (compressed formats: Unimplemented).
+  virtual absl::Status PagedKvWrite(const PagedKvWriteArgs& args);
+  virtual absl::Status PagedAttention(const PagedAttentionArgs& args);
   virtual void Route(const RouteArgs& args) = 0;
   virtual void ExpertFfn(const ExpertFfnArgs& args) = 0;
   // out[i] += x[i]

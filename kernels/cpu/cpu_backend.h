@@ -9,6 +9,12 @@
 
 namespace moe::kernels {
 
+// The paged KV ops on host memory (kernels/cpu/paged_attention.cc): the CPU backend's
+// implementation, and the Backend defaults' after staging tiles through host copies.
+absl::Status PagedKvWriteOnHost(const PagedKvWriteArgs& args);
+// (query token, head) jobs [begin, end) of args.num_tokens · args.num_heads.
+void PagedAttentionOnHost(const PagedAttentionArgs& args, int64_t begin, int64_t end);
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int num_threads);
@@ -30,6 +36,8 @@ class CpuBackend final : public Backend {
                float eps) override;
   void Rope(const RopeArgs& args) override;
   void Attention(const AttentionArgs& args) override;
+  absl::Status PagedKvWrite(const PagedKvWriteArgs& args) override;
+  absl::Status PagedAttention(const PagedAttentionArgs& args) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;

@@ -58,6 +58,9 @@ ABSL_FLAG(std::string, host_budget, "0",
 ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
 ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
           "Expert store: comma-separated layers whose experts are never evicted");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (compressed: CPU only)");
+ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(bool, timings, false, "Print the per-phase time breakdown of the forward pass");
 
 namespace moe {
@@ -148,6 +151,8 @@ absl::Status Run() {
   engine::EngineOptions options;
   MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
   options.kv_budget_bytes = static_cast<int64_t>(kv_budget);
+  options.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  options.block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.max_batch_tokens = std::max<int64_t>(256, static_cast<int64_t>(request.prompt.size()));
   MOE_RETURN_IF_ERROR(options.Validate());
   engine::Engine eng(*model, *tokenizer, options);

@@ -2,8 +2,12 @@
 // cancels and finishes free KV at once, sessions reuse their KV, bad requests are refused.
 #include "engine/engine.h"
 
+#include <chrono>
+#include <cstdio>
 #include <map>
+#include <random>
 
+#include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
@@ -198,6 +202,173 @@ TEST_F(EngineTest, KvBudgetQueuesInsteadOfFailing) {
   EXPECT_EQ(results["a"].final_event.usage.completion_tokens, 6);  // its first token came above
   EXPECT_EQ(results["b"].tokens.size(), 6u);
   EXPECT_EQ(engine.Stats().kv_bytes_used, 0);
+}
+
+// A second request with the same 1,000-token prefix is served 992 of them from cached blocks
+// (62 full blocks of 16; the 63rd is partial) and prefills only the rest.
+TEST_F(EngineTest, SharedPrefixReusesBlocks) {
+  std::mt19937 rng(7);
+  std::vector<int32_t> prefix(1000);
+  for (int32_t& t : prefix) t = static_cast<int32_t>(rng() % 600);
+  EngineOptions opts;
+  opts.max_batch_tokens = 256;
+  Engine engine(*model_, *tokenizer_, opts);
+  auto run = [&](const std::string& id, std::vector<int32_t> prompt) {
+    Request r;
+    r.id = id;
+    r.prompt = std::move(prompt);
+    r.stop.max_tokens = 4;
+    r.stop.ignore_eos = true;
+    const absl::Status added = engine.Add(r);
+    EXPECT_TRUE(added.ok()) << added;
+    const int64_t prefill0 = engine.Stats().prefill_tokens;
+    const auto t0 = std::chrono::steady_clock::now();
+    int steps = 0;
+    Result result;
+    bool first = false;
+    double ttft = 0;
+    while (engine.HasWork()) {
+      ++steps;
+      for (Event& e : engine.Step()) {
+        if (e.token) result.tokens.push_back(*e.token);
+        if (e.token && !first) {
+          first = true;
+          ttft = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        }
+        if (e.finish != FinishReason::kNone) result.final_event = e;
+      }
+    }
+    std::printf("%s: %d steps, %lld tokens prefilled, time to first token %.1f ms, cached %lld\n",
+                id.c_str(), steps, static_cast<long long>(engine.Stats().prefill_tokens - prefill0),
+                ttft * 1e3, static_cast<long long>(result.final_event.usage.cached_prompt_tokens));
+    return result;
+  };
+  std::vector<int32_t> a = prefix, b = prefix;
+  a.insert(a.end(), {5, 6, 7});
+  b.insert(b.end(), {8, 9});
+  const Result ra = run("a", a);
+  EXPECT_EQ(ra.final_event.usage.cached_prompt_tokens, 0);
+  const Result rb = run("b", b);
+  EXPECT_EQ(rb.final_event.usage.cached_prompt_tokens, 992);
+  EXPECT_EQ(rb.final_event.usage.prompt_tokens, 1002);
+  // The cached path gives what a cold engine gives.
+  Engine cold(*model_, *tokenizer_, opts);
+  Request r;
+  r.id = "b";
+  r.prompt = b;
+  r.stop.max_tokens = 4;
+  r.stop.ignore_eos = true;
+  ASSERT_TRUE(cold.Add(r).ok());
+  EXPECT_EQ(RunAll(cold)["b"].tokens, rb.tokens);
+  EXPECT_EQ(engine.Stats().kv_bytes_used, 0);
+  EXPECT_TRUE(engine.kv_cache()->CheckInvariants().ok());
+}
+
+// Under a budget too small for everyone, sequences are preempted and recomputed, never failed,
+// and each gets the tokens it gets alone.
+TEST_F(EngineTest, PreemptionRecomputesAndKeepsTokens) {
+  EngineOptions roomy;
+  std::map<std::string, std::vector<int32_t>> solo;
+  std::vector<Request> reqs;
+  for (int i = 0; i < 6; ++i) {
+    reqs.push_back(MakeRequest(absl::StrCat("r", i), absl::StrCat("Tell story number ", i, " about the sea"), 40));
+    Engine engine(*model_, *tokenizer_, roomy);
+    ASSERT_TRUE(engine.Add(reqs.back()).ok());
+    solo[reqs.back().id] = RunAll(engine)[reqs.back().id].tokens;
+  }
+  EngineOptions tight;
+  tight.block_size = 4;
+  Engine probe(*model_, *tokenizer_, roomy);
+  tight.kv_budget_bytes = probe.Stats().kv_bytes_per_token * 4 * 24;  // 24 blocks of 4 tokens
+  Engine engine(*model_, *tokenizer_, tight);
+  for (const Request& r : reqs) ASSERT_TRUE(engine.Add(r).ok());
+  auto results = RunAll(engine);
+  for (const Request& r : reqs) {
+    EXPECT_EQ(results[r.id].final_event.finish, FinishReason::kLength) << r.id;
+    EXPECT_EQ(results[r.id].tokens, solo[r.id]) << r.id;
+  }
+  EXPECT_GT(engine.Stats().preemptions, 0);
+  std::printf("preemptions: %lld\n", static_cast<long long>(engine.Stats().preemptions));
+  EXPECT_EQ(engine.Stats().kv_bytes_used, 0);
+  EXPECT_TRUE(engine.kv_cache()->CheckInvariants().ok());
+}
+
+// Thousands of random admit / finish / cancel / session operations through the Engine under a
+// tight budget (preemption, eviction, prefix sharing, sessions): the block manager's invariants
+// hold after every step and nothing leaks at the end.
+TEST_F(EngineTest, RandomOperationsLeakNoBlocks) {
+  EngineOptions opts;
+  opts.block_size = 4;
+  opts.max_batch_tokens = 24;
+  opts.max_running = 8;
+  opts.max_sessions = 3;
+  Engine probe(*model_, *tokenizer_, opts);
+  opts.kv_budget_bytes = probe.Stats().kv_bytes_per_token * 4 * 40;  // 40 blocks of 4
+  Engine engine(*model_, *tokenizer_, opts);
+  std::mt19937 rng(1234);
+  const std::vector<int32_t> shared = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+  std::vector<std::string> live;
+  int64_t ops = 0, next = 0;
+  for (int step = 0; step < 1200; ++step) {
+    const int n_new = static_cast<int>(rng() % 3);
+    for (int k = 0; k < n_new; ++k, ++ops) {
+      Request r;
+      r.id = absl::StrCat("q", next++);
+      if (rng() % 2) r.prompt = shared;
+      const int extra = 1 + static_cast<int>(rng() % 20);
+      for (int j = 0; j < extra; ++j) r.prompt.push_back(static_cast<int32_t>(rng() % 500));
+      r.stop.max_tokens = 1 + static_cast<int64_t>(rng() % 30);
+      r.stop.ignore_eos = true;
+      if (rng() % 4 == 0) r.session_id = absl::StrCat("s", rng() % 5);
+      ASSERT_TRUE(engine.Add(r).ok());
+      live.push_back(r.id);
+    }
+    if (!live.empty() && rng() % 3 == 0) {
+      engine.Cancel(live[rng() % live.size()]);
+      ++ops;
+    }
+    if (rng() % 50 == 0) {
+      (void)engine.DropSession(absl::StrCat("s", rng() % 5));
+      ++ops;
+    }
+    for (const Event& e : engine.Step()) {
+      if (e.finish != FinishReason::kNone) {
+        EXPECT_NE(e.finish, FinishReason::kError) << e.error;
+        live.erase(std::remove(live.begin(), live.end(), e.request_id), live.end());
+      }
+    }
+    const absl::Status inv = engine.kv_cache()->CheckInvariants();
+    ASSERT_TRUE(inv.ok()) << "step " << step << ": " << inv;
+  }
+  for (const std::string& id : live) engine.Cancel(id);
+  RunAll(engine);
+  for (int s = 0; s < 5; ++s) (void)engine.DropSession(absl::StrCat("s", s));
+  const EngineStats st = engine.Stats();
+  std::printf("%lld operations, %lld preemptions, %lld evictions\n", static_cast<long long>(ops),
+              static_cast<long long>(st.preemptions), static_cast<long long>(st.kv_evictions));
+  EXPECT_GT(ops, 1000);
+  EXPECT_GT(st.preemptions, 0);
+  EXPECT_EQ(st.kv_blocks_used, 0);
+  EXPECT_EQ(st.kv_bytes_used, 0);
+  EXPECT_EQ(st.kv_blocks_used + st.kv_blocks_cached + st.kv_blocks_free, st.kv_blocks_total);
+  EXPECT_TRUE(engine.kv_cache()->CheckInvariants().ok());
+}
+
+// Every KV format runs end to end through the engine (compressed formats the head_dim allows).
+TEST_F(EngineTest, CompressedFormatsRun) {
+  for (const char* dtype : {"bf16", "fp8_e4m3", "tq4", "tq3", "tq2"}) {
+    EngineOptions opts;
+    opts.kv_cache_dtype = dtype;
+    Engine engine(*model_, *tokenizer_, opts);
+    ASSERT_TRUE(engine.Add(MakeRequest("x", "The sea is wide and deep", 8)).ok()) << dtype;
+    auto r = RunAll(engine)["x"];
+    EXPECT_EQ(r.final_event.finish, FinishReason::kLength) << dtype << " " << r.final_event.error;
+    EXPECT_EQ(r.tokens.size(), 8u) << dtype;
+  }
+  EngineOptions bad;
+  bad.kv_cache_dtype = "int3";
+  Engine engine(*model_, *tokenizer_, bad);
+  EXPECT_EQ(engine.Add(MakeRequest("x", "Hi", 4)).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

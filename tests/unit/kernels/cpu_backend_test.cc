@@ -81,6 +81,94 @@ TEST(CpuBackendTest, AttentionSlidingWindowSeesOnlyTheWindow) {
   EXPECT_FLOAT_EQ(out[4], 2.f);  // causal mean of 0..4
 }
 
+// Paged attention over scattered blocks: with the bf16 cache it matches the contiguous fp32
+// attention to bf16 rounding (sliding window and chunked steps included); the host-staged Backend
+// defaults (what CUDA inherits) give exactly what the CPU override gives, for every format.
+TEST(CpuBackendTest, PagedAttentionMatchesContiguousAndStagedDefaults) {
+  CpuBackend cpu(2);
+  const int NH = 4, NKV = 2, D = 32, bs = 4;
+  const int64_t S = 23;
+  std::mt19937 rng(9);
+  std::normal_distribution<float> g;
+  std::vector<float> q(S * NH * D), k(S * NKV * D), v(S * NKV * D);
+  for (float& x : q) x = g(rng);
+  for (float& x : k) x = g(rng);
+  for (float& x : v) x = g(rng);
+  const std::vector<int32_t> table = {5, 0, 3, 7, 1, 6};  // 24 positions, scattered
+  for (KvFormat format : {KvFormat::kBf16, KvFormat::kFp8E4m3, KvFormat::kTq3}) {
+    std::vector<KvCodec> codecs;
+    for (int h = 0; h < NKV; ++h) {
+      for (KvRole role : {KvRole::kKey, KvRole::kValue}) {
+        KvCodecOptions o;
+        o.format = format;
+        o.head_dim = D;
+        o.role = role;
+        o.kv_head = h;
+        codecs.push_back(*KvCodec::Create(o));
+      }
+    }
+    std::vector<const KvCodec*> ptrs;
+    for (const KvCodec& c : codecs) ptrs.push_back(&c);
+    const int64_t tile = codecs[0].tile_bytes(bs);
+    std::vector<uint8_t> store_cpu(8 * 2 * NKV * tile), store_staged(store_cpu.size());
+    PagedKvLayer layer;
+    layer.block_stride = 2 * NKV * tile;
+    layer.tile_bytes = tile;
+    layer.block_size = bs;
+    layer.block_table = table.data();
+    layer.codecs = ptrs.data();
+    layer.num_kv_heads = NKV;
+    layer.head_dim = D;
+    for (int64_t window : {int64_t{0}, int64_t{6}}) {
+      std::vector<float> out_cpu(S * NH * D), out_staged(S * NH * D), out_ref(S * NH * D);
+      // Two steps: a 15-token chunk, then the remaining 8 tokens.
+      for (auto [start, n] : {std::pair<int64_t, int64_t>{0, 15}, {15, 8}}) {
+        for (int which = 0; which < 2; ++which) {
+          PagedKvWriteArgs w;
+          w.kv = layer;
+          w.kv.layer_base = (which == 0 ? store_cpu : store_staged).data();
+          w.k = k.data() + start * NKV * D;
+          w.v = v.data() + start * NKV * D;
+          w.num_tokens = n;
+          w.start_pos = start;
+          ASSERT_TRUE((which == 0 ? cpu.PagedKvWrite(w) : cpu.Backend::PagedKvWrite(w)).ok());
+          PagedAttentionArgs a;
+          a.kv = w.kv;
+          a.out = (which == 0 ? out_cpu : out_staged).data() + start * NH * D;
+          a.q = q.data() + start * NH * D;
+          a.num_tokens = n;
+          a.start_pos = start;
+          a.num_heads = NH;
+          a.scale = 1.f / std::sqrt(float(D));
+          a.sliding_window = window;
+          ASSERT_TRUE((which == 0 ? cpu.PagedAttention(a) : cpu.Backend::PagedAttention(a)).ok());
+        }
+      }
+      EXPECT_EQ(store_cpu, store_staged) << KvFormatName(format);
+      EXPECT_EQ(out_cpu, out_staged) << KvFormatName(format);
+      AttentionArgs c;
+      c.out = out_ref.data();
+      c.q = q.data();
+      c.k_cache = k.data();
+      c.v_cache = v.data();
+      c.num_tokens = S;
+      c.num_heads = NH;
+      c.num_kv_heads = NKV;
+      c.head_dim = D;
+      c.scale = 1.f / std::sqrt(float(D));
+      c.sliding_window = window;
+      cpu.Attention(c);
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < out_ref.size(); ++i) {
+        err = std::max(err, double(std::abs(out_cpu[i] - out_ref[i])));
+        ref = std::max(ref, double(std::abs(out_ref[i])));
+      }
+      const double tol = format == KvFormat::kBf16 ? 1e-2 : format == KvFormat::kFp8E4m3 ? 6e-2 : 0.5;
+      EXPECT_LT(err / ref, tol) << KvFormatName(format) << " window " << window;
+    }
+  }
+}
+
 TEST(TensorTest, HalfConversionsRoundTrip) {
   for (float f : {0.f, -0.f, 1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f}) {
     EXPECT_EQ(F16ToF32(F32ToF16(f)), f) << f;

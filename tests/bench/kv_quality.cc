@@ -1,0 +1,131 @@
+// kv-quality: the spec's T7 and T8 for every KV-cache format against the bf16 cache, on the golden
+// fixture models and on the built-in default model (head_dim 32, and a head_dim-128 variant for
+// the split formats), plus T7 on random Gaussian Q/K/V at head_dim 128. Prints a markdown table.
+//
+//   build/tests/bench/kv-quality [--steps N] [--random_tokens N]
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "engine/default_model.h"
+#include "nlohmann/json.hpp"
+#include "tests/bench/kv_quality_lib.h"
+#include "tests/testing/temp_dir.h"
+
+namespace moe {
+namespace {
+
+const kernels::KvFormat kFormats[] = {kernels::KvFormat::kBf16, kernels::KvFormat::kFp8E4m3,
+                                      kernels::KvFormat::kTq4,  kernels::KvFormat::kTq3p5,
+                                      kernels::KvFormat::kTq3,  kernels::KvFormat::kTq2p5,
+                                      kernels::KvFormat::kTq2};
+
+int Run(int steps, int random_tokens) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  if (!backend.ok()) return 1;
+  testing::TempDir d32, d128;
+  if (!engine::WriteDefaultModel(d32.path()).ok() ||
+      !engine::WriteDefaultModel(d128.path(), 20261121, 128).ok()) {
+    std::fprintf(stderr, "cannot write the default model\n");
+    return 1;
+  }
+  struct Entry {
+    std::string name, dir;
+    std::vector<int32_t> prompt;
+  };
+  std::vector<Entry> models;
+  for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"}) {
+    const std::string dir = std::string(MOE_SOURCE_DIR) + "/tests/golden/fixtures/" + arch;
+    std::ifstream in(dir + "/expected.json");
+    const auto j = nlohmann::json::parse(in);
+    models.push_back({std::string("golden/") + arch, dir, j["prompt_ids"].get<std::vector<int32_t>>()});
+  }
+  std::mt19937 rng(42);
+  std::vector<int32_t> prompt(32);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 600);
+  models.push_back({"default (D=32)", d32.path(), prompt});
+  models.push_back({"default (D=128)", d128.path(), prompt});
+
+  std::printf("| model | D | format | T7 attn-out rel L2 | T7 attn-prob KL | T8 next-token KL mean | "
+              "T8 KL max | T8 greedy agreement |\n|---|---|---|---|---|---|---|---|\n");
+  for (const Entry& m : models) {
+    auto model = engine::Model::Load(m.dir, **backend);
+    if (!model.ok()) {
+      std::fprintf(stderr, "%s: %s\n", m.name.c_str(), std::string(model.status().message()).c_str());
+      return 1;
+    }
+    const engine::ModelConfig& c = (*model)->config();
+    // T7 on this model's own Q/K/V: prompt, then pseudo-random tokens up to random_tokens.
+    std::vector<int32_t> tokens = m.prompt;
+    while (static_cast<int>(tokens.size()) < random_tokens) {
+      tokens.push_back(static_cast<int32_t>(rng() % std::min<int64_t>(c.vocab_size, 600)));
+    }
+    auto qkv = bench::CaptureQkv(**model, tokens);
+    if (!qkv.ok()) {
+      std::fprintf(stderr, "%s: %s\n", m.name.c_str(), std::string(qkv.status().message()).c_str());
+      return 1;
+    }
+    for (kernels::KvFormat f : kFormats) {
+      bench::AttentionQuality t7;
+      bool supported = true;
+      for (size_t l = 0; l < qkv->size(); ++l) {
+        const bench::LayerQkv& x = (*qkv)[l];
+        auto r = bench::MeasureAttention(f, x.q.data(), x.k.data(), x.v.data(), x.T,
+                                         static_cast<int>(c.num_attention_heads),
+                                         static_cast<int>(c.num_key_value_heads),
+                                         static_cast<int>(c.head_dim), static_cast<int>(l));
+        if (!r.ok()) {
+          supported = false;
+          break;
+        }
+        t7.rel_l2 += r->rel_l2 / qkv->size();
+        t7.kl += r->kl / qkv->size();
+      }
+      if (!supported) {
+        std::printf("| %s | %lld | %s | n/a (head_dim) | | | | |\n", m.name.c_str(),
+                    static_cast<long long>(c.head_dim), kernels::KvFormatName(f));
+        continue;
+      }
+      auto t8 = bench::MeasureNextToken(**model, f, m.prompt, steps);
+      if (!t8.ok()) {
+        std::fprintf(stderr, "%s %s: %s\n", m.name.c_str(), kernels::KvFormatName(f),
+                     std::string(t8.status().message()).c_str());
+        return 1;
+      }
+      std::printf("| %s | %lld | %s | %.4f | %.2e | %.2e | %.2e | %.3f (%lld) |\n", m.name.c_str(),
+                  static_cast<long long>(c.head_dim), kernels::KvFormatName(f), t7.rel_l2, t7.kl,
+                  t8->mean_kl, t8->max_kl, t8->agreement, static_cast<long long>(t8->positions));
+      std::fflush(stdout);
+    }
+  }
+  // T7 on random Gaussian Q/K/V, D = 128, 8 query heads over 2 kv-heads.
+  const int T = 256, NH = 8, NKV = 2, D = 128;
+  std::normal_distribution<float> g;
+  std::vector<float> q(T * NH * D), k(T * NKV * D), v(T * NKV * D);
+  for (float& x : q) x = g(rng);
+  for (float& x : k) x = g(rng);
+  for (float& x : v) x = g(rng);
+  for (kernels::KvFormat f : kFormats) {
+    auto r = bench::MeasureAttention(f, q.data(), k.data(), v.data(), T, NH, NKV, D, 0);
+    if (!r.ok()) return 1;
+    std::printf("| random N(0,1) Q/K/V, T=%d | %d | %s | %.4f | %.2e | | | |\n", T, D,
+                kernels::KvFormatName(f), r->rel_l2, r->kl);
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  int steps = 256, random_tokens = 256;
+  for (int i = 1; i + 1 < argc; i += 2) {
+    if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--random_tokens") == 0) random_tokens = std::atoi(argv[i + 1]);
+  }
+  return moe::Run(steps, random_tokens);
+}
