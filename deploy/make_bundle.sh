@@ -4,6 +4,8 @@
 # The GPU machine (Ubuntu 24.04, glibc 2.39) lacks our Debian libraries; it has newer glibc,
 # libstdc++ and libgcc_s, and the driver's libcuda, which are therefore left out.
 # Usage: deploy/make_bundle.sh [extra cmake -D options]   (from anywhere; -j2: shared build box)
+# MOE_BUNDLE_TARGETS="parity_test matvec_bench": build and bundle only these executables (a full
+# build takes long on the 2-core build box); unset: everything.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build-bundle"
@@ -18,13 +20,19 @@ cmake -S "$root" -B "$build" -G Ninja \
   '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
   "$@" >/dev/null
-ninja -C "$build" -j2
+read -r -a targets <<<"${MOE_BUNDLE_TARGETS:-}"
+ninja -C "$build" -j2 "${targets[@]}"
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 # Every executable the build made (tests, benchmarks, tools), not CMake's own probes.
-mapfile -t bins < <(find "$build" -path '*/CMakeFiles' -prune -o -type f -executable \
-  ! -name '*.so*' ! -name '*.sh' -print | sort)
+if [[ ${#targets[@]} -gt 0 ]]; then
+  mapfile -t bins < <(for t in "${targets[@]}"; do
+    find "$build" -path '*/CMakeFiles' -prune -o -type f -executable -name "$t" -print; done | sort)
+else
+  mapfile -t bins < <(find "$build" -path '*/CMakeFiles' -prune -o -type f -executable \
+    ! -name '*.so*' ! -name '*.sh' -print | sort)
+fi
 [[ ${#bins[@]} -gt 0 ]] || { echo "make_bundle: no executables in $build" >&2; exit 1; }
 cp "${bins[@]}" "$bundle/bin/"
 
