@@ -10,7 +10,8 @@
 // f is made from the code with one shift and one and/or (its bits go straight into the mantissa
 // of 1.0f), so a code costs 2 integer ops and 1 FMA; int->float conversions (a quarter-rate
 // instruction) would cap int4 below HBM speed. sum_c x[c] per group is computed once per block
-// into shared memory, shared by the block's weight rows. Rows whose length in bytes is not a
+// into shared memory, shared by the block's weight rows; each warp takes 4 weight rows, so that
+// an x value loaded from L1 serves 4 (SwiGLU: 8) rows. Rows whose length in bytes is not a
 // multiple of 16 (odd K) take a scalar path that dequantizes element by element.
 // GEMM (prefill): the tiled SIMT kernel of matmul.cu with a loader that dequantizes each element.
 #include "kernels/cuda/common.cuh"
@@ -57,29 +58,40 @@ __device__ __forceinline__ QuantMatrix RowOf(const void* w, int64_t n, int64_t N
   return {base + n * row_bytes, base + params_off + n * groups * 4};
 }
 
-// Block: kQWarps / ws weight rows; grid (ceil(N * ws / kQWarps), groups). Dynamic shared memory:
-// TB * ceil(K / G) floats (the per-group sums of the block's rows of A).
+// Block: kQWarps warps, each kRowsPerWarp consecutive weight rows (ws warps share a row set, each
+// a 1/ws slice of K); grid (ceil(N * ws / (kQWarps * kRowsPerWarp)), groups). Dynamic shared
+// memory: TB * ceil(K / G) floats (the per-group sums of the block's rows of A).
+// Lanes take consecutive 32-bit words of codes, so a warp's x loads cover one contiguous span
+// (8 L1 wavefronts per 1 KB) and each x value loaded is used for kRowsPerWarp (x2 for SwiGLU)
+// weight rows. (The first version gave each lane a 16-byte chunk: its x loads touched 32 lines
+// per instruction and capped int4 at 10% of HBM bandwidth, H200, tests/bench/NOTES.md.)
+constexpr int kRowsPerWarp = 4;
+
 template <int B, int TB, bool kGlu, int ws>
 __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmParams p,
                                                                     const GemmGroup single) {
   using F = QFmt<B>;
-  extern __shared__ float xsum[];                // [TB][groups]
-  __shared__ float partial[kQWarps][TB][2];      // per warp: gate (or plain) and up sums
+  constexpr int NW = kGlu ? 2 : 1;        // gate and up matrices, or the one weight matrix
+  constexpr int NR = NW * kRowsPerWarp;   // weight rows this warp dots with each x value
+  extern __shared__ float xsum[];         // [TB][groups]
+  __shared__ float partial[kQWarps][NR][TB];
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
   if (g.row_count == 0) return;  // block-uniform
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int slice = warp % ws;
   const int t = slice * kWarp + lane;
   constexpr int kThreads = ws * kWarp;
-  const int64_t n = static_cast<int64_t>(blockIdx.x) * (kQWarps / ws) + warp / ws;
-  const bool active = n < p.N;  // no early return: the block meets at barriers
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kQWarps / ws) + warp / ws) * kRowsPerWarp;
   const int64_t K = p.K, G = p.group_size;
   const int64_t groups = CeilDiv(K, G);
   const int64_t row_bytes = (K * B + 7) / 8;
-  constexpr int NW = kGlu ? 2 : 1;  // gate and up rows, or the one weight row
-  QuantMatrix w[NW];
-  w[0] = RowOf(g.w, active ? n : 0, p.N, row_bytes, groups);
-  if constexpr (kGlu) w[1] = RowOf(p.up_groups[blockIdx.y].w, active ? n : 0, p.N, row_bytes, groups);
+  QuantMatrix w[NR];  // [matrix][row]; rows past N alias row 0 (computed, never stored)
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int64_t n = n0 + i < p.N ? n0 + i : 0;
+    w[i] = RowOf(g.w, n, p.N, row_bytes, groups);
+    if constexpr (kGlu) w[kRowsPerWarp + i] = RowOf(p.up_groups[blockIdx.y].w, n, p.N, row_bytes, groups);
+  }
   bool vec = K % F::kPerChunk == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
              (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
   if constexpr (kGlu) vec = vec && (reinterpret_cast<uintptr_t>(p.up_groups[blockIdx.y].w) & 15) == 0;
@@ -106,119 +118,123 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
       }
       __syncthreads();
     }
-    float acc[NW][TB];
+    float acc[NR][TB];
 #pragma unroll
-    for (int r = 0; r < NW; ++r) {
+    for (int q = 0; q < NR; ++q) {
 #pragma unroll
-      for (int j = 0; j < TB; ++j) acc[r][j] = 0.f;
+      for (int j = 0; j < TB; ++j) acc[q][j] = 0.f;
     }
-    if (active && vec) {
-      const int64_t chunks = row_bytes / 16;
-      for (int64_t c = t; c < chunks; c += kThreads) {
-        uint4 raw[NW];
+    if (vec) {
+      const int64_t words = row_bytes / 4;
+      // G is a power of two (DispatchQuant checks): a shift, not a 64-bit division per word.
+      const int g_shift = __ffs(static_cast<int>(G)) - 1;
+      // kU words per row in flight per lane, loads issued before any math: with 4-byte loads,
+      // fewer left int4 at 21% of HBM bandwidth (too few bytes in flight per SM, NOTES.md).
+      constexpr int kU = kGlu ? 2 : 4;
+      for (int64_t wd0 = t; wd0 < words; wd0 += static_cast<int64_t>(kThreads) * kU) {
+        uint32_t code[kU][NR];
+        float sc[kU][NR];
 #pragma unroll
-        for (int r = 0; r < NW; ++r) raw[r] = __ldg(reinterpret_cast<const uint4*>(w[r].codes) + c);
-        const int64_t k0 = c * F::kPerChunk;
-        // Words 0-1 and 2-3 of a chunk lie in one quant group each (G >= 32 codes >= a half
-        // chunk); both halves share a group unless int2 with G = 32.
-        const int64_t g0 = k0 / G, g1 = (k0 + 2 * F::kPerWord) / G;
-        float sc[NW][2];
+        for (int u = 0; u < kU; ++u) {
+          const int64_t wd = wd0 + static_cast<int64_t>(u) * kThreads;
+          const int64_t gi = (wd * F::kPerWord) >> g_shift;  // a word lies in one group
 #pragma unroll
-        for (int r = 0; r < NW; ++r) {
-          sc[r][0] = LoadParams(w[r].params, g0).x * F::kScale;
-          sc[r][1] = g1 == g0 ? sc[r][0] : LoadParams(w[r].params, g1).x * F::kScale;
+          for (int q = 0; q < NR; ++q) {
+            code[u][q] = wd < words ? __ldg(reinterpret_cast<const uint32_t*>(w[q].codes) + wd) : 0u;
+            sc[u][q] = wd < words ? __half2float(reinterpret_cast<const __half*>(w[q].params)[2 * gi]) *
+                                        F::kScale
+                                  : 0.f;
+          }
         }
 #pragma unroll
-        for (int wi = 0; wi < 4; ++wi) {
-          uint32_t word[NW];
-#pragma unroll
-          for (int r = 0; r < NW; ++r) {
-            word[r] = wi == 0 ? raw[r].x : wi == 1 ? raw[r].y : wi == 2 ? raw[r].z : raw[r].w;
-          }
+        for (int u = 0; u < kU; ++u) {
+          const int64_t wd = wd0 + static_cast<int64_t>(u) * kThreads;
+          if (wd >= words) break;
+          const int64_t k0 = wd * F::kPerWord;
 #pragma unroll
           for (int j = 0; j < TB; ++j) {
-            const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k0 + wi * F::kPerWord);
-            float d[NW];
-#pragma unroll
-            for (int r = 0; r < NW; ++r) d[r] = 0.f;
+            const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k0);
+            float xv[F::kPerWord];
 #pragma unroll
             for (int v = 0; v < F::kPerWord / 4; ++v) {
-              const float4 xv = __ldg(x4 + v);
-              const float xe[4] = {xv.x, xv.y, xv.z, xv.w};
-#pragma unroll
-              for (int e = 0; e < 4; ++e) {
-#pragma unroll
-                for (int r = 0; r < NW; ++r) {
-                  d[r] = fmaf(xe[e], OnePlusCode<B>(word[r], 4 * v + e), d[r]);
-                }
-              }
+              const float4 x = __ldg(x4 + v);
+              xv[4 * v] = x.x;
+              xv[4 * v + 1] = x.y;
+              xv[4 * v + 2] = x.z;
+              xv[4 * v + 3] = x.w;
             }
 #pragma unroll
-            for (int r = 0; r < NW; ++r) acc[r][j] = fmaf(sc[r][wi / 2], d[r], acc[r][j]);
+            for (int q = 0; q < NR; ++q) {
+              float d = 0.f;
+#pragma unroll
+              for (int e = 0; e < F::kPerWord; ++e) d = fmaf(xv[e], OnePlusCode<B>(code[u][q], e), d);
+              acc[q][j] = fmaf(sc[u][q], d, acc[q][j]);
+            }
           }
         }
       }
       // + sum_g (m - s 2^B) * sum_c x[c]
       for (int64_t gi = t; gi < groups; gi += kThreads) {
 #pragma unroll
-        for (int r = 0; r < NW; ++r) {
-          const float2 sm = LoadParams(w[r].params, gi);
+        for (int q = 0; q < NR; ++q) {
+          const float2 sm = LoadParams(w[q].params, gi);
           const float coef = sm.y - sm.x * F::kScale;
 #pragma unroll
-          for (int j = 0; j < TB; ++j) acc[r][j] = fmaf(coef, xsum[j * groups + gi], acc[r][j]);
+          for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(coef, xsum[j * groups + gi], acc[q][j]);
         }
       }
-    } else if (active) {  // odd K or unaligned: element by element, w = q s + m
+    } else {  // odd K or unaligned: element by element, w = q s + m
       for (int64_t b = t; b < row_bytes; b += kThreads) {
-        uint32_t byte[NW];
 #pragma unroll
-        for (int r = 0; r < NW; ++r) byte[r] = w[r].codes[b];
+        for (int q = 0; q < NR; ++q) {
+          const uint32_t byte = w[q].codes[b];
 #pragma unroll
-        for (int i = 0; i < F::kPerByte; ++i) {
-          const int64_t k = b * F::kPerByte + i;
-          if (k >= K) break;
+          for (int i = 0; i < F::kPerByte; ++i) {
+            const int64_t k = b * F::kPerByte + i;
+            if (k >= K) break;
+            const float2 sm = LoadParams(w[q].params, k / G);
+            const float wk = fmaf(static_cast<float>((byte >> (i * B)) & F::kMask), sm.x, sm.y);
 #pragma unroll
-          for (int r = 0; r < NW; ++r) {
-            const float2 sm = LoadParams(w[r].params, k / G);
-            const float q = static_cast<float>((byte[r] >> (i * B)) & F::kMask);
-            const float wk = fmaf(q, sm.x, sm.y);
-#pragma unroll
-            for (int j = 0; j < TB; ++j) acc[r][j] = fmaf(wk, xr[j][k], acc[r][j]);
+            for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(wk, xr[j][k], acc[q][j]);
           }
         }
       }
     }
 #pragma unroll
-    for (int r = 0; r < NW; ++r) {
+    for (int q = 0; q < NR; ++q) {
 #pragma unroll
-      for (int j = 0; j < TB; ++j) acc[r][j] = WarpSum(acc[r][j]);
+      for (int j = 0; j < TB; ++j) acc[q][j] = WarpSum(acc[q][j]);
     }
     if constexpr (ws > 1) {
       if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < NW; ++r) {
+        for (int q = 0; q < NR; ++q) {
 #pragma unroll
-          for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
+          for (int j = 0; j < TB; ++j) partial[warp][q][j] = acc[q][j];
         }
       }
       __syncthreads();
       if (slice == 0) {  // slices summed in a fixed order: deterministic
 #pragma unroll
-        for (int r = 0; r < NW; ++r) {
+        for (int q = 0; q < NR; ++q) {
 #pragma unroll
           for (int j = 0; j < TB; ++j) {
-            for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
+            for (int s2 = 1; s2 < ws; ++s2) acc[q][j] += partial[warp + s2][q][j];
           }
         }
       }
       __syncthreads();  // partial is reused by the next chunk of rows
     }
-    if (active && slice == 0 && lane == 0) {
+    if (slice == 0 && lane == 0) {
 #pragma unroll
-      for (int j = 0; j < TB; ++j) {
-        float v = acc[0][j];
-        if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[NW - 1][j];
-        if (j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        if (n0 + i >= p.N) break;
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          float v = acc[i][j];
+          if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[kRowsPerWarp + i][j];
+          if (j < nt) StoreC(p, g.row_begin + m0 + j, n0 + i, v);
+        }
       }
     }
   }
@@ -233,15 +249,16 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   const size_t smem = static_cast<size_t>(TB) * CeilDiv(p.K, p.group_size) * sizeof(float);
   MOE_CHECK(smem <= kMaxXsumBytes) << "GroupedGemm: K " << p.K << " group " << p.group_size
                                    << " needs " << smem << " bytes of per-group sums";
-  // The dense kernel's rule (matmul.cu): 4 warps per row only when one warp per row leaves SMs
-  // without a block.
-  const bool split = p.K >= 2048 && CeilDiv(p.N, kQWarps) * p.num_groups < p.num_sms;
+  // K split over 4 warps when whole-row warps would give under 4 blocks per SM (the expert
+  // gate/up, 768 rows x 8 experts: 192 blocks; the k/v projections; the router).
+  constexpr int64_t kRowsPerBlock = kQWarps * kRowsPerWarp;
+  const bool split = p.K >= 2048 && CeilDiv(p.N, kRowsPerBlock) * p.num_groups < 4 * p.num_sms;
   if (split) {
-    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kQWarps)),
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
     QuantMatVecKernel<B, TB, kGlu, 4><<<grid, block, smem, stream>>>(p, single);
   } else {
-    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kQWarps)),
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
     QuantMatVecKernel<B, TB, kGlu, 1><<<grid, block, smem, stream>>>(p, single);
   }
@@ -345,9 +362,9 @@ void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
 }  // namespace
 
 void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  MOE_CHECK(p.group_size > 0 && p.group_size % 32 == 0)
+  MOE_CHECK(p.group_size >= 32 && (p.group_size & (p.group_size - 1)) == 0)
       << "GroupedGemm: quantized " << DTypeName(p.w_dtype) << " needs a group size that is a "
-      << "multiple of 32 (quant.h), got " << p.group_size;
+      << "power of two >= 32 (quant.h: 32, 64, 128, 256), got " << p.group_size;
   switch (p.w_dtype) {
     case DType::kQ8: return LaunchQuant<8>(p, single, stream);
     case DType::kQ4: return LaunchQuant<4>(p, single, stream);
