@@ -4,6 +4,8 @@
 # The GPU machine (Ubuntu 24.04, glibc 2.39) lacks our Debian libraries; it has newer glibc,
 # libstdc++ and libgcc_s, and the driver's libcuda, which are therefore left out.
 # Usage: deploy/make_bundle.sh [extra cmake -D options]   (from anywhere; -j2: shared build box)
+# MOE_BUNDLE_TARGETS="parity_test matvec_bench": build and bundle only these executables (a full
+# build takes long on the 2-core build box); unset: everything.
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build-bundle"
@@ -18,16 +20,23 @@ cmake -S "$root" -B "$build" -G Ninja \
   '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
   "$@" >/dev/null
-ninja -C "$build" -j2
+read -r -a targets <<<"${MOE_BUNDLE_TARGETS:-}"
+ninja -C "$build" -j2 "${targets[@]}"
 
 rm -rf "$bundle"
 mkdir -p "$bundle/bin" "$bundle/lib"
 # What runs on the GPU machine and in the image: the processes and tools (build/bin), the GPU
-# test suites (ctest label gpu) and the benchmarks. CPU-only unit tests stay in CI: each binary
-# carries the CUDA fatbin, and all of them would not fit the 64 MiB limit.
-mapfile -t bins < <({ find "$build/bin" -maxdepth 1 -type f -executable;
-  find "$build/tests/bench" -maxdepth 1 -type f -executable;
-  ls "$build/tests/parity/parity_test" "$build/tests/golden/golden_gpu_test" 2>/dev/null; } | sort)
+# test suites (ctest label gpu) and the benchmarks, or only MOE_BUNDLE_TARGETS when set. CPU-only
+# unit tests stay in CI: each binary carries the CUDA fatbin, and all of them would not fit the
+# 64 MiB limit.
+if [[ ${#targets[@]} -gt 0 ]]; then
+  mapfile -t bins < <(for t in "${targets[@]}"; do
+    find "$build" -path '*/CMakeFiles' -prune -o -type f -executable -name "$t" -print; done | sort)
+else
+  mapfile -t bins < <({ find "$build/bin" -maxdepth 1 -type f -executable;
+    find "$build/tests/bench" -maxdepth 1 -type f -executable;
+    ls "$build/tests/parity/parity_test" "$build/tests/golden/golden_gpu_test" 2>/dev/null; } | sort)
+fi
 [[ ${#bins[@]} -gt 0 ]] || { echo "make_bundle: no executables in $build" >&2; exit 1; }
 cp "${bins[@]}" "$bundle/bin/"
 

@@ -74,7 +74,13 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
   }
   auto store = std::unique_ptr<ExpertStore>(new ExpertStore(options, backend));
   store->model_ = index->manifest().model;
-  store->host_allocator_ = host_allocator ? std::move(host_allocator) : MakeAlignedHostAllocator();
+  if (host_allocator != nullptr) {
+    store->host_allocator_ = std::move(host_allocator);
+  } else if (backend != nullptr) {
+    store->host_allocator_ = MakeBackendHostAllocator(backend);  // pinned on CUDA
+  } else {
+    store->host_allocator_ = MakeAlignedHostAllocator();
+  }
   const BlobLocation* largest = &entries[0];
   for (const BlobLocation& l : entries) {
     if (l.length > largest->length) largest = &l;

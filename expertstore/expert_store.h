@@ -53,7 +53,8 @@ struct StoreOptions {
 class ExpertStore final : public ExpertProvider {
  public:
   // Opens the store at options.store_dir for `backend` (which must outlive the store).
-  // host_allocator: the host tier's memory; null means plain 4 KiB-aligned memory.
+  // host_allocator: the host tier's memory; null means the backend's host memory
+  // (Backend::AllocateHost: pinned on CUDA), or plain 4 KiB-aligned memory without a backend.
   // NotFound: no index in store_dir. FailedPrecondition: the index is for another model or store
   // format version, holds no experts, or a non-zero budget is smaller than one expert (the
   // message names the budget and the expert size). ResourceExhausted: a budget cannot be

@@ -1,12 +1,14 @@
 // AlignedHostAllocator: aligned_alloc at 4 KiB.
 #include "expertstore/host_allocator.h"
 
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
 #include "expertstore/blob_format.h"
 #include "kernels/base/bytes.h"
+#include "kernels/base/status.h"
 
 namespace moe::store {
 namespace {
@@ -27,7 +29,29 @@ class AlignedHostAllocator final : public HostAllocator {
   }
 };
 
+class BackendHostAllocator final : public HostAllocator {
+ public:
+  explicit BackendHostAllocator(kernels::Backend* backend) : backend_(backend) {}
+  absl::StatusOr<kernels::Buffer> Allocate(uint64_t bytes) override {
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer buffer,
+                         backend_->AllocateHost(AlignUp(bytes, kBlobAlignment)));
+    if (reinterpret_cast<uintptr_t>(buffer.data()) % kBlobAlignment != 0) {
+      return absl::InternalError(absl::StrCat(
+          "host memory: ", kernels::BackendKindName(backend_->kind()),
+          " backend returned memory not aligned to ", kBlobAlignment, " bytes"));
+    }
+    return buffer;
+  }
+
+ private:
+  kernels::Backend* backend_;
+};
+
 }  // namespace
+
+std::unique_ptr<HostAllocator> MakeBackendHostAllocator(kernels::Backend* backend) {
+  return std::make_unique<BackendHostAllocator>(backend);
+}
 
 std::unique_ptr<HostAllocator> MakeAlignedHostAllocator() {
   return std::make_unique<AlignedHostAllocator>();

@@ -1,6 +1,7 @@
-// HostAllocator: where the host tier's memory comes from. Plain 4 KiB-aligned memory today;
-// the CUDA backend will provide a pinned (cudaHostAlloc) one so host->device copies run at PCIe
-// speed. Alignment is 4 KiB because blobs are read into it with O_DIRECT.
+// HostAllocator: where the host tier's memory comes from: the backend's host memory
+// (Backend::AllocateHost: pinned, cudaHostAlloc, on CUDA, so host->device copies run at PCIe
+// speed), or plain 4 KiB-aligned memory. Alignment is 4 KiB because blobs are read into it with
+// O_DIRECT.
 #pragma once
 
 #include <cstdint>
@@ -19,5 +20,10 @@ class HostAllocator {
 };
 
 std::unique_ptr<HostAllocator> MakeAlignedHostAllocator();
+
+// Memory from backend.AllocateHost (pinned on CUDA, plain touched memory on the CPU backend),
+// sizes rounded up to 4 KiB; `backend` must outlive the allocator. ExpertStore::Open uses it when
+// given a backend and no allocator.
+std::unique_ptr<HostAllocator> MakeBackendHostAllocator(kernels::Backend* backend);
 
 }  // namespace moe::store

@@ -183,6 +183,12 @@ class Backend {
   virtual absl::StatusOr<Buffer> Allocate(size_t bytes) = 0;
   // Makes a host weight readable by this backend's ops (a copy, or the same bytes on the CPU).
   virtual absl::StatusOr<DeviceTensor> Upload(const TensorView& host) = 0;
+  // Host memory that this backend's CopyToDevice reads at full speed, for staging tiers such as
+  // the expert store's host tier: page-locked (cudaHostAlloc) on CUDA, so host->device copies run
+  // at PCIe speed and can overlap compute; plain memory, every page touched, on the CPU backend.
+  // 4 KiB-aligned (O_DIRECT reads land in it). Costly to allocate on CUDA (pinning): allocate
+  // budgets once, not per copy. ResourceExhausted names the request.
+  virtual absl::StatusOr<Buffer> AllocateHost(size_t bytes) = 0;
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;

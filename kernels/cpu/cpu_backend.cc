@@ -23,6 +23,20 @@ absl::StatusOr<Buffer> CpuBackend::Allocate(size_t bytes) {
   return Buffer(p, bytes, [](void* q) { std::free(q); });
 }
 
+absl::StatusOr<Buffer> CpuBackend::AllocateHost(size_t bytes) {
+  constexpr size_t kAlign = 4096;
+  const size_t rounded = (bytes + kAlign - 1) / kAlign * kAlign;
+  void* p = rounded == 0 ? nullptr : std::aligned_alloc(kAlign, rounded);
+  if (p == nullptr && rounded != 0) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("host memory: cannot allocate ", base::FormatBytes(bytes)));
+  }
+  // Touch every page now: a staging tier is a fixed, resident budget (as pinned memory is), and
+  // first-touch faults during O_DIRECT reads halved cold-load throughput (tests/bench/NOTES.md).
+  if (p != nullptr) std::memset(p, 0, rounded);
+  return Buffer(p, bytes, [](void* q) { std::free(q); });
+}
+
 absl::StatusOr<DeviceTensor> CpuBackend::Upload(const TensorView& host) {
   DeviceTensor t;
   t.view = host;  // host memory is where this backend computes: no copy

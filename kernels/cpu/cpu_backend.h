@@ -22,6 +22,7 @@ class CpuBackend final : public Backend {
   BackendKind kind() const override { return BackendKind::kCpu; }
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override;
+  absl::StatusOr<Buffer> AllocateHost(size_t bytes) override;
   absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;

@@ -47,6 +47,18 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
   return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFree(q)); });
 }
 
+absl::StatusOr<Buffer> CudaBackend::AllocateHost(size_t bytes) {
+  if (bytes == 0) return Buffer();
+  void* p = nullptr;  // cudaHostAlloc memory is page-aligned (>= 4 KiB)
+  if (const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault); err != cudaSuccess) {
+    cudaGetLastError();  // not sticky; clear it
+    return absl::ResourceExhaustedError(
+        absl::StrCat("cuda backend: cannot allocate ", bytes, " bytes (", base::FormatBytes(bytes),
+                     ") of pinned host memory: ", cudaGetErrorName(err)));
+  }
+  return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFreeHost(q)); });
+}
+
 absl::StatusOr<DeviceTensor> CudaBackend::Upload(const TensorView& host) {
   DeviceTensor t;
   MOE_ASSIGN_OR_RETURN(t.storage, Allocate(host.bytes()));

@@ -34,8 +34,10 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
               w.down.dim(1) == I)
         << "ExpertFfn: expert " << e << " shapes gate [" << w.gate.dim(0) << "," << w.gate.dim(1)
         << "] down [" << w.down.dim(0) << "," << w.down.dim(1) << "] H " << H << " I " << I;
-    MOE_CHECK(w.gate.dtype == dtype && w.up.dtype == dtype && w.down.dtype == dtype)
-        << "ExpertFfn: expert " << e << " mixes dtypes with " << DTypeName(dtype);
+    MOE_CHECK(w.gate.dtype == dtype && w.up.dtype == dtype && w.down.dtype == dtype &&
+              w.gate.group_size == w0.gate.group_size && w.up.group_size == w0.gate.group_size &&
+              w.down.group_size == w0.down.group_size)
+        << "ExpertFfn: expert " << e << " mixes dtypes or group sizes with " << DTypeName(dtype);
     MOE_CHECK(work.row_begin >= 0 && work.row_count >= 0)
         << "ExpertFfn: expert " << e << " rows [" << work.row_begin << ", +" << work.row_count
         << ")";
@@ -57,6 +59,7 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   p.num_groups = num_experts;
   p.max_rows = max_rows;
   p.w_dtype = dtype;
+  p.group_size = w0.gate.group_size;
   p.N = I;
   p.K = H;
   p.a = a.x;
@@ -85,6 +88,7 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   d.num_groups = num_experts;
   d.max_rows = max_rows;
   d.w_dtype = dtype;
+  d.group_size = w0.down.group_size;
   d.N = H;
   d.K = I;
   d.a = act;

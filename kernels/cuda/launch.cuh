@@ -42,6 +42,9 @@ struct GemmParams {
   // product instead: C[rc, n] = F.silu(A W_g^T)[n] * (A U_g^T)[n], U_g = up_groups[g].w.
   const GemmGroup* up_groups = nullptr;
   int num_sms = 132;  // of the device: sizes the matrix-vector grid
+  // Quantized w_dtype (kQ8/kQ4/kQ2, kernels/quant.h) only: every group's w points at the start of
+  // one [N, K] quantized matrix (codes, then fp16 {scale, offset} pairs at QuantParamsOffset).
+  int32_t group_size = 0;
 };
 
 // Picks the matrix-vector kernel when max_rows <= kMatVecMaxRows (decode: weight bytes dominate)

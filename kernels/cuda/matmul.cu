@@ -1,32 +1,17 @@
 // MatMul on the GPU: a grouped matrix-vector kernel (decode, weight-bandwidth bound) and a tiled
 // grouped GEMM (prefill), both fp32 accumulation over fp32/bf16/fp16 weights; bias added after.
+// Quantized weights (kQ8/kQ4/kQ2) take the kernels of matmul_quant.cu.
 //
 // Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
 // Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/gemm_common.cuh"
 #include "kernels/cuda/launch.cuh"
 
 namespace moe::kernels::cuda {
 namespace {
-
-__device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGroup& single,
-                                             int g) {
-  return p.groups != nullptr ? p.groups[g] : single;
-}
-
-// C[rc, n] (+)= scale * v for logical row r (see GemmParams).
-__device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n, float v) {
-  const int64_t rc = p.c_rows != nullptr ? p.c_rows[r] : r;
-  if (p.c_scale != nullptr) v *= p.c_scale[r];
-  float* dst = p.c + rc * p.ldc + n;
-  if (p.accumulate) {
-    atomicAdd(dst, v);
-  } else {
-    *dst = v;
-  }
-}
 
 // ---- matrix-vector: `ws` warps per weight row n (each a 1/ws slice of K), up to TB rows of A ----
 // Each lane streams 16-byte weight vectors (kUnroll in flight) and dots them with the TB rows of
@@ -302,6 +287,9 @@ void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream)
     case DType::kF32: return LaunchTyped<float>(p, single, stream);
     case DType::kBF16: return LaunchTyped<__nv_bfloat16>(p, single, stream);
     case DType::kF16: return LaunchTyped<__half>(p, single, stream);
+    case DType::kQ8:
+    case DType::kQ4:
+    case DType::kQ2: return DispatchQuant(p, single, stream);
     default: MOE_CHECK(false) << "GroupedGemm: unsupported weight dtype " << DTypeName(p.w_dtype);
   }
 }
@@ -335,6 +323,7 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   p.c = out;
   p.ldc = N;
   p.num_sms = num_sms_;
+  p.group_size = w.group_size;
   // One group passed by value: no host->device copy on the decode path.
   cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
   if (bias == nullptr) return;

@@ -1,5 +1,5 @@
-// Micro-benchmark of the decode matrix-vector path (MatMul with T = 1, bf16 weights) and the
-// grouped expert FFN at batch 1, against the HBM ceiling. Prints a table; see NOTES.md.
+// Micro-benchmark of the decode matrix-vector path (MatMul with T = 1, bf16 and quantized
+// weights) and the grouped expert FFN at batch 1 (and 8), against the HBM ceiling. Prints a table; see NOTES.md.
 //
 // Method (llm.c benchmark_kernel, METHOD.md): warm-up, then N timed runs, each bracketed by CUDA
 // events on the backend's stream; median of N. L2: the weights rotate over enough copies that
@@ -16,12 +16,14 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/quant.h"
 
 namespace moe {
 namespace {
@@ -70,6 +72,25 @@ struct Bench {
     gpu.CopyToDevice(b.data(), host.data(), host.size() * 2);
     gpu.Synchronize();
   }
+  // A random quantized [N, K] matrix (kernels/quant.h layout): random codes (every bit pattern),
+  // fp16 scales in [0.001, 0.02) and offsets in [-0.1, 0.1) (finite, like a real checkpoint's).
+  void FillQuant(Buffer& b, DType dtype, int64_t N, int64_t K, int32_t group, uint32_t seed) {
+    std::vector<uint8_t> host(b.bytes());
+    std::mt19937 rng(seed);
+    const size_t params = static_cast<size_t>(kernels::QuantParamsOffset(dtype, N, K));
+    for (size_t i = 0; i < params; i += 4) {
+      const uint32_t r = rng();
+      std::memcpy(&host[i], &r, std::min<size_t>(4, params - i));
+    }
+    std::uniform_real_distribution<float> sd(0.001f, 0.02f), md(-0.1f, 0.1f);
+    const int64_t pairs = N * kernels::QuantGroups(K, group);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const uint16_t sm[2] = {kernels::F32ToF16(sd(rng)), kernels::F32ToF16(md(rng))};
+      std::memcpy(&host[params + i * 4], sm, 4);
+    }
+    gpu.CopyToDevice(b.data(), host.data(), host.size());
+    gpu.Synchronize();
+  }
   // Median milliseconds of `run(i)` over kRuns.
   template <typename F>
   double MedianMs(F run) {
@@ -103,6 +124,97 @@ void PrintRow(const char* what, double bytes, double ms, double copy_bps) {
   const double bps = bytes / (ms * 1e-3);
   std::printf("%-44s %10.2f %9.2f %9.0f %7.1f%% %7.1f%%\n", what, bytes / 1e6, ms * 1e3,
               bps / 1e9, 100 * bps / kHbmCeiling, 100 * bps / copy_bps);
+}
+
+// The quantized (kQ8/kQ4/kQ2) decode paths: MatMul at T = 1 and the grouped expert FFN, at the
+// Qwen3-30B-A3B expert shapes. Bytes per run: the quantized matrices (codes + fp16 {s, m} pairs,
+// QuantizedBytes) + x read + out written; the FFN's act round trip (R * I * 4 * 2) is left out, as
+// for bf16 (it is < 0.5% of the weights).
+void QuantRows(Bench& b, double copy_bps) {
+  kernels::CudaBackend& gpu = b.gpu;
+  std::printf("\n%-44s %10s %9s %9s %8s %8s\n", "op (quantized weights, T = 1)", "MB moved", "us",
+              "GB/s", "of 4.26T", "of copy");
+  struct Q {
+    DType dtype;
+    int32_t group;
+  };
+  const Q formats[] = {{DType::kQ4, 64}, {DType::kQ4, 128}, {DType::kQ8, 64}, {DType::kQ2, 64}};
+  for (const Q& f : formats) {  // a large matrix: the kernel's streaming rate
+    const int64_t N = 151936, K = 2048;
+    const size_t w_bytes = kernels::QuantizedBytes(f.dtype, N, K, f.group);
+    const int copies = static_cast<int>(std::max<size_t>(2, (4 * b.l2_bytes) / w_bytes + 1));
+    std::vector<Buffer> w;
+    for (int c = 0; c < copies; ++c) {
+      w.push_back(b.Alloc(w_bytes));
+      b.FillQuant(w.back(), f.dtype, N, K, f.group, static_cast<uint32_t>(c + 7));
+    }
+    Buffer x = b.Alloc(K * 4), out = b.Alloc(N * 4);
+    BENCH_CHECK(cudaMemsetAsync(x.data(), 0x3c, K * 4, b.stream));
+    const double ms = b.MedianMs([&](int i) {
+      kernels::TensorView view = kernels::View(w[i % copies].data(), f.dtype, {N, K});
+      view.group_size = f.group;
+      gpu.MatMul(out.f32(), x.f32(), 1, view, nullptr);
+    });
+    const std::string what = std::string("MatMul N 151936 K 2048 ") +
+                             kernels::WeightFormatName(f.dtype) + " g" + std::to_string(f.group);
+    PrintRow(what.c_str(), static_cast<double>(w_bytes) + K * 4.0 + N * 4.0, ms, copy_bps);
+  }
+  // Grouped expert FFN: top-8 of one token, and 8 tokens whose 64 (token, expert) pairs all hit
+  // distinct experts (a batch-8 decode step's expert layer with no sharing).
+  for (const Q& f : formats) {
+    for (const int64_t T : {int64_t{1}, int64_t{8}}) {
+      const int64_t H = 2048, I = 768, K = 8, pool = 128;
+      const int64_t R = T * K;  // routed rows, one per (token, expert), all experts distinct
+      const size_t gate_bytes = kernels::QuantizedBytes(f.dtype, I, H, f.group);
+      const size_t down_bytes = kernels::QuantizedBytes(f.dtype, H, I, f.group);
+      std::vector<Buffer> mem;
+      std::vector<kernels::ExpertWeights> weights(pool);
+      for (int e = 0; e < pool; ++e) {
+        mem.push_back(b.Alloc(2 * gate_bytes + down_bytes));
+        uint8_t* base = static_cast<uint8_t*>(mem.back().data());
+        // one blob per expert, as the store lays it out: gate | up | down, each 16-byte aligned
+        Buffer tmp_g = b.Alloc(gate_bytes), tmp_d = b.Alloc(down_bytes);
+        b.FillQuant(tmp_g, f.dtype, I, H, f.group, static_cast<uint32_t>(1000 + e));
+        gpu.CopyOnDevice(base, tmp_g.data(), gate_bytes);
+        b.FillQuant(tmp_g, f.dtype, I, H, f.group, static_cast<uint32_t>(2000 + e));
+        gpu.CopyOnDevice(base + gate_bytes, tmp_g.data(), gate_bytes);
+        b.FillQuant(tmp_d, f.dtype, H, I, f.group, static_cast<uint32_t>(3000 + e));
+        gpu.CopyOnDevice(base + 2 * gate_bytes, tmp_d.data(), down_bytes);
+        gpu.Synchronize();
+        kernels::TensorView g = kernels::View(base, f.dtype, {I, H});
+        kernels::TensorView u = kernels::View(base + gate_bytes, f.dtype, {I, H});
+        kernels::TensorView d = kernels::View(base + 2 * gate_bytes, f.dtype, {H, I});
+        g.group_size = u.group_size = d.group_size = f.group;
+        weights[e] = {g, u, d};
+      }
+      Buffer x = b.Alloc(T * H * 4), out = b.Alloc(T * H * 4), rows = b.Alloc(R * 4),
+             rw = b.Alloc(R * 4);
+      std::vector<int32_t> row_tok(R);
+      for (int64_t r = 0; r < R; ++r) row_tok[r] = static_cast<int32_t>(r % T);
+      const std::vector<float> row_w(R, 0.125f);
+      gpu.CopyToDevice(rows.data(), row_tok.data(), R * 4);
+      gpu.CopyToDevice(rw.data(), row_w.data(), R * 4);
+      BENCH_CHECK(cudaMemsetAsync(x.data(), 0x3c, T * H * 4, b.stream));
+      std::vector<kernels::ExpertWork> work(R);
+      const double ms = b.MedianMs([&](int i) {
+        for (int64_t k = 0; k < R; ++k) work[k] = {&weights[(i * R + k) % pool], k, 1};
+        kernels::ExpertFfnArgs a;
+        a.out = out.f32();
+        a.x = x.f32();
+        a.num_tokens = T;
+        a.hidden_size = H;
+        a.experts = work;
+        a.rows = static_cast<const int32_t*>(rows.data());
+        a.row_weights = rw.f32();
+        gpu.ExpertFfn(a);
+      });
+      const std::string what = "ExpertFfn T " + std::to_string(T) + " top-8 (" +
+                               std::to_string(R) + " experts) " +
+                               kernels::WeightFormatName(f.dtype) + " g" + std::to_string(f.group);
+      PrintRow(what.c_str(), static_cast<double>(R * (2 * gate_bytes + down_bytes)), ms,
+               copy_bps);
+    }
+  }
 }
 
 int Main(bool memset_scrub) {
@@ -205,6 +317,7 @@ int Main(bool memset_scrub) {
     PrintRow("ExpertFfn T 1 H 2048 I 768 top-8",
              static_cast<double>(K * 3 * I * H * 2), ms, copy_bps);
   }
+  QuantRows(b, copy_bps);
   return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "kernels/quant.h"
 #include "tests/parity/parity_util.h"
 
 namespace moe::parity {
@@ -19,7 +20,13 @@ using kernels::DTypeName;
 
 constexpr double kTolF32 = 1e-4;
 constexpr double kTolHalf = 1e-3;
-double TolFor(DType t) { return t == DType::kF32 ? kTolF32 : kTolHalf; }
+// Quantized weights: both backends read the same codes, scales and offsets and accumulate in fp32;
+// the GPU regroups the sum (s 2^B sum x f + (m - s 2^B) sum x, matmul_quant.cu), so the bound is
+// the fp32 one with headroom for that cancellation.
+constexpr double kTolQuant = 1e-3;
+double TolFor(DType t) {
+  return t == DType::kF32 ? kTolF32 : kernels::IsQuantized(t) ? kTolQuant : kTolHalf;
+}
 
 template <typename... A>
 std::string Name(const A&... parts) {
@@ -30,6 +37,14 @@ std::string Name(const A&... parts) {
   return out;
 }
 
+// "g64" for a quantized case's group size, "" for dense ones (group 0).
+std::string GroupTag(int32_t group) {
+  if (group == 0) return "";
+  std::ostringstream s;
+  s << 'g' << group;
+  return s.str();
+}
+
 // ---- MatMul: out[T, N] = x[T, K] w[N, K]^T (+ bias) --------------------------------------------
 struct MatMulCase {
   int64_t T, N, K;
@@ -38,20 +53,24 @@ struct MatMulCase {
 };
 class MatMulParity : public ::testing::TestWithParam<MatMulCase> {};
 
-TEST_P(MatMulParity, MatchesCpu) {
-  const MatMulCase c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.T * 7919 + c.N * 31 + c.K));
+void RunMatMul(const MatMulCase& c, int32_t group) {
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 7919 + c.N * 31 + c.K + group));
   const std::vector<float> x = Random(rng, c.T * c.K);
-  const HostWeight w = MakeWeight(Random(rng, c.N * c.K), c.dtype, {c.N, c.K});
-  const HostWeight b = MakeWeight(Random(rng, c.N), c.dtype, {c.N});
+  const HostWeight w = MakeAnyWeight(Random(rng, c.N * c.K), c.dtype, group, {c.N, c.K});
+  const DType bias_dtype = kernels::IsQuantized(c.dtype) ? DType::kF32 : c.dtype;
+  const HostWeight b = MakeWeight(Random(rng, c.N), bias_dtype, {c.N});
   std::vector<float> want(c.T * c.N);
   Cpu().MatMul(want.data(), x.data(), c.T, w.cpu, c.bias ? &b.cpu : nullptr);
   DeviceArray<float> dx(x);
   DeviceArray<float> out = PoisonedOutput(want.size());
   Gpu().MatMul(out.get(), dx.get(), c.T, w.gpu.view, c.bias ? &b.gpu.view : nullptr);
-  ExpectClose("MatMul", Name("T", c.T, "N", c.N, "K", c.K, DTypeName(c.dtype), c.bias ? "bias" : ""),
+  ExpectClose("MatMul",
+              Name("T", c.T, "N", c.N, "K", c.K, DTypeName(c.dtype),
+                   GroupTag(group), c.bias ? "bias" : ""),
               out.Read(), want, TolFor(c.dtype));
 }
+
+TEST_P(MatMulParity, MatchesCpu) { RunMatMul(GetParam(), 0); }
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, MatMulParity,
@@ -254,9 +273,8 @@ struct FfnCase {
 };
 class ExpertFfnParity : public ::testing::TestWithParam<FfnCase> {};
 
-TEST_P(ExpertFfnParity, MatchesCpu) {
-  const FfnCase c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.T * 977 + c.H * 3 + c.I + c.pool));
+void RunExpertFfn(const FfnCase& c, int32_t group) {
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 977 + c.H * 3 + c.I + c.pool + group));
   // Route every token to K distinct experts, then group the rows by expert (ascending id).
   std::vector<std::vector<std::pair<int32_t, float>>> per_expert(c.pool);
   std::vector<int> order(c.pool);
@@ -281,9 +299,9 @@ TEST_P(ExpertFfnParity, MatchesCpu) {
     }
     const float gs = 1.f / std::sqrt(static_cast<float>(scale_H));
     const float ds = 1.f / std::sqrt(static_cast<float>(scale_I));
-    gate.push_back(MakeWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, {c.I, c.H}));
-    up.push_back(MakeWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, {c.I, c.H}));
-    down.push_back(MakeWeight(Random(rng, c.H * c.I, -ds, ds), c.dtype, {c.H, c.I}));
+    gate.push_back(MakeAnyWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, group, {c.I, c.H}));
+    up.push_back(MakeAnyWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, group, {c.I, c.H}));
+    down.push_back(MakeAnyWeight(Random(rng, c.H * c.I, -ds, ds), c.dtype, group, {c.H, c.I}));
   }
   for (size_t i = 0; i < spans.size(); ++i) {
     cpu_w.push_back({gate[i].cpu, up[i].cpu, down[i].cpu});
@@ -315,9 +333,12 @@ TEST_P(ExpertFfnParity, MatchesCpu) {
   a.row_weights = dw.get();
   Gpu().ExpertFfn(a);
   ExpectClose("ExpertFfn",
-              Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype)),
+              Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
+                   GroupTag(group)),
               out.Read(), want, TolFor(c.dtype));
 }
+
+TEST_P(ExpertFfnParity, MatchesCpu) { RunExpertFfn(GetParam(), 0); }
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, ExpertFfnParity,
@@ -328,6 +349,65 @@ INSTANTIATE_TEST_SUITE_P(
                       FfnCase{200, 512, 129, 4, 2, DType::kF32},
                       FfnCase{1, 7, 1, 3, 1, DType::kBF16},
                       FfnCase{2, 2051, 64, 8, 2, DType::kF32}));  // odd H, K split over warps
+
+// ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
+// Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64
+// and 128 (int2 also 32, where a 16-byte load spans two groups), odd sizes (7, 733: the scalar
+// path), K split over 4 warps, several rows per expert, and the tiled prefill kernel.
+struct QuantMatMulCase {
+  MatMulCase mm;
+  int32_t group;
+};
+class QuantMatMulParity : public ::testing::TestWithParam<QuantMatMulCase> {};
+TEST_P(QuantMatMulParity, MatchesCpu) { RunMatMul(GetParam().mm, GetParam().group); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, QuantMatMulParity,
+    ::testing::Values(QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 64},  // expert down
+                      QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 128},
+                      QuantMatMulCase{{1, 768, 2048, DType::kQ4, false}, 64},  // expert gate/up
+                      QuantMatMulCase{{1, 768, 2048, DType::kQ4, false}, 128},
+                      QuantMatMulCase{{1, 2048, 768, DType::kQ8, false}, 64},
+                      QuantMatMulCase{{1, 768, 2048, DType::kQ8, false}, 128},
+                      QuantMatMulCase{{1, 2048, 768, DType::kQ2, false}, 64},
+                      QuantMatMulCase{{1, 768, 2048, DType::kQ2, false}, 128},
+                      QuantMatMulCase{{1, 768, 2048, DType::kQ2, false}, 32},  // 2 groups a load
+                      QuantMatMulCase{{1, 8192, 2048, DType::kQ4, false}, 64},
+                      QuantMatMulCase{{1, 512, 2048, DType::kQ4, true}, 64},  // K split, 4 warps
+                      QuantMatMulCase{{1, 733, 7, DType::kQ4, false}, 32},    // odd: scalar path
+                      QuantMatMulCase{{1, 7, 733, DType::kQ8, true}, 64},
+                      QuantMatMulCase{{1, 733, 733, DType::kQ2, false}, 128},
+                      QuantMatMulCase{{3, 733, 4099, DType::kQ4, false}, 64},  // odd K, split
+                      QuantMatMulCase{{5, 100, 4096, DType::kQ2, true}, 32},   // split, 5 rows
+                      QuantMatMulCase{{8, 64, 2048, DType::kQ8, false}, 64},
+                      QuantMatMulCase{{2, 2048, 768, DType::kQ4, false}, 128},
+                      QuantMatMulCase{{9, 733, 129, DType::kQ4, false}, 64},  // first tiled size
+                      QuantMatMulCase{{33, 257, 67, DType::kQ2, true}, 32},
+                      QuantMatMulCase{{130, 300, 2048, DType::kQ8, false}, 128},
+                      QuantMatMulCase{{512, 2048, 768, DType::kQ4, false}, 64}));  // prefill
+
+struct QuantFfnCase {
+  FfnCase ffn;
+  int32_t group;
+};
+class QuantExpertFfnParity : public ::testing::TestWithParam<QuantFfnCase> {};
+TEST_P(QuantExpertFfnParity, MatchesCpu) { RunExpertFfn(GetParam().ffn, GetParam().group); }
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, QuantExpertFfnParity,
+    ::testing::Values(QuantFfnCase{{1, 2048, 768, 128, 8, DType::kQ4}, 64},  // Qwen3-30B-A3B
+                      QuantFfnCase{{1, 2048, 768, 128, 8, DType::kQ4}, 128},
+                      QuantFfnCase{{1, 2048, 768, 128, 8, DType::kQ8}, 64},
+                      QuantFfnCase{{1, 2048, 768, 128, 8, DType::kQ8}, 128},
+                      QuantFfnCase{{1, 2048, 768, 128, 8, DType::kQ2}, 64},
+                      QuantFfnCase{{1, 2048, 768, 128, 8, DType::kQ2}, 32},
+                      QuantFfnCase{{4, 2048, 768, 16, 8, DType::kQ4}, 64},  // several rows/expert
+                      QuantFfnCase{{7, 733, 257, 16, 4, DType::kQ4}, 32},   // odd: scalar path
+                      QuantFfnCase{{3, 64, 32, 8, 2, DType::kQ8}, 32},
+                      QuantFfnCase{{1, 7, 1, 3, 1, DType::kQ2}, 32},
+                      QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // prefill, tiled
+                      QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
+                      QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128}));
 
 // ---- Embed, Add, Sigmoid -----------------------------------------------------------------------
 struct EmbedCase {

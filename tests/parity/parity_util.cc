@@ -7,6 +7,8 @@
 #include <cstring>
 #include <limits>
 
+#include "kernels/quant.h"
+
 namespace moe::parity {
 namespace {
 
@@ -102,6 +104,23 @@ HostWeight MakeWeight(const std::vector<float>& values, DType dtype,
     }
   }
   w.cpu = kernels::View(w.bytes.data(), dtype, shape);
+  auto up = Gpu().Upload(w.cpu);
+  EXPECT_TRUE(up.ok()) << up.status();
+  if (up.ok()) w.gpu = std::move(up).value();
+  return w;
+}
+
+HostWeight MakeAnyWeight(const std::vector<float>& values, DType dtype, int32_t group_size,
+                         std::initializer_list<int64_t> shape) {
+  if (!kernels::IsQuantized(dtype)) return MakeWeight(values, dtype, shape);
+  const TensorView src = kernels::View(values.data(), DType::kF32, shape);
+  const int64_t cols = src.shape[src.rank - 1];
+  HostWeight w;
+  w.bytes.resize(kernels::QuantizedBytes(dtype, src.numel() / cols, cols, group_size));
+  auto q = kernels::Quantize(src, dtype, group_size, w.bytes.data());
+  EXPECT_TRUE(q.ok()) << q.status();
+  if (!q.ok()) return w;
+  w.cpu = *q;
   auto up = Gpu().Upload(w.cpu);
   EXPECT_TRUE(up.ok()) << up.status();
   if (up.ok()) w.gpu = std::move(up).value();

@@ -34,6 +34,10 @@ struct HostWeight {
 };
 HostWeight MakeWeight(const std::vector<float>& values, DType dtype,
                       std::initializer_list<int64_t> shape);
+// The same for every dtype: dense ones as MakeWeight, quantized ones (kQ8/kQ4/kQ2) through
+// kernels::Quantize with `group_size` (both backends then read the same codes and scales).
+HostWeight MakeAnyWeight(const std::vector<float>& values, DType dtype, int32_t group_size,
+                         std::initializer_list<int64_t> shape);
 
 // A device copy of a host array; Read() copies it back.
 template <typename T>

@@ -1,0 +1,376 @@
+// The grouped GEMM over group-wise quantized weights (kQ8/kQ4/kQ2, layout in kernels/quant.h):
+// codes and fp16 {scale, offset} pairs are read straight from the quantized matrix and turned
+// into floats in registers; no full-precision copy of a weight is ever made.
+//
+// Legend: M rows of A (tokens) per group, N weight rows, K reduction length, B bits per code,
+// G quant group size (elements per scale/offset pair), s/m a group's scale/offset.
+//
+// Matrix-vector (decode, <= 8 rows of A): per quant group g of a weight row,
+//   sum_c x[c] (q[c] s + m) = s 2^B sum_c x[c] f[c] + (m - s 2^B) sum_c x[c],  f = 1 + q / 2^B
+// f is made from the code with one shift and one and/or (its bits go straight into the mantissa
+// of 1.0f), so a code costs 2 integer ops and 1 FMA; int->float conversions (a quarter-rate
+// instruction) would cap int4 below HBM speed. sum_c x[c] per group is computed once per block
+// into shared memory, shared by the block's weight rows; each warp takes 4 weight rows, so that
+// an x value loaded from L1 serves 4 (SwiGLU: 8) rows. Rows whose length in bytes is not a
+// multiple of 16 (odd K) take a scalar path that dequantizes element by element.
+// GEMM (prefill): the tiled SIMT kernel of matmul.cu with a loader that dequantizes each element.
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/gemm_common.cuh"
+#include "kernels/cuda/launch.cuh"
+
+namespace moe::kernels::cuda {
+namespace {
+
+constexpr int kQWarps = 8;  // warps per block of the matrix-vector kernel
+
+template <int B>
+struct QFmt {
+  static constexpr int kPerByte = 8 / B;
+  static constexpr int kPerWord = 32 / B;        // codes in a 32-bit word
+  static constexpr int kPerChunk = 4 * kPerWord;  // codes in a 16-byte load
+  static constexpr uint32_t kMask = (1u << B) - 1;
+  static constexpr float kScale = static_cast<float>(1 << B);
+};
+
+// 1 + q_i / 2^B as a float, q_i = bits [i B, (i + 1) B) of w: q_i is moved to the top B bits of
+// the mantissa of 1.0f. i is a constant after unrolling, so the shift is one instruction.
+template <int B>
+__device__ __forceinline__ float OnePlusCode(uint32_t w, int i) {
+  const int sh = 23 - B - i * B;
+  const uint32_t s = sh >= 0 ? (w << sh) : (w >> -sh);
+  return __uint_as_float((s & (QFmt<B>::kMask << (23 - B))) | 0x3f800000u);
+}
+
+__device__ __forceinline__ float2 LoadParams(const uint8_t* params_row, int64_t g) {
+  const __half* h = reinterpret_cast<const __half*>(params_row) + 2 * g;
+  return make_float2(__half2float(h[0]), __half2float(h[1]));
+}
+
+struct QuantMatrix {
+  const uint8_t* codes;   // this weight row's codes
+  const uint8_t* params;  // this weight row's {s, m} pairs
+};
+
+__device__ __forceinline__ QuantMatrix RowOf(const void* w, int64_t n, int64_t N, int64_t row_bytes,
+                                             int64_t groups) {
+  const uint8_t* base = static_cast<const uint8_t*>(w);
+  const int64_t params_off = (N * row_bytes + 15) / 16 * 16;  // QuantParamsOffset
+  return {base + n * row_bytes, base + params_off + n * groups * 4};
+}
+
+// Block: kQWarps warps, each kRowsPerWarp consecutive weight rows (ws warps share a row set, each
+// a 1/ws slice of K); grid (ceil(N * ws / (kQWarps * kRowsPerWarp)), groups). Dynamic shared
+// memory: TB * ceil(K / G) floats (the per-group sums of the block's rows of A).
+// Lanes take consecutive 32-bit words of codes, so a warp's x loads cover one contiguous span
+// (8 L1 wavefronts per 1 KB) and each x value loaded is used for kRowsPerWarp (x2 for SwiGLU)
+// weight rows. (The first version gave each lane a 16-byte chunk: its x loads touched 32 lines
+// per instruction and capped int4 at 10% of HBM bandwidth, H200, tests/bench/NOTES.md.)
+constexpr int kRowsPerWarp = 4;
+
+template <int B, int TB, bool kGlu, int ws>
+__global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmParams p,
+                                                                    const GemmGroup single) {
+  using F = QFmt<B>;
+  constexpr int NW = kGlu ? 2 : 1;        // gate and up matrices, or the one weight matrix
+  constexpr int NR = NW * kRowsPerWarp;   // weight rows this warp dots with each x value
+  extern __shared__ float xsum[];         // [TB][groups]
+  __shared__ float partial[kQWarps][NR][TB];
+  const GemmGroup g = GroupOf(p, single, blockIdx.y);
+  if (g.row_count == 0) return;  // block-uniform
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int slice = warp % ws;
+  const int t = slice * kWarp + lane;
+  constexpr int kThreads = ws * kWarp;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kQWarps / ws) + warp / ws) * kRowsPerWarp;
+  const int64_t K = p.K, G = p.group_size;
+  const int64_t groups = CeilDiv(K, G);
+  const int64_t row_bytes = (K * B + 7) / 8;
+  QuantMatrix w[NR];  // [matrix][row]; rows past N alias row 0 (computed, never stored)
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    const int64_t n = n0 + i < p.N ? n0 + i : 0;
+    w[i] = RowOf(g.w, n, p.N, row_bytes, groups);
+    if constexpr (kGlu) w[kRowsPerWarp + i] = RowOf(p.up_groups[blockIdx.y].w, n, p.N, row_bytes, groups);
+  }
+  bool vec = K % F::kPerChunk == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
+             (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
+  if constexpr (kGlu) vec = vec && (reinterpret_cast<uintptr_t>(p.up_groups[blockIdx.y].w) & 15) == 0;
+
+  for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {  // block-uniform trip count
+    const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
+    const float* xr[TB];  // [TB][K]
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
+      xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+    }
+    if (vec) {  // per-group sums of the TB rows of A, one warp per (row, group)
+      __syncthreads();  // the previous chunk of rows is done reading xsum
+      for (int64_t i = warp; i < TB * groups; i += kQWarps) {
+        const int64_t j = i / groups, gi = i % groups;
+        const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
+        const float* x = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda + gi * G;
+        const int64_t len = Min64(G, K - gi * G);
+        float s = 0.f;
+        for (int64_t c = lane; c < len; c += kWarp) s += x[c];
+        s = WarpSum(s);
+        if (lane == 0) xsum[i] = s;
+      }
+      __syncthreads();
+    }
+    float acc[NR][TB];
+#pragma unroll
+    for (int q = 0; q < NR; ++q) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[q][j] = 0.f;
+    }
+    if (vec) {
+      const int64_t words = row_bytes / 4;
+      // G is a power of two (DispatchQuant checks): a shift, not a 64-bit division per word.
+      const int g_shift = __ffs(static_cast<int>(G)) - 1;
+      // kU words per row in flight per lane, loads issued before any math: with 4-byte loads,
+      // fewer left int4 at 21% of HBM bandwidth (too few bytes in flight per SM, NOTES.md).
+      constexpr int kU = kGlu ? 2 : 4;
+      for (int64_t wd0 = t; wd0 < words; wd0 += static_cast<int64_t>(kThreads) * kU) {
+        uint32_t code[kU][NR];
+        float sc[kU][NR];
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t wd = wd0 + static_cast<int64_t>(u) * kThreads;
+          const int64_t gi = (wd * F::kPerWord) >> g_shift;  // a word lies in one group
+#pragma unroll
+          for (int q = 0; q < NR; ++q) {
+            code[u][q] = wd < words ? __ldg(reinterpret_cast<const uint32_t*>(w[q].codes) + wd) : 0u;
+            sc[u][q] = wd < words ? __half2float(reinterpret_cast<const __half*>(w[q].params)[2 * gi]) *
+                                        F::kScale
+                                  : 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int64_t wd = wd0 + static_cast<int64_t>(u) * kThreads;
+          if (wd >= words) break;
+          const int64_t k0 = wd * F::kPerWord;
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k0);
+            float xv[F::kPerWord];
+#pragma unroll
+            for (int v = 0; v < F::kPerWord / 4; ++v) {
+              const float4 x = __ldg(x4 + v);
+              xv[4 * v] = x.x;
+              xv[4 * v + 1] = x.y;
+              xv[4 * v + 2] = x.z;
+              xv[4 * v + 3] = x.w;
+            }
+#pragma unroll
+            for (int q = 0; q < NR; ++q) {
+              float d = 0.f;
+#pragma unroll
+              for (int e = 0; e < F::kPerWord; ++e) d = fmaf(xv[e], OnePlusCode<B>(code[u][q], e), d);
+              acc[q][j] = fmaf(sc[u][q], d, acc[q][j]);
+            }
+          }
+        }
+      }
+      // + sum_g (m - s 2^B) * sum_c x[c]
+      for (int64_t gi = t; gi < groups; gi += kThreads) {
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+          const float2 sm = LoadParams(w[q].params, gi);
+          const float coef = sm.y - sm.x * F::kScale;
+#pragma unroll
+          for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(coef, xsum[j * groups + gi], acc[q][j]);
+        }
+      }
+    } else {  // odd K or unaligned: element by element, w = q s + m
+      for (int64_t b = t; b < row_bytes; b += kThreads) {
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+          const uint32_t byte = w[q].codes[b];
+#pragma unroll
+          for (int i = 0; i < F::kPerByte; ++i) {
+            const int64_t k = b * F::kPerByte + i;
+            if (k >= K) break;
+            const float2 sm = LoadParams(w[q].params, k / G);
+            const float wk = fmaf(static_cast<float>((byte >> (i * B)) & F::kMask), sm.x, sm.y);
+#pragma unroll
+            for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(wk, xr[j][k], acc[q][j]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int q = 0; q < NR; ++q) {
+#pragma unroll
+      for (int j = 0; j < TB; ++j) acc[q][j] = WarpSum(acc[q][j]);
+    }
+    if constexpr (ws > 1) {
+      if (lane == 0) {
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) partial[warp][q][j] = acc[q][j];
+        }
+      }
+      __syncthreads();
+      if (slice == 0) {  // slices summed in a fixed order: deterministic
+#pragma unroll
+        for (int q = 0; q < NR; ++q) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            for (int s2 = 1; s2 < ws; ++s2) acc[q][j] += partial[warp + s2][q][j];
+          }
+        }
+      }
+      __syncthreads();  // partial is reused by the next chunk of rows
+    }
+    if (slice == 0 && lane == 0) {
+#pragma unroll
+      for (int i = 0; i < kRowsPerWarp; ++i) {
+        if (n0 + i >= p.N) break;
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          float v = acc[i][j];
+          if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[kRowsPerWarp + i][j];
+          if (j < nt) StoreC(p, g.row_begin + m0 + j, n0 + i, v);
+        }
+      }
+    }
+  }
+}
+
+// Shared memory the matrix-vector kernel's per-group sums may take without an opt-in.
+constexpr size_t kMaxXsumBytes = 48 * 1024;
+
+template <int B, int TB, bool kGlu>
+void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const dim3 block(kQWarps * kWarp);
+  const size_t smem = static_cast<size_t>(TB) * CeilDiv(p.K, p.group_size) * sizeof(float);
+  MOE_CHECK(smem <= kMaxXsumBytes) << "GroupedGemm: K " << p.K << " group " << p.group_size
+                                   << " needs " << smem << " bytes of per-group sums";
+  // K split over 4 warps when whole-row warps would give under 4 blocks per SM (the expert
+  // gate/up, 768 rows x 8 experts: 192 blocks; the k/v projections; the router).
+  constexpr int64_t kRowsPerBlock = kQWarps * kRowsPerWarp;
+  const bool split = p.K >= 2048 && CeilDiv(p.N, kRowsPerBlock) * p.num_groups < 4 * p.num_sms;
+  if (split) {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
+                    static_cast<unsigned>(p.num_groups));
+    QuantMatVecKernel<B, TB, kGlu, 4><<<grid, block, smem, stream>>>(p, single);
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
+                    static_cast<unsigned>(p.num_groups));
+    QuantMatVecKernel<B, TB, kGlu, 1><<<grid, block, smem, stream>>>(p, single);
+  }
+}
+
+template <int B, bool kGlu>
+void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if (p.max_rows <= 1) {
+    LaunchQuantMatVecRows<B, 1, kGlu>(p, single, stream);
+  } else if (p.max_rows <= 2) {
+    LaunchQuantMatVecRows<B, 2, kGlu>(p, single, stream);
+  } else if (p.max_rows <= 4) {
+    LaunchQuantMatVecRows<B, 4, kGlu>(p, single, stream);
+  } else {
+    LaunchQuantMatVecRows<B, 8, kGlu>(p, single, stream);
+  }
+}
+
+// ---- tiled GEMM (prefill): 64x64 output tile per block, 4x4 per thread, K in steps of 16 -------
+constexpr int kBM = 64, kBN = 64, kBK = 16, kTileThreads = 256;
+
+template <int B>
+__global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmParams p,
+                                                                    const GemmGroup single) {
+  using F = QFmt<B>;
+  const GemmGroup g = GroupOf(p, single, blockIdx.z);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
+  if (m0 >= g.row_count) return;
+  __shared__ __align__(16) float As[kBK][kBM + 4];  // (BK, BM), A tile transposed
+  __shared__ __align__(16) float Ws[kBK][kBN + 4];  // (BK, BN), W tile transposed, dequantized
+
+  const int tid = threadIdx.x;
+  const int lr = tid / 4, lk = (tid % 4) * 4;  // loader: row lr of the tile, k lk..lk+3
+  const int64_t m = m0 + lr, n = n0 + lr;
+  const float* arow = nullptr;
+  if (m < g.row_count) {
+    const int64_t r = g.row_begin + m;
+    arow = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+  }
+  const int64_t K = p.K, G = p.group_size;
+  const int64_t groups = CeilDiv(K, G), row_bytes = (K * B + 7) / 8;
+  const QuantMatrix wrow = RowOf(g.w, n < p.N ? n : 0, p.N, row_bytes, groups);
+
+  const int ty = tid / 16, tx = tid % 16;  // this thread's 4x4 outputs
+  float acc[4][4] = {};
+  for (int64_t k0 = 0; k0 < K; k0 += kBK) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t k = k0 + lk + i;
+      As[lk + i][lr] = arow != nullptr && k < K ? arow[k] : 0.f;
+      float wk = 0.f;
+      if (n < p.N && k < K) {
+        const uint32_t q = (wrow.codes[k / F::kPerByte] >> ((k % F::kPerByte) * B)) & F::kMask;
+        const float2 sm = LoadParams(wrow.params, k / G);
+        wk = fmaf(static_cast<float>(q), sm.x, sm.y);
+      }
+      Ws[lk + i][lr] = wk;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int kk = 0; kk < kBK; ++kk) {
+      const float4 a4 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+      const float4 b4 = *reinterpret_cast<const float4*>(&Ws[kk][tx * 4]);
+      const float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+      }
+    }
+    __syncthreads();
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t mi = m0 + ty * 4 + i;
+    if (mi >= g.row_count) break;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t nj = n0 + tx * 4 + j;
+      if (nj < p.N) StoreC(p, g.row_begin + mi, nj, acc[i][j]);
+    }
+  }
+}
+
+template <int B>
+void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if (p.up_groups != nullptr) {
+    LaunchQuantMatVec<B, true>(p, single, stream);
+  } else if (p.max_rows <= kMatVecMaxRows) {
+    LaunchQuantMatVec<B, false>(p, single, stream);
+  } else {
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
+                    static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
+                    static_cast<unsigned>(p.num_groups));
+    QuantGemmTiledKernel<B><<<grid, kTileThreads, 0, stream>>>(p, single);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  MOE_CHECK(p.group_size >= 32 && (p.group_size & (p.group_size - 1)) == 0)
+      << "GroupedGemm: quantized " << DTypeName(p.w_dtype) << " needs a group size that is a "
+      << "power of two >= 32 (quant.h: 32, 64, 128, 256), got " << p.group_size;
+  switch (p.w_dtype) {
+    case DType::kQ8: return LaunchQuant<8>(p, single, stream);
+    case DType::kQ4: return LaunchQuant<4>(p, single, stream);
+    case DType::kQ2: return LaunchQuant<2>(p, single, stream);
+    default: MOE_CHECK(false) << "GroupedGemm: " << DTypeName(p.w_dtype) << " is not quantized";
+  }
+}
+
+}  // namespace moe::kernels::cuda

@@ -1,0 +1,579 @@
+// moe-bench: the whole forward pass (engine::Model::Forward) on a synthetic model with the shape of
+// Qwen3-30B-A3B: 48 layers, hidden 2048, 32 query / 4 KV heads of 128, 128 experts, top-8, expert
+// width 768, vocabulary 151936. Dense weights bf16 (random), experts int4 group 64 (random codes,
+// scales and offsets).
+//
+// The generator (WriteSyntheticModel) writes config.json + model.safetensors with the dense
+// weights only; the experts never touch the disk: ResidentInt4Provider (an ExpertProvider) puts
+// every expert in backend memory as one quantized blob (gate | up | down, kernels/quant.h
+// layout), its bytes copied from a few distinct random templates (the contents only need to be
+// non-zero and finite for timing). 6144 experts x 2.65 MB = 16.3 GB of VRAM.
+//
+// Prints, with the given backend (cuda on the GPU machine; cpu with small --layers/--experts/
+// --vocab for a smoke test): decode tokens/s at batch 1 and context --context, the bytes a token
+// must read (derived below), the measured device-to-device copy bandwidth and the achieved
+// fraction of it, the roofline tokens/s; time to first token for a --prompt-token prompt;
+// throughput at --batches concurrent sequences (one Forward with one ForwardItem per sequence).
+// --timings adds engine::PhaseTimes per layer and per token (host clock: on CUDA the phases
+// that do not synchronize measure launch time, not GPU time; expert wait is where the step
+// synchronizes).
+//
+// Last, the quarter-VRAM run: the same experts written as a real expert store (--store_dir:
+// blobs/000001.blob in the blob format of expertstore/blob_format.h, indexed by BlobIndex, the
+// store's own on-disk contract), opened by ExpertStore with the device budget at a quarter of the
+// experts and every expert in the host tier (pinned memory from Backend::AllocateHost). A 512-token
+// prefill loads every expert from disk into the host tier; then decode at batch 1 is timed and
+// compared with (bytes copied into the device tier / 52 GB/s + the all-resident step time).
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "engine/model.h"
+#include "expertstore/blob_format.h"
+#include "expertstore/blob_index.h"
+#include "expertstore/expert_provider.h"
+#include "expertstore/expert_store.h"
+#include "expertstore/safetensors.h"
+#include "kernels/backend.h"
+#include "kernels/base/status.h"
+#include "kernels/quant.h"
+#include "nlohmann/json.hpp"
+
+ABSL_FLAG(std::string, model_dir, "/tmp/moe_bench_model", "Where the synthetic dense model goes");
+ABSL_FLAG(std::string, backend, "cuda", "cuda or cpu");
+ABSL_FLAG(int64_t, layers, 48, "Layers (Qwen3-30B-A3B: 48)");
+ABSL_FLAG(int64_t, experts, 128, "Experts per layer (128)");
+ABSL_FLAG(int64_t, vocab, 151936, "Vocabulary (151936)");
+ABSL_FLAG(int32_t, group, 64, "int4 group size of the experts");
+ABSL_FLAG(int64_t, context, 512, "Context of the batch-1 decode and the batched runs");
+ABSL_FLAG(int64_t, prompt, 2048, "Prompt length of the time-to-first-token run");
+ABSL_FLAG(int64_t, steps, 32, "Timed decode steps at batch 1");
+ABSL_FLAG(std::string, batches, "8,32,128", "Concurrent sequences of the throughput runs");
+ABSL_FLAG(int64_t, batch_steps, 8, "Timed decode steps per throughput run");
+ABSL_FLAG(bool, timings, false, "Print engine::PhaseTimes per layer and per token");
+ABSL_FLAG(std::string, store_dir, "/tmp/moe_bench_store",
+          "Where the expert store of the quarter-VRAM run is written (empty: skip that run)");
+ABSL_FLAG(int64_t, store_steps, 16, "Timed decode steps of the quarter-VRAM run");
+
+namespace moe {
+namespace {
+
+using json = nlohmann::json;
+using kernels::DType;
+
+constexpr int64_t kHidden = 2048, kHeads = 32, kKvHeads = 4, kHeadDim = 128, kTopK = 8,
+                  kExpertWidth = 768;
+
+double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+// xorshift64*: fast enough to fill 1.5 G bf16 values in seconds.
+struct Rng {
+  uint64_t s;
+  uint64_t Next() {
+    s ^= s >> 12;
+    s ^= s << 25;
+    s ^= s >> 27;
+    return s * 2685821657736338717ull;
+  }
+  float Uniform() { return static_cast<float>(Next() >> 40) * (1.f / 16777216.f); }  // [0, 1)
+};
+
+// config.json + model.safetensors (dense weights only, bf16) of the synthetic model.
+absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t experts,
+                                 int64_t vocab) {
+  std::filesystem::create_directories(dir);
+  const int64_t H = kHidden, q_dim = kHeads * kHeadDim, kv_dim = kKvHeads * kHeadDim;
+  json config = {
+      {"architectures", {"Qwen3MoeForCausalLM"}},
+      {"model_type", "qwen3_moe"},
+      {"vocab_size", vocab},
+      {"hidden_size", H},
+      {"num_hidden_layers", layers},
+      {"num_attention_heads", kHeads},
+      {"num_key_value_heads", kKvHeads},
+      {"head_dim", kHeadDim},
+      {"intermediate_size", 6144},
+      {"moe_intermediate_size", kExpertWidth},
+      {"num_experts", experts},
+      {"num_experts_per_tok", kTopK},
+      {"norm_topk_prob", true},
+      {"decoder_sparse_step", 1},
+      {"mlp_only_layers", json::array()},
+      {"rms_norm_eps", 1e-6},
+      {"max_position_embeddings", 40960},
+      {"rope_theta", 1000000.0},
+      {"tie_word_embeddings", false},
+      {"attention_bias", false},
+      {"bos_token_id", 0},
+      {"eos_token_id", 1},
+      {"torch_dtype", "bfloat16"},
+  };
+  Rng rng{0x9e3779b97f4a7c15ull};
+  std::vector<std::vector<uint16_t>> storage;
+  std::vector<store::TensorToWrite> tensors;
+  // Uniform in [mean - half, mean + half): std half / sqrt(3).
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float half, float mean) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    auto& data = storage.emplace_back(n);
+    for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng.Uniform() - 1.f));
+    tensors.push_back({name, DType::kBF16, std::move(shape), nullptr});
+  };
+  add("model.embed_tokens.weight", {vocab, H}, 0.5f, 0.f);
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "input_layernorm.weight", {H}, 0.05f, 1.f);
+    add(p + "post_attention_layernorm.weight", {H}, 0.05f, 1.f);
+    add(p + "self_attn.q_proj.weight", {q_dim, H}, 0.035f, 0.f);
+    add(p + "self_attn.k_proj.weight", {kv_dim, H}, 0.035f, 0.f);
+    add(p + "self_attn.v_proj.weight", {kv_dim, H}, 0.035f, 0.f);
+    add(p + "self_attn.o_proj.weight", {H, q_dim}, 0.035f, 0.f);
+    add(p + "self_attn.q_norm.weight", {kHeadDim}, 0.05f, 1.f);
+    add(p + "self_attn.k_norm.weight", {kHeadDim}, 0.05f, 1.f);
+    add(p + "mlp.gate.weight", {experts, H}, 0.3f, 0.f);  // sharp enough to spread the routing
+  }
+  add("model.norm.weight", {H}, 0.05f, 1.f);
+  add("lm_head.weight", {vocab, H}, 0.035f, 0.f);
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
+  MOE_RETURN_IF_ERROR(
+      store::WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors));
+  std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
+  return absl::OkStatus();
+}
+
+// A few distinct random int4 experts, each gate | up | down packed (each part a multiple of 16
+// bytes at these shapes): codes uniform, s ~ 0.004, m = -7.5 s (w ~ U(-0.03, 0.03)).
+struct ExpertTemplates {
+  size_t gate_bytes = 0, down_bytes = 0;
+  std::vector<std::vector<uint8_t>> blobs;
+  const std::vector<uint8_t>& For(int64_t layer, int64_t expert) const {
+    return blobs[static_cast<size_t>(layer * 7 + expert) % blobs.size()];
+  }
+};
+
+ExpertTemplates MakeTemplates(int32_t group) {
+  const int64_t H = kHidden, I = kExpertWidth;
+  ExpertTemplates t;
+  t.gate_bytes = kernels::QuantizedBytes(DType::kQ4, I, H, group);
+  t.down_bytes = kernels::QuantizedBytes(DType::kQ4, H, I, group);
+  Rng rng{12345};
+  auto fill = [&](uint8_t* dst, int64_t rows, int64_t cols) {
+    const size_t off = static_cast<size_t>(kernels::QuantParamsOffset(DType::kQ4, rows, cols));
+    for (size_t i = 0; i < off; ++i) dst[i] = static_cast<uint8_t>(rng.Next() >> 56);
+    const int64_t pairs = rows * kernels::QuantGroups(cols, group);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const float s = 0.003f + 0.002f * rng.Uniform();
+      const uint16_t sm[2] = {kernels::F32ToF16(s), kernels::F32ToF16(-7.5f * s)};
+      std::memcpy(dst + off + 4 * i, sm, 4);
+    }
+  };
+  t.blobs.resize(8);
+  for (auto& b : t.blobs) {
+    b.resize(2 * t.gate_bytes + t.down_bytes);
+    fill(b.data(), I, H);
+    fill(b.data() + t.gate_bytes, I, H);
+    fill(b.data() + 2 * t.gate_bytes, H, I);
+  }
+  return t;
+}
+
+// The experts as an expert store directory: one blob file, every blob in the store's format
+// (header, gate/up/down at ComputeBlobLayout's offsets, XXH3 checksum), indexed by BlobIndex.
+// Returns one blob's length (the store's slot size).
+absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t layers,
+                                             int64_t experts, int32_t group,
+                                             const ExpertTemplates& t) {
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(std::filesystem::path(dir) / "blobs");
+  const store::BlobLayout L = store::ComputeBlobLayout(DType::kQ4, group, kHidden, kExpertWidth);
+  const std::string file = "blobs/000001.blob";
+  std::ofstream out(std::filesystem::path(dir) / file, std::ios::binary);
+  std::vector<uint8_t> blob(L.length);
+  std::vector<store::BlobLocation> entries;
+  uint64_t offset = 0;
+  for (int64_t l = 0; l < layers; ++l) {
+    for (int64_t e = 0; e < experts; ++e) {
+      std::fill(blob.begin(), blob.end(), uint8_t{0});
+      store::BlobHeader h{};
+      std::memcpy(h.magic, store::kBlobMagic, sizeof(h.magic));
+      h.version = store::kStoreFormatVersion;
+      h.layer = static_cast<int32_t>(l);
+      h.expert = static_cast<int32_t>(e);
+      std::memcpy(blob.data(), &h, sizeof(h));
+      const std::vector<uint8_t>& src = t.For(l, e);
+      std::memcpy(blob.data() + L.gate_offset, src.data(), t.gate_bytes);
+      std::memcpy(blob.data() + L.up_offset, src.data() + t.gate_bytes, t.gate_bytes);
+      std::memcpy(blob.data() + L.down_offset, src.data() + 2 * t.gate_bytes, t.down_bytes);
+      store::BlobLocation loc;
+      loc.layer = h.layer;
+      loc.expert = h.expert;
+      loc.file = file;
+      loc.offset = offset;
+      loc.length = L.length;
+      loc.checksum = store::BlobChecksum(blob.data(), L.length);
+      loc.dtype = DType::kQ4;
+      loc.group_size = group;
+      loc.hidden_size = kHidden;
+      loc.intermediate_size = kExpertWidth;
+      entries.push_back(loc);
+      out.write(reinterpret_cast<const char*>(blob.data()), static_cast<std::streamsize>(L.length));
+      offset += L.length;
+    }
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat(dir, "/", file, ": write failed"));
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::BlobIndex> index,
+                       store::BlobIndex::Open(dir + "/index", "moe-bench-qwen3-30b-a3b", true));
+  MOE_RETURN_IF_ERROR(index->Put(entries));
+  return L.length;
+}
+
+// Every expert resident in backend memory, int4: one blob per expert (gate | up | down).
+class ResidentInt4Provider final : public store::ExpertProvider {
+ public:
+  static absl::StatusOr<std::unique_ptr<ResidentInt4Provider>> Create(kernels::Backend& backend,
+                                                                      int64_t layers,
+                                                                      int64_t experts,
+                                                                      int32_t group) {
+    auto p = std::unique_ptr<ResidentInt4Provider>(new ResidentInt4Provider());
+    const int64_t H = kHidden, I = kExpertWidth;
+    const ExpertTemplates templates = MakeTemplates(group);
+    const size_t gate = templates.gate_bytes;
+    p->expert_bytes_ = 2 * gate + templates.down_bytes;
+    std::promise<absl::Status> done;
+    done.set_value(absl::OkStatus());
+    p->ready_ = done.get_future().share();
+    p->weights_.resize(layers);
+    for (int64_t l = 0; l < layers; ++l) {
+      MOE_ASSIGN_OR_RETURN(kernels::Buffer buf, backend.Allocate(experts * p->expert_bytes_));
+      auto* base = static_cast<uint8_t*>(buf.data());
+      for (int64_t e = 0; e < experts; ++e) {
+        uint8_t* x = base + e * p->expert_bytes_;
+        backend.CopyToDevice(x, templates.For(l, e).data(), p->expert_bytes_);
+        kernels::ExpertWeights w{kernels::View(x, DType::kQ4, {I, H}),
+                                 kernels::View(x + gate, DType::kQ4, {I, H}),
+                                 kernels::View(x + 2 * gate, DType::kQ4, {H, I})};
+        w.gate.group_size = w.up.group_size = w.down.group_size = group;
+        p->weights_[l].push_back(std::make_shared<const kernels::ExpertWeights>(w));
+      }
+      p->memory_.push_back(std::move(buf));
+    }
+    backend.Synchronize();
+    return p;
+  }
+
+  absl::StatusOr<std::vector<store::ExpertHandle>> Acquire(
+      int32_t layer, absl::Span<const int32_t> experts) override {
+    if (layer < 0 || layer >= static_cast<int32_t>(weights_.size())) {
+      return absl::InvalidArgumentError(absl::StrCat("layer ", layer, " out of range"));
+    }
+    std::vector<store::ExpertHandle> out;
+    out.reserve(experts.size());
+    for (int32_t e : experts) {
+      store::ExpertHandle h;
+      h.layer = layer;
+      h.expert = e;
+      h.ready = ready_;
+      if (e < 0 || e >= static_cast<int32_t>(weights_[layer].size())) {
+        std::promise<absl::Status> bad;
+        bad.set_value(absl::NotFoundError(absl::StrCat("expert ", e)));
+        h.ready = bad.get_future().share();
+      } else {
+        h.weights = weights_[layer][e];
+      }
+      out.push_back(std::move(h));
+    }
+    return out;
+  }
+
+  size_t expert_bytes() const { return expert_bytes_; }
+
+ private:
+  ResidentInt4Provider() = default;
+  size_t expert_bytes_ = 0;
+  std::shared_future<absl::Status> ready_;
+  std::vector<kernels::Buffer> memory_;
+  std::vector<std::vector<std::shared_ptr<const kernels::ExpertWeights>>> weights_;
+};
+
+// Bytes one decode token at context `ctx` must read, the fewest the step can move:
+//   per layer: q/k/v/o projections (bf16: 2 * (q_dim*H + 2*kv_dim*H + H*q_dim)) + the two norms
+//   and q/k norms (bf16, small) + the router (E*H bf16) + top-K experts (K * the int4 blob:
+//   3 * (768*2048/2 codes + 768*2048/G * 4 bytes of fp16 {s, m})) + the KV cache read
+//   (ctx * 2 * NKV * D * 4 bytes, fp32 cache);
+//   once: the embedding row (H bf16), the final norm and the lm head (V*H bf16).
+// Qwen3-30B-A3B, G 64, ctx 512: 48 * (37.75 + 0.52 + 21.23 + 2.10) MB + 622.3 MB = 3.58 GB, so
+// at 4.26 TB/s the roofline is ~1190 tokens/s. Activations (a few MB) are left out.
+double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx) {
+  const double H = static_cast<double>(c.hidden_size);
+  const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double per_layer = 2 * (q_dim * H + 2 * kv_dim * H + H * q_dim) + 2 * (2 * H + 2 * static_cast<double>(c.head_dim)) +
+                           2 * static_cast<double>(c.num_experts) * H +
+                           static_cast<double>(c.num_experts_per_tok) * expert_bytes +
+                           static_cast<double>(ctx) * 2 * kv_dim * 4;
+  return static_cast<double>(c.num_hidden_layers) * per_layer + 2 * H * 2 +
+         2 * static_cast<double>(c.vocab_size) * H;
+}
+
+engine::PhaseTimes Diff(const engine::PhaseTimes& a, const engine::PhaseTimes& b) {
+  return {b.attention_us - a.attention_us,       b.routing_us - a.routing_us,
+          b.expert_wait_us - a.expert_wait_us,   b.expert_compute_us - a.expert_compute_us,
+          b.dense_us - a.dense_us,               b.logits_us - a.logits_us};
+}
+
+void PrintTimings(const char* what, const engine::PhaseTimes& t, int64_t tokens, int64_t layers) {
+  const double per_tok = 1e-3 / static_cast<double>(tokens);
+  const double per_layer = per_tok / static_cast<double>(layers);
+  std::printf("  timings (%s; ms per layer / per token): attention %.4f / %.3f, routing %.4f / "
+              "%.3f, expert wait %.4f / %.3f, expert compute %.4f / %.3f, dense %.4f / %.3f, "
+              "logits - / %.3f\n",
+              what, t.attention_us * per_layer, t.attention_us * per_tok,
+              t.routing_us * per_layer, t.routing_us * per_tok, t.expert_wait_us * per_layer,
+              t.expert_wait_us * per_tok, t.expert_compute_us * per_layer,
+              t.expert_compute_us * per_tok, t.dense_us * per_layer, t.dense_us * per_tok,
+              t.logits_us * per_tok);
+}
+
+absl::Status Run() {
+  const std::string dir = absl::GetFlag(FLAGS_model_dir);
+  const int64_t layers = absl::GetFlag(FLAGS_layers), experts = absl::GetFlag(FLAGS_experts);
+  const int64_t vocab = absl::GetFlag(FLAGS_vocab), ctx = absl::GetFlag(FLAGS_context);
+  const int32_t group = absl::GetFlag(FLAGS_group);
+  const bool timings = absl::GetFlag(FLAGS_timings);
+  const kernels::BackendKind kind =
+      absl::GetFlag(FLAGS_backend) == "cpu" ? kernels::BackendKind::kCpu : kernels::BackendKind::kCuda;
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<kernels::Backend> backend, kernels::MakeBackend(kind, {}));
+
+  // The ceiling of this run: a device-to-device copy, bytes read + written, median of 9.
+  double copy_bps = 0;
+  {
+    const size_t n = kind == kernels::BackendKind::kCuda ? size_t{1} << 31 : size_t{1} << 28;
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer a, backend->Allocate(n));
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer b, backend->Allocate(n));
+    backend->Zero(a.data(), n);
+    std::vector<double> s;
+    for (int i = 0; i < 11; ++i) {
+      backend->Synchronize();
+      const auto t0 = std::chrono::steady_clock::now();
+      backend->CopyOnDevice(b.data(), a.data(), n);
+      backend->Synchronize();
+      if (i >= 2) s.push_back(Seconds(t0, std::chrono::steady_clock::now()));
+    }
+    std::sort(s.begin(), s.end());
+    copy_bps = 2.0 * static_cast<double>(n) / s[s.size() / 2];
+  }
+
+  auto t0 = std::chrono::steady_clock::now();
+  MOE_RETURN_IF_ERROR(WriteSyntheticModel(dir, layers, experts, vocab));
+  const double gen_s = Seconds(t0, std::chrono::steady_clock::now());
+  t0 = std::chrono::steady_clock::now();
+  MOE_ASSIGN_OR_RETURN(auto provider,
+                       ResidentInt4Provider::Create(*backend, layers, experts, group));
+  const size_t expert_bytes = provider->expert_bytes();
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
+                       engine::Model::Load(dir, *backend, std::move(provider)));
+  const double load_s = Seconds(t0, std::chrono::steady_clock::now());
+  const engine::ModelConfig c = model->config();  // a copy: the model is replaced below
+  std::printf("moe-bench: backend %s, %lld layers, H %lld, %lld/%lld heads of %lld, %lld experts "
+              "top-%lld width %lld (int4 g%d, %.2f MB each), vocab %lld\n",
+              kernels::BackendKindName(kind), static_cast<long long>(c.num_hidden_layers),
+              static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+              static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
+              static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
+              static_cast<long long>(kExpertWidth), group, expert_bytes / 1e6,
+              static_cast<long long>(c.vocab_size));
+  std::printf("generated dense model in %.1f s, loaded model + resident experts in %.1f s\n",
+              gen_s, load_s);
+  std::printf("measured d2d copy: %.0f GB/s (bytes read + written)\n", copy_bps / 1e9);
+
+  Rng rng{777};
+  auto tokens = [&](int64_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(c.vocab_size));
+    return t;
+  };
+  std::vector<float> logits;
+
+  // ---- batch 1, context ctx ----
+  const int64_t steps = absl::GetFlag(FLAGS_steps);
+  MOE_ASSIGN_OR_RETURN(auto kv, engine::SequenceKv::Create(c, *backend, ctx + steps + 4));
+  {
+    const std::vector<int32_t> prompt = tokens(ctx);
+    const engine::ForwardItem item{prompt, kv.get()};
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));  // prefill; warms up
+  }
+  for (int i = 0; i < 2; ++i) {  // warm-up decode steps
+    const std::vector<int32_t> one = tokens(1);
+    const engine::ForwardItem item{one, kv.get()};
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+  }
+  const engine::PhaseTimes before = model->phase_times();
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < steps; ++i) {
+    const std::vector<int32_t> one = tokens(1);
+    const engine::ForwardItem item{one, kv.get()};
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+  }
+  const double decode_s = Seconds(t0, std::chrono::steady_clock::now());
+  const engine::PhaseTimes decode_times = Diff(before, model->phase_times());
+  const double bytes = BytesPerToken(c, expert_bytes, ctx);
+  const double tok_s = static_cast<double>(steps) / decode_s;
+  const double roofline = copy_bps / bytes;
+  std::printf("\n%-44s %12s\n", "measure", "value");
+  std::printf("%-44s %12.1f\n", "decode tokens/s (batch 1, context)", tok_s);
+  std::printf("%-44s %12.1f\n", "decode ms/token", 1e3 / tok_s);
+  std::printf("%-44s %12.3f\n", "bytes a token must read (GB)", bytes / 1e9);
+  std::printf("%-44s %12.1f\n", "achieved GB/s (bytes / step time)", bytes * tok_s / 1e9);
+  std::printf("%-44s %11.1f%%\n", "fraction of measured d2d copy bandwidth",
+              100 * bytes * tok_s / copy_bps);
+  std::printf("%-44s %12.1f\n", "roofline tokens/s (copy BW / bytes)", roofline);
+  std::printf("%-44s %11.1f%%\n", "fraction of roofline", 100 * tok_s / roofline);
+  if (timings) PrintTimings("decode, batch 1", decode_times, steps, c.num_hidden_layers);
+
+  // ---- time to first token ----
+  {
+    const int64_t n = absl::GetFlag(FLAGS_prompt);
+    MOE_ASSIGN_OR_RETURN(auto kv2, engine::SequenceKv::Create(c, *backend, n + 1));
+    const std::vector<int32_t> prompt = tokens(n);
+    const engine::ForwardItem item{prompt, kv2.get()};
+    const engine::PhaseTimes b0 = model->phase_times();
+    t0 = std::chrono::steady_clock::now();
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+    const double s = Seconds(t0, std::chrono::steady_clock::now());
+    std::printf("%-44s %12.1f\n", absl::StrCat("time to first token, ", n, "-token prompt (ms)").c_str(),
+                s * 1e3);
+    std::printf("%-44s %12.0f\n", "prefill tokens/s", static_cast<double>(n) / s);
+    if (timings) PrintTimings("prefill", Diff(b0, model->phase_times()), n, c.num_hidden_layers);
+  }
+
+  // ---- throughput at B concurrent sequences (each at context ctx, one token per step) ----
+  const int64_t bsteps = absl::GetFlag(FLAGS_batch_steps);
+  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
+    int64_t B = 0;
+    if (!absl::SimpleAtoi(part, &B) || B <= 0) continue;
+    std::vector<std::unique_ptr<engine::SequenceKv>> seqs;
+    for (int64_t i = 0; i < B; ++i) {
+      MOE_ASSIGN_OR_RETURN(auto s, engine::SequenceKv::Create(c, *backend, ctx + bsteps + 4));
+      s->CopyPrefixFrom(*kv, ctx, *backend);  // the batch-1 sequence's first ctx positions
+      seqs.push_back(std::move(s));
+    }
+    std::vector<std::vector<int32_t>> toks(B);
+    auto step = [&]() -> absl::Status {
+      std::vector<engine::ForwardItem> items;
+      for (int64_t i = 0; i < B; ++i) {
+        toks[i] = tokens(1);
+        items.push_back({toks[i], seqs[i].get()});
+      }
+      return model->Forward(items, false, &logits);
+    };
+    MOE_RETURN_IF_ERROR(step());  // warm-up (scratch grows to B tokens)
+    const engine::PhaseTimes b0 = model->phase_times();
+    t0 = std::chrono::steady_clock::now();
+    for (int64_t i = 0; i < bsteps; ++i) MOE_RETURN_IF_ERROR(step());
+    const double s = Seconds(t0, std::chrono::steady_clock::now());
+    std::printf("%-44s %12.1f\n",
+                absl::StrCat("throughput tokens/s, ", B, " sequences").c_str(),
+                static_cast<double>(B * bsteps) / s);
+    if (timings) {
+      PrintTimings(absl::StrCat("batch ", B).c_str(), Diff(b0, model->phase_times()), B * bsteps,
+                   c.num_hidden_layers);
+    }
+  }
+
+  // ---- a quarter of the experts in VRAM, the rest in the store's pinned host tier ----
+  const std::string store_dir = absl::GetFlag(FLAGS_store_dir);
+  if (store_dir.empty()) return absl::OkStatus();
+  model.reset();  // frees the resident experts (16 GB) before the store takes its budgets
+  kv.reset();
+  t0 = std::chrono::steady_clock::now();
+  MOE_ASSIGN_OR_RETURN(const uint64_t slot,
+                       WriteSyntheticStore(store_dir, layers, experts, group, MakeTemplates(group)));
+  const double write_s = Seconds(t0, std::chrono::steady_clock::now());
+  const int64_t total = layers * experts;
+  store::StoreOptions o;
+  o.store_dir = store_dir;
+  o.device_budget_bytes = static_cast<uint64_t>(total / 4) * slot;
+  o.host_budget_bytes = static_cast<uint64_t>(total) * slot;
+  t0 = std::chrono::steady_clock::now();
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::ExpertStore> st,
+                       store::ExpertStore::Open(o, backend.get()));
+  store::ExpertStore* store_ptr = st.get();
+  MOE_ASSIGN_OR_RETURN(model, engine::Model::Load(dir, *backend, std::move(st)));
+  const double open_s = Seconds(t0, std::chrono::steady_clock::now());
+  MOE_ASSIGN_OR_RETURN(kv, engine::SequenceKv::Create(c, *backend, ctx + 64));
+  t0 = std::chrono::steady_clock::now();
+  {
+    const std::vector<int32_t> prompt = tokens(ctx);
+    const engine::ForwardItem item{prompt, kv.get()};
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));  // disk -> host tier
+  }
+  const double cold_s = Seconds(t0, std::chrono::steady_clock::now());
+  for (int i = 0; i < 2; ++i) {
+    const std::vector<int32_t> one = tokens(1);
+    const engine::ForwardItem item{one, kv.get()};
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+  }
+  const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
+  const store::StoreStats s0 = store_ptr->Stats();
+  const engine::PhaseTimes st0 = model->phase_times();
+  t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < ssteps; ++i) {
+    const std::vector<int32_t> one = tokens(1);
+    const engine::ForwardItem item{one, kv.get()};
+    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+  }
+  const double store_s = Seconds(t0, std::chrono::steady_clock::now());
+  const store::StoreStats s1 = store_ptr->Stats();
+  const double per_tok = store_s / static_cast<double>(ssteps);
+  const double missed = static_cast<double>(s1.device.bytes_in - s0.device.bytes_in) /
+                        static_cast<double>(ssteps);
+  const double disk = static_cast<double>(s1.blob_bytes_read - s0.blob_bytes_read) /
+                      static_cast<double>(ssteps);
+  const double predicted = missed / 52e9 + 1.0 / tok_s;
+  std::printf("\nquarter-VRAM run: store written in %.1f s (%lld blobs of %.2f MB), opened + model "
+              "loaded in %.1f s, %lld-token prefill from disk in %.1f s\n",
+              write_s, static_cast<long long>(total), static_cast<double>(slot) / 1e6, open_s,
+              static_cast<long long>(ctx), cold_s);
+  std::printf("%-44s %12lld\n", "device tier slots (of all experts)",
+              static_cast<long long>(s1.device.slots));
+  std::printf("%-44s %12.1f\n", "decode tokens/s, quarter in VRAM", 1.0 / per_tok);
+  std::printf("%-44s %12.1f\n", "device misses per token",
+              static_cast<double>(s1.device.misses - s0.device.misses) / static_cast<double>(ssteps));
+  std::printf("%-44s %12.3f\n", "bytes missed per token (GB, host->device)", missed / 1e9);
+  std::printf("%-44s %12.3f\n", "disk bytes per token (GB)", disk / 1e9);
+  std::printf("%-44s %12.2f\n", "measured ms/token", per_tok * 1e3);
+  std::printf("%-44s %12.2f\n", "predicted ms (missed/52 GB/s + resident)", predicted * 1e3);
+  std::printf("%-44s %12.2f\n", "measured / predicted (goal <= 1.3)", per_tok / predicted);
+  if (timings) PrintTimings("decode, quarter in VRAM", Diff(st0, model->phase_times()), ssteps,
+                            c.num_hidden_layers);
+  return absl::OkStatus();
+}
+
+}  // namespace
+}  // namespace moe
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  const absl::Status s = moe::Run();
+  if (!s.ok()) {
+    std::fprintf(stderr, "moe-bench: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  return 0;
+}
