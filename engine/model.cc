@@ -123,6 +123,17 @@ absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    kernels::Backend& backend,
                                                    const store::StoreOptions& store) {
+  if (!IsStoreDir(dir)) return Load(dir, backend, std::unique_ptr<store::ExpertProvider>());
+  store::StoreOptions options = store;
+  options.store_dir = dir;
+  auto opened = store::ExpertStore::Open(options, &backend);
+  if (!opened.ok()) return base::Annotate(opened.status(), dir);
+  return Load(dir, backend, std::unique_ptr<store::ExpertProvider>(std::move(*opened)));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                                   kernels::Backend& backend,
+                                                   std::unique_ptr<store::ExpertProvider> experts) {
   MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   if (config.clip_qkv != 0.0) {
     return absl::UnimplementedError(absl::StrCat(dir, ": clip_qkv is not supported"));
@@ -135,18 +146,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   auto weights = LoadDenseWeights(c, *model->checkpoint_, backend);
   if (!weights.ok()) return base::Annotate(weights.status(), dir);
   model->weights_ = std::move(*weights);
-  if (IsStoreDir(dir)) {
-    store::StoreOptions options = store;
-    options.store_dir = dir;
-    auto opened = store::ExpertStore::Open(options, &backend);
-    if (!opened.ok()) return base::Annotate(opened.status(), dir);
-    model->store_ = opened->get();
-    model->experts_ = std::move(*opened);
-  } else {
+  if (experts == nullptr) {
     auto views = LoadExpertsFromCheckpoint(c, *model->checkpoint_, backend, &model->expert_storage_);
     if (!views.ok()) return base::Annotate(views.status(), dir);
-    model->experts_ = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
+    experts = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
   }
+  model->store_ = dynamic_cast<const store::ExpertStore*>(experts.get());
+  model->experts_ = std::move(experts);
   model->rope_ = ComputeRopeTable(c);
   return model;
 }

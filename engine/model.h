@@ -109,6 +109,11 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
                                                      kernels::Backend& backend,
                                                      const store::StoreOptions& store = {});
+  // The same with experts from `experts` (null: straight from the checkpoint in `dir`), for
+  // benchmarks and tests that bring their own provider.
+  static absl::StatusOr<std::unique_ptr<Model>> Load(
+      const std::string& dir, kernels::Backend& backend,
+      std::unique_ptr<store::ExpertProvider> experts);
   // True when `dir` is a finished model store.
   static bool IsStoreDir(const std::string& dir);
 
