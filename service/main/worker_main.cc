@@ -41,6 +41,9 @@ ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "HTTP address of /metrics
 ABSL_FLAG(std::string, name, "", "Name reported in responses and logs. Default: --listen");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (compressed: CPU only)");
+ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory for all sequences and sessions");
 ABSL_FLAG(int64_t, max_running, 64, "Sequences in the running batch");
 ABSL_FLAG(int64_t, max_batch_tokens, 256, "Tokens per engine step (prefill chunks + decodes)");
@@ -100,6 +103,8 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
   eopts.kv_budget_bytes = static_cast<int64_t>(kv_budget);
   eopts.max_running = absl::GetFlag(FLAGS_max_running);
+  eopts.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  eopts.block_size = absl::GetFlag(FLAGS_kv_block_size);
   eopts.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   eopts.max_context = absl::GetFlag(FLAGS_max_context);
   eopts.max_sessions = absl::GetFlag(FLAGS_max_sessions);
@@ -121,6 +126,7 @@ absl::Status Run() {
   wopts.max_running = eopts.max_running;
   wopts.kv_budget_bytes = eopts.kv_budget_bytes;
   wopts.expert_format = store != nullptr ? "store" : "checkpoint";
+  wopts.kv_cache_format = eopts.kv_cache_dtype;
   wopts.device_budget_bytes = store != nullptr ? sopts.device_budget_bytes : 0;
   wopts.host_budget_bytes = store != nullptr ? sopts.host_budget_bytes : 0;
 

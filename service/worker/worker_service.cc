@@ -38,8 +38,7 @@ WorkerService::WorkerService(WorkerOptions options, const engine::Model& model,
   info_.set_expert_format(options_.expert_format);
   info_.set_device_budget_bytes(options_.device_budget_bytes);
   info_.set_host_budget_bytes(options_.host_budget_bytes);
-  // TODO(svc): the engine keeps K/V in float32 today; report its format once it has a choice.
-  info_.set_kv_cache_format("f32");
+  info_.set_kv_cache_format(options_.kv_cache_format);
   info_.set_kv_budget_bytes(options_.kv_budget_bytes);
   metrics_.SetModelInfo(options_.model_name, c.arch.model_type);
   metrics_.SetServing(true);

@@ -19,6 +19,7 @@ namespace moe::service {
 struct WorkerOptions {
   std::string name;            // reported in Completion.worker. Default: the listen address
   std::string model_name;      // what requests call the model
+  std::string kv_cache_format = "bf16";  // the engine's kv_cache_dtype
   int64_t context_length = 0;  // the engine's max context
   int64_t max_running = 0;     // the engine's max_running
   int64_t kv_budget_bytes = 0;
