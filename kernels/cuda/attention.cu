@@ -8,6 +8,9 @@
 // owning 4 query rows; within a tile lane j scores key j, and each lane owns D/32 output columns.
 // With splits > 1 every block writes an unnormalised partial (o, m, l), merged by a second kernel.
 #include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -31,8 +34,22 @@ size_t AttentionSmemBytes() {
   return sizeof(float) * (kQRows * DMAX + kKeys * (DMAX + 1) + kKeys * DMAX);
 }
 
-template <int DMAX>
-__global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams p) {
+// Where K/V elements come from: the contiguous fp32 cache of AttentionArgs, or the paged,
+// possibly fp8-compressed blocks (paged_attention.cuh). Load(s, kvh, d) returns K and V of
+// position s, kv-head kvh, element d as fp32.
+struct ContiguousKv {
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int64_t stride = 0;  // NKV * D
+  int head_dim = 0;
+  __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
+    kv = k[s * stride + kvh * head_dim + d];
+    vv = v[s * stride + kvh * head_dim + d];
+  }
+};
+
+template <int DMAX, typename Src>
+__global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams p, const Src src) {
   constexpr int kCols = DMAX / kWarp;  // output columns per lane
   extern __shared__ float smem[];
   float* q_s = smem;                      // [16, DMAX]
@@ -44,7 +61,6 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int64_t rows_total = a.num_tokens * G;
   const int64_t qi0 = static_cast<int64_t>(blockIdx.x) * kQRows;
-  const int64_t kv_stride = static_cast<int64_t>(a.num_kv_heads) * D;
 
   for (int idx = threadIdx.x; idx < kQRows * DMAX; idx += blockDim.x) {
     const int r = idx / DMAX, d = idx % DMAX;
@@ -87,10 +103,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
       const int j = idx / D, d = idx % D;
       const int64_t s = s0 + j;
       float kv = 0.f, vv = 0.f;
-      if (s < s_end) {
-        kv = a.k_cache[s * kv_stride + kvh * D + d];
-        vv = a.v_cache[s * kv_stride + kvh * D + d];
-      }
+      if (s < s_end) src.Load(s, kvh, d, kv, vv);
       k_s[j * (DMAX + 1) + d] = kv;
       v_s[j * DMAX + d] = vv;
     }
@@ -174,19 +187,64 @@ __global__ void AttentionCombineKernel(const AttnParams p) {
   }
 }
 
-template <int DMAX>
-void LaunchAttention(const AttnParams& p, dim3 grid, cudaStream_t stream) {
+template <int DMAX, typename Src>
+void LaunchAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
   const size_t smem = AttentionSmemBytes<DMAX>();
   if (smem > 48 * 1024) {
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(AttentionKernel<DMAX>,
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(AttentionKernel<DMAX, Src>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   }
-  AttentionKernel<DMAX><<<grid, kAttnThreads, smem, stream>>>(p);
+  AttentionKernel<DMAX, Src><<<grid, kAttnThreads, smem, stream>>>(p, src);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
+
+// Plans the split, reserves partials through `reserve`, launches the flash kernel reading `src`
+// and, when split, the combine kernel. Shared by Attention and PagedAttention.
+template <typename Src, typename Reserve>
+void RunAttention(const AttentionArgs& a, const Src& src, int num_sms, Reserve reserve,
+                  cudaStream_t stream) {
+  AttnParams p;
+  p.a = a;
+  p.group = a.num_heads / a.num_kv_heads;
+  const int64_t tiles = CeilDiv(a.num_tokens * p.group, kQRows);
+  const int64_t blocks = tiles * a.num_kv_heads;
+  const int64_t keys = a.start_pos + a.num_tokens;  // S
+  // Flash-decoding: when the grid would leave SMs idle, split the keys so that about two blocks
+  // run per SM, each split at least 64 keys (two tiles).
+  int64_t per_split = CeilDiv(keys, kKeys) * kKeys;
+  if (blocks < 2 * num_sms && keys >= 128) {
+    const int64_t want = std::min(CeilDiv(2 * num_sms, blocks), keys / 64);
+    per_split = CeilDiv(CeilDiv(keys, want), kKeys) * kKeys;
+  }
+  p.keys_per_split = per_split;
+  p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
+  MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
+      << "Attention: grid " << tiles << " x " << p.num_splits;
+  if (p.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(a.num_tokens) * a.num_heads;
+    const size_t floats = static_cast<size_t>(p.num_splits) * rows * (a.head_dim + 2);
+    p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
+    p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * a.head_dim;
+  }
+  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(p.num_splits));
+  if (a.head_dim <= 64) {
+    LaunchAttention<64>(p, src, grid, stream);
+  } else if (a.head_dim <= 128) {
+    LaunchAttention<128>(p, src, grid, stream);
+  } else {
+    LaunchAttention<256>(p, src, grid, stream);
+  }
+  if (p.num_splits > 1) {
+    AttentionCombineKernel<<<static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0,
+                             stream>>>(p);
+    MOE_CUDA_CHECK(cudaGetLastError());
+  }
+}
+
 }  // namespace moe::kernels::cuda
 
 namespace moe::kernels {
@@ -197,43 +255,227 @@ void CudaBackend::Attention(const AttentionArgs& a) {
       << "Attention: heads " << a.num_heads << " kv heads " << a.num_kv_heads << " head_dim "
       << a.head_dim << " start_pos " << a.start_pos;
   if (a.num_tokens == 0) return;
-  cuda::AttnParams p;
-  p.a = a;
-  p.group = a.num_heads / a.num_kv_heads;
-  const int64_t tiles = cuda::CeilDiv(a.num_tokens * p.group, cuda::kQRows);
-  const int64_t blocks = tiles * a.num_kv_heads;
-  const int64_t keys = a.start_pos + a.num_tokens;  // S
-  // Flash-decoding: when the grid would leave SMs idle, split the keys so that about two blocks
-  // run per SM, each split at least 64 keys (two tiles).
-  int64_t per_split = cuda::CeilDiv(keys, cuda::kKeys) * cuda::kKeys;
-  if (blocks < 2 * num_sms_ && keys >= 128) {
-    const int64_t want = std::min(cuda::CeilDiv(2 * num_sms_, blocks), keys / 64);
-    per_split = cuda::CeilDiv(cuda::CeilDiv(keys, want), cuda::kKeys) * cuda::kKeys;
+  cuda::ContiguousKv src{a.k_cache, a.v_cache, static_cast<int64_t>(a.num_kv_heads) * a.head_dim,
+                         a.head_dim};
+  cuda::RunAttention(a, src, num_sms_, [this](size_t bytes) { return Reserve(work_, bytes); },
+                     stream_);
+}
+
+}  // namespace moe::kernels
+
+// ---- Paged KV cache: bf16 and fp8-e4m3 tiles (engine/kv_storage.h, kernels/kv_quant.h) --------
+// Tile of (block b, kv-head h, role) at layer_base + b·block_stride + (2h + role)·tile_bytes;
+// bf16: [bs][D] bf16; fp8: [bs][D] E4M3FN codes, then [bs] fp32 scales. TurboQuant formats keep
+// the host-staged default of backend.cc.
+namespace moe::kernels::cuda {
+namespace {
+
+// F32ToBf16 of tensor.h: round to nearest even on the bits, NaN kept quiet.
+__device__ __forceinline__ uint16_t F32ToBf16Bits(float f) {
+  uint32_t bits = __float_as_uint(f);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);
+  bits += 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// F32ToE4m3 of kernels/cpu/kv_quant.cc, step for step (finite input): RNE, saturating to 0x7e.
+__device__ __forceinline__ uint8_t F32ToE4m3Bits(float f) {
+  const uint8_t sign = signbit(f) ? 0x80 : 0x00;
+  const float a = fabsf(f);
+  if (a >= 448.f) return sign | 0x7e;
+  if (a < 0x1.0p-6f) return sign | static_cast<uint8_t>(rintf(__fmul_rn(a, 0x1.0p9f)));
+  int e;
+  const float fr = frexpf(a, &e);
+  int exponent = e - 1;
+  int mantissa = static_cast<int>(rintf(__fmul_rn(__fsub_rn(__fmul_rn(2.f, fr), 1.f), 8.f)));
+  if (mantissa == 8) {
+    mantissa = 0;
+    ++exponent;
   }
-  p.keys_per_split = per_split;
-  p.num_splits = static_cast<int>(cuda::CeilDiv(keys, per_split));
-  MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
-      << "Attention: grid " << tiles << " x " << p.num_splits;
-  if (p.num_splits > 1) {
-    const size_t rows = static_cast<size_t>(a.num_tokens) * a.num_heads;
-    const size_t floats = static_cast<size_t>(p.num_splits) * rows * (a.head_dim + 2);
-    p.part_o = static_cast<float*>(Reserve(work_, floats * sizeof(float)));
-    p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * a.head_dim;
-  }
-  const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads),
-                  static_cast<unsigned>(p.num_splits));
-  if (a.head_dim <= 64) {
-    cuda::LaunchAttention<64>(p, grid, stream_);
-  } else if (a.head_dim <= 128) {
-    cuda::LaunchAttention<128>(p, grid, stream_);
+  const int code = min(((exponent + 7) << 3) | mantissa, 0x7e);
+  return sign | static_cast<uint8_t>(code);
+}
+
+__device__ __forceinline__ float E4m3Value(uint8_t code) {
+  const int exponent = (code >> 3) & 0xf, mantissa = code & 0x7;
+  float v;
+  if (exponent == 0xf && mantissa == 0x7) {
+    v = __int_as_float(0x7fc00000);
+  } else if (exponent == 0) {
+    v = ldexpf(static_cast<float>(mantissa), -9);
   } else {
-    cuda::LaunchAttention<256>(p, grid, stream_);
+    v = ldexpf(1.f + mantissa / 8.f, exponent - 7);
   }
-  if (p.num_splits > 1) {
-    cuda::AttentionCombineKernel<<<static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0,
-                                   stream_>>>(p);
-    MOE_CUDA_CHECK(cudaGetLastError());
+  return (code & 0x80) ? -v : v;
+}
+
+__device__ __forceinline__ float LoadF32Bytes(const uint8_t* p) {  // any alignment
+  return __uint_as_float(uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
+                         uint32_t{p[3]} << 24);
+}
+
+struct PagedGeom {
+  uint8_t* base = nullptr;
+  int64_t block_stride = 0, tile_bytes = 0;
+  int block_size = 0, num_kv_heads = 0, head_dim = 0;
+  const int32_t* table = nullptr;  // device copy of the block table
+  __device__ __forceinline__ uint8_t* Tile(int64_t pos, int kvh, int role) const {
+    return base + static_cast<int64_t>(table[pos / block_size]) * block_stride +
+           (2 * kvh + role) * tile_bytes;
   }
+};
+
+// K/V source of AttentionKernel over paged tiles. fp8 elements come back as scale · E4M3(code)
+// (the CPU multiplies the scale after the dot product: a different rounding, within fp32).
+template <bool kFp8>
+struct PagedKvSource {
+  PagedGeom g;
+  __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
+    const int D = g.head_dim;
+    if constexpr (kFp8) {
+      const float s = LoadF32Bytes(tile + static_cast<int64_t>(g.block_size) * D + 4 * slot);
+      return s * E4m3Value(tile[static_cast<int64_t>(slot) * D + d]);
+    } else {
+      const uint16_t h = reinterpret_cast<const uint16_t*>(tile)[static_cast<int64_t>(slot) * D + d];
+      return __uint_as_float(uint32_t{h} << 16);
+    }
+  }
+  __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
+    const int slot = static_cast<int>(s % g.block_size);
+    const uint8_t* kt = g.Tile(s, kvh, 0);
+    kv = Element(kt, slot, d);
+    vv = Element(kt + g.tile_bytes, slot, d);
+  }
+};
+
+// One block per (token, kv-head, role): checks finiteness, then bf16 bits or fp8 amax, scale and
+// codes exactly as KvCodec::Quantize. A non-finite vector is not written; the smallest such
+// (t·NKV + h)·2 + role goes to *bad.
+template <bool kFp8>
+__global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v, int64_t start_pos,
+                                   unsigned* bad) {
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, role = blockIdx.z, D = g.head_dim;
+  const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * D;
+  bool finite = true;
+  float amax = 0.f;
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    finite = finite && isfinite(x[j]);
+    amax = fmaxf(amax, fabsf(x[j]));
+  }
+  const bool all_finite = __syncthreads_and(finite);
+  if (!all_finite) {
+    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned>((t * g.num_kv_heads + h) * 2 + role));
+    return;
+  }
+  const int64_t pos = start_pos + t;
+  const int slot = static_cast<int>(pos % g.block_size);
+  uint8_t* tile = g.Tile(pos, h, role);
+  if constexpr (kFp8) {
+    __shared__ float warp_max[32];
+    amax = WarpMax(amax);
+    if (threadIdx.x % kWarp == 0) warp_max[threadIdx.x / kWarp] = amax;
+    __syncthreads();
+    amax = 0.f;
+    for (int w = 0; w < static_cast<int>(blockDim.x / kWarp); ++w) amax = fmaxf(amax, warp_max[w]);
+    const float scale = __fdiv_rn(amax, 448.f);
+    uint8_t* codes = tile + static_cast<int64_t>(slot) * D;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) {
+      codes[j] = scale > 0.f ? F32ToE4m3Bits(__fdiv_rn(x[j], scale)) : 0;
+    }
+    if (threadIdx.x == 0) {
+      uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * D + 4 * slot;
+      const uint32_t bits = __float_as_uint(scale);
+      for (int i = 0; i < 4; ++i) sp[i] = static_cast<uint8_t>(bits >> (8 * i));
+    }
+  } else {
+    uint16_t* dst = reinterpret_cast<uint16_t*>(tile) + static_cast<int64_t>(slot) * D;
+    for (int j = threadIdx.x; j < D; j += blockDim.x) dst[j] = F32ToBf16Bits(x[j]);
+  }
+}
+
+// The format every codec of the layer shares, when the CUDA kernels handle it (bf16, fp8).
+bool CudaPagedFormat(const PagedKvLayer& kv, bool* fp8) {
+  if (kv.head_dim <= 0 || kv.head_dim > 256 || kv.num_kv_heads <= 0) return false;
+  const KvFormat f = kv.codecs[0]->format();
+  if (f != KvFormat::kBf16 && f != KvFormat::kFp8E4m3) return false;
+  for (int i = 0; i < 2 * kv.num_kv_heads; ++i) {
+    if (kv.codecs[i]->format() != f || kv.codecs[i]->head_dim() != kv.head_dim) return false;
+  }
+  *fp8 = f == KvFormat::kFp8E4m3;
+  return true;
+}
+
+}  // namespace
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels {
+
+absl::Status CudaBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
+  bool fp8 = false;
+  if (!cuda::CudaPagedFormat(a.kv, &fp8)) return Backend::PagedKvWrite(a);  // TurboQuant
+  if (a.num_tokens == 0) return absl::OkStatus();
+  const PagedKvLayer& kv = a.kv;
+  const int64_t blocks = (a.start_pos + a.num_tokens + kv.block_size - 1) / kv.block_size;
+  cuda::PagedGeom g{kv.layer_base, kv.block_stride, kv.tile_bytes, kv.block_size,
+                    kv.num_kv_heads, kv.head_dim, nullptr};
+  g.table = static_cast<const int32_t*>(
+      StageHostArgs(args_, kv.block_table, static_cast<size_t>(blocks) * sizeof(int32_t)));
+  auto* bad = static_cast<unsigned*>(Reserve(args2_, sizeof(unsigned)));
+  MOE_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned), stream_));
+  MOE_CHECK(a.num_tokens <= 0x7fffffff) << "PagedKvWrite: " << a.num_tokens << " tokens";
+  const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(kv.num_kv_heads), 2);
+  const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
+  if (fp8) {
+    cuda::PagedKvWriteKernel<true><<<grid, threads, 0, stream_>>>(g, a.k, a.v, a.start_pos, bad);
+  } else {
+    cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, a.k, a.v, a.start_pos, bad);
+  }
+  MOE_CUDA_CHECK(cudaGetLastError());
+  // The Status contract needs the finiteness verdict now: one 4-byte copy that waits.
+  unsigned first_bad = 0;
+  CopyToHost(&first_bad, bad, sizeof(first_bad));
+  if (first_bad != 0xffffffffu) {
+    const int64_t t = first_bad / 2 / kv.num_kv_heads;
+    const int h = static_cast<int>(first_bad / 2 % kv.num_kv_heads);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "KV write at position ", a.start_pos + t, ", kv-head ", h,
+        first_bad % 2 == 0 ? " key: " : " value: ", "KV ", KvFormatName(kv.codecs[0]->format()),
+        " quantization: the vector has a non-finite element (not written)"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaBackend::PagedAttention(const PagedAttentionArgs& a) {
+  bool fp8 = false;
+  if (!cuda::CudaPagedFormat(a.kv, &fp8)) return Backend::PagedAttention(a);  // TurboQuant
+  const PagedKvLayer& kv = a.kv;
+  MOE_CHECK(a.num_heads % kv.num_kv_heads == 0 && a.start_pos >= 0)
+      << "PagedAttention: heads " << a.num_heads << " kv heads " << kv.num_kv_heads
+      << " start_pos " << a.start_pos;
+  if (a.num_tokens == 0) return absl::OkStatus();
+  const int64_t blocks = (a.start_pos + a.num_tokens + kv.block_size - 1) / kv.block_size;
+  cuda::PagedGeom g{kv.layer_base, kv.block_stride, kv.tile_bytes, kv.block_size,
+                    kv.num_kv_heads, kv.head_dim, nullptr};
+  g.table = static_cast<const int32_t*>(
+      StageHostArgs(args_, kv.block_table, static_cast<size_t>(blocks) * sizeof(int32_t)));
+  AttentionArgs c;
+  c.out = a.out;
+  c.q = a.q;
+  c.num_tokens = a.num_tokens;
+  c.start_pos = a.start_pos;
+  c.num_heads = a.num_heads;
+  c.num_kv_heads = kv.num_kv_heads;
+  c.head_dim = kv.head_dim;
+  c.scale = a.scale;
+  c.sliding_window = a.sliding_window;
+  auto reserve = [this](size_t bytes) { return Reserve(work_, bytes); };
+  if (fp8) {
+    cuda::RunAttention(c, cuda::PagedKvSource<true>{g}, num_sms_, reserve, stream_);
+  } else {
+    cuda::RunAttention(c, cuda::PagedKvSource<false>{g}, num_sms_, reserve, stream_);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace moe::kernels

@@ -44,6 +44,10 @@ class CudaBackend final : public Backend {
                float eps) override;
   void Rope(const RopeArgs& args) override;
   void Attention(const AttentionArgs& args) override;
+  // bf16 and fp8-e4m3 tiles on the GPU (attention.cu); TurboQuant formats fall back to the
+  // host-staged defaults of backend.cc. PagedKvWrite waits for the stream (finiteness verdict).
+  absl::Status PagedKvWrite(const PagedKvWriteArgs& args) override;
+  absl::Status PagedAttention(const PagedAttentionArgs& args) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
