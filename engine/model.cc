@@ -62,11 +62,13 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
                                                          kernels::KvFormat format, int block_size,
                                                          int32_t num_blocks) {
   const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
-  if (backend.kind() != kernels::BackendKind::kCpu && format != kernels::KvFormat::kBf16) {
+  // bf16 and fp8 have CUDA kernels (kernels/cuda/attention.cu); TurboQuant is CPU-only so far.
+  if (backend.kind() != kernels::BackendKind::kCpu && format != kernels::KvFormat::kBf16 &&
+      format != kernels::KvFormat::kFp8E4m3) {
     return absl::UnimplementedError(absl::StrCat(
         "KV cache format ", kernels::KvFormatName(format), " is not implemented on the ",
         kernels::BackendKindName(backend.kind()),
-        " backend yet (CPU only); use kv_cache_dtype bf16 there"));
+        " backend yet (CPU only); use kv_cache_dtype bf16 or fp8_e4m3 there"));
   }
   MOE_ASSIGN_OR_RETURN(KvStorage storage,
                        KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
