@@ -394,16 +394,264 @@ __global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v, 
   }
 }
 
-// The format every codec of the layer shares, when the CUDA kernels handle it (bf16, fp8).
-bool CudaPagedFormat(const PagedKvLayer& kv, bool* fp8) {
-  if (kv.head_dim <= 0 || kv.head_dim > 256 || kv.num_kv_heads <= 0) return false;
-  const KvFormat f = kv.codecs[0]->format();
-  if (f != KvFormat::kBf16 && f != KvFormat::kFp8E4m3) return false;
+enum class PagedPath { kHost, kBf16, kFp8, kTq };
+
+// What the GPU runs for this layer: every codec must share one format; TurboQuant only for the
+// single-part MSE formats (tq1..tq4) with the RHT2 rotation. kHost: the host-staged default.
+PagedPath ChoosePath(const PagedKvLayer& kv) {
+  if (kv.head_dim <= 0 || kv.head_dim > 256 || kv.num_kv_heads <= 0) return PagedPath::kHost;
+  const KvCodec& c0 = *kv.codecs[0];
+  const KvFormat f = c0.format();
   for (int i = 0; i < 2 * kv.num_kv_heads; ++i) {
-    if (kv.codecs[i]->format() != f || kv.codecs[i]->head_dim() != kv.head_dim) return false;
+    const KvCodec& c = *kv.codecs[i];
+    if (c.format() != f || c.head_dim() != kv.head_dim || c.norm() != c0.norm()) {
+      return PagedPath::kHost;
+    }
   }
-  *fp8 = f == KvFormat::kFp8E4m3;
-  return true;
+  if (f == KvFormat::kBf16) return PagedPath::kBf16;
+  if (f == KvFormat::kFp8E4m3) return PagedPath::kFp8;
+  if (f != KvFormat::kTq4 && f != KvFormat::kTq3 && f != KvFormat::kTq2 && f != KvFormat::kTq1) {
+    return PagedPath::kHost;
+  }
+  if (kv.head_dim < 32 || (kv.head_dim & (kv.head_dim - 1)) != 0) return PagedPath::kHost;
+  for (int i = 0; i < 2 * kv.num_kv_heads; ++i) {
+    const auto& parts = kv.codecs[i]->parts();
+    if (parts.size() != 1 || parts[0].rotation.kind() != RotationKind::kRht2 ||
+        parts[0].bits != c0.parts()[0].bits ||
+        parts[0].codebook.centroids != c0.parts()[0].codebook.centroids ||
+        parts[0].codebook.boundaries != c0.parts()[0].codebook.boundaries) {
+      return PagedPath::kHost;
+    }
+  }
+  return PagedPath::kTq;
+}
+
+// ---- TurboQuant (single part, RHT2): spec T9 -----------------------------------------------
+// Device copy of what the codecs hold: signs [NKV][2 roles][D₁, D₂][D] as ±1, then the codebook
+// (centroids [2^b], boundaries [2^b − 1]). Built on the host per call.
+struct TqTables {
+  const float* signs = nullptr;
+  const float* centroids = nullptr;
+  const float* boundaries = nullptr;
+  int bits = 0;
+  int norm = 0;         // TqNorm
+  float alpha = 1.f;    // float(codebook.alpha()), the debiased divisor
+  __device__ __forceinline__ const float* D1(int kvh, int role, int D) const {
+    return signs + ((kvh * 2 + role) * 2) * D;
+  }
+  __device__ __forceinline__ const float* D2(int kvh, int role, int D) const {
+    return signs + ((kvh * 2 + role) * 2 + 1) * D;
+  }
+};
+
+// Fwht of kv_rotation.cc on y[n] in shared memory, blockDim.x >= n / 2: every butterfly is the
+// same two roundings as on the CPU (the order of independent butterflies does not matter).
+__device__ __forceinline__ void BlockFwht(float* y, int n) {
+  for (int h = 1; h < n; h <<= 1) {
+    __syncthreads();
+    const int t = threadIdx.x;
+    if (t < n / 2) {
+      const int j = (t / h) * 2 * h + t % h;
+      const float a = y[j], b = y[j + h];
+      y[j] = __fadd_rn(a, b);
+      y[j + h] = __fsub_rn(a, b);
+    }
+  }
+  __syncthreads();
+}
+
+// y = Π x (forward = true) or x = Πᵀ y for the RHT2 rotation, in place on v[n] in shared memory,
+// the CPU's arithmetic order (Rotation::Apply / ApplyTranspose).
+__device__ __forceinline__ void BlockRht2(float* v, int n, const float* d1, const float* d2,
+                                          bool forward) {
+  const float inv_n = 1.f / static_cast<float>(n);
+  if (forward) {
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(d1[i], v[i]);
+    BlockFwht(v, n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], d2[i]);
+    BlockFwht(v, n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], inv_n);
+  } else {
+    BlockFwht(v, n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], d2[i]);
+    BlockFwht(v, n);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], __fmul_rn(d1[i], inv_n));
+  }
+  __syncthreads();
+}
+
+// F32ToF16 of kernels/tensor.cc (round to nearest even, overflow to inf).
+__device__ __forceinline__ uint16_t F32ToF16Bits(float f) {
+  const uint32_t bits = __float_as_uint(f);
+  const uint32_t sign = (bits >> 16) & 0x8000u;
+  const int32_t exp = static_cast<int32_t>((bits >> 23) & 0xffu) - 127 + 15;
+  uint32_t mant = bits & 0x7fffffu;
+  if (((bits >> 23) & 0xffu) == 0xffu) return static_cast<uint16_t>(sign | 0x7c00u | (mant ? 0x200u : 0u));
+  if (exp >= 0x1f) return static_cast<uint16_t>(sign | 0x7c00u);
+  if (exp <= 0) {
+    if (exp < -10) return static_cast<uint16_t>(sign);
+    mant |= 0x800000u;
+    const int shift = 14 - exp;
+    uint32_t half = mant >> shift;
+    const uint32_t rem = mant & ((1u << shift) - 1);
+    const uint32_t halfway = 1u << (shift - 1);
+    if (rem > halfway || (rem == halfway && (half & 1u))) ++half;
+    return static_cast<uint16_t>(sign | half);
+  }
+  uint32_t half = sign | (static_cast<uint32_t>(exp) << 10) | (mant >> 13);
+  const uint32_t rem = mant & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (half & 1u))) ++half;
+  return static_cast<uint16_t>(half);
+}
+
+// KvCodec::Quantize for a single-part MSE format, one block per (token, kv-head, K|V), D threads:
+// n = sqrt(Σ x_j² ascending) by one thread, u = x / n, y = Π u, idx = #boundaries <= y, scale,
+// fp16 scale; indices packed b bits each, little-endian; scale plane after the index plane.
+__global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const float* v,
+                              int64_t start_pos, unsigned* bad) {
+  extern __shared__ float tq_smem[];
+  const int D = g.head_dim, b = tb.bits;
+  float* y = tq_smem;                                   // [D]
+  uint8_t* idx = reinterpret_cast<uint8_t*>(y + D);     // [D]
+  __shared__ float norm_s, scale_s;
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, role = blockIdx.z;
+  const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * D;
+  bool finite = true;
+  for (int j = threadIdx.x; j < D; j += blockDim.x) finite = finite && isfinite(x[j]);
+  if (!__syncthreads_and(finite)) {
+    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned>((t * g.num_kv_heads + h) * 2 + role));
+    return;
+  }
+  if (threadIdx.x == 0) {
+    float n2 = 0.f;
+    for (int j = 0; j < D; ++j) n2 = __fadd_rn(n2, __fmul_rn(x[j], x[j]));
+    norm_s = __fsqrt_rn(n2);
+  }
+  __syncthreads();
+  const float n = norm_s;
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    y[j] = n == 0.f ? 0.f : __fdiv_rn(x[j], n);
+  }
+  if (n != 0.f) BlockRht2(y, D, tb.D1(h, role, D), tb.D2(h, role, D), true);
+  const int levels = 1 << b;
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    int c = 0;
+    if (n != 0.f) {
+      for (int i = 0; i < levels - 1; ++i) c += tb.boundaries[i] <= y[j] ? 1 : 0;
+    }
+    idx[j] = static_cast<uint8_t>(c);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float s = 0.f;
+    if (n != 0.f) {
+      if (tb.norm == static_cast<int>(TqNorm::kPlain)) {
+        s = n;
+      } else if (tb.norm == static_cast<int>(TqNorm::kDebiased)) {
+        s = __fdiv_rn(n, tb.alpha);
+      } else {
+        float e = 0.f;
+        for (int j = 0; j < D; ++j) {
+          const float c = tb.centroids[idx[j]];
+          e = __fadd_rn(e, __fmul_rn(c, c));
+        }
+        s = e > 0.f ? __fdiv_rn(n, __fsqrt_rn(e)) : 0.f;
+      }
+    }
+    scale_s = s;
+  }
+  __syncthreads();
+  const float s = scale_s;
+  if (!(s <= 65504.f)) {
+    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned>((t * g.num_kv_heads + h) * 2 + role));
+    return;
+  }
+  const int64_t pos = start_pos + t;
+  const int slot = static_cast<int>(pos % g.block_size);
+  uint8_t* tile = g.Tile(pos, h, role);
+  const int index_bytes = D * b / 8;
+  uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
+  for (int byte = threadIdx.x; byte < index_bytes; byte += blockDim.x) {
+    uint32_t out = 0;
+    for (int i = 0; i < 8; ++i) {
+      const int bit = byte * 8 + i;
+      out |= ((static_cast<uint32_t>(idx[bit / b]) >> (bit % b)) & 1u) << i;
+    }
+    plane[byte] = static_cast<uint8_t>(out);
+  }
+  if (threadIdx.x == 0) {
+    const uint16_t hb = F32ToF16Bits(s);
+    uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot;
+    sp[0] = static_cast<uint8_t>(hb & 0xff);
+    sp[1] = static_cast<uint8_t>(hb >> 8);
+  }
+}
+
+// K/V source over TurboQuant tiles, in the rotated frame: element d of slot = s · C[idx_d].
+struct TqKvSource {
+  PagedGeom g;
+  TqTables tb;
+  __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
+    const int b = tb.bits, index_bytes = g.head_dim * b / 8;
+    const uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
+    const int bit = d * b;
+    // An index spans at most two bytes (b <= 4... up to 8 within a 16-bit window).
+    uint32_t w = plane[bit >> 3];
+    if ((bit & 7) + b > 8) w |= static_cast<uint32_t>(plane[(bit >> 3) + 1]) << 8;
+    const uint32_t c = (w >> (bit & 7)) & ((1u << b) - 1u);
+    const uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot;
+    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(sp[0] | sp[1] << 8)));
+    return s * tb.centroids[c];
+  }
+  __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
+    const int slot = static_cast<int>(s % g.block_size);
+    const uint8_t* kt = g.Tile(s, kvh, 0);
+    kv = Element(kt, slot, d);
+    vv = Element(kt + g.tile_bytes, slot, d);
+  }
+};
+
+// q' = Π_K q (forward) before attention, out = Πᵀ_V acc after it; one block per (token, head).
+__global__ void TqRotateKernel(float* dst, const float* src, TqTables tb, int num_heads, int group,
+                               int D, bool forward) {
+  extern __shared__ float tq_smem[];
+  const int64_t row = blockIdx.x;  // t * NH + h
+  const int h = static_cast<int>(row % num_heads), kvh = h / group;
+  for (int i = threadIdx.x; i < D; i += blockDim.x) tq_smem[i] = src[row * D + i];
+  __syncthreads();
+  const int role = forward ? 0 : 1;
+  BlockRht2(tq_smem, D, tb.D1(kvh, role, D), tb.D2(kvh, role, D), forward);
+  for (int i = threadIdx.x; i < D; i += blockDim.x) dst[row * D + i] = tq_smem[i];
+}
+
+// Host side: the signs and codebook of the layer's codecs, laid out as TqTables reads them.
+std::vector<float> TqHostTables(const PagedKvLayer& kv) {
+  const int D = kv.head_dim;
+  std::vector<float> host;
+  host.reserve(4 * kv.num_kv_heads * D + 512);
+  for (int i = 0; i < 2 * kv.num_kv_heads; ++i) {
+    const Rotation& r = kv.codecs[i]->parts()[0].rotation;
+    host.insert(host.end(), r.signs1().begin(), r.signs1().end());
+    host.insert(host.end(), r.signs2().begin(), r.signs2().end());
+  }
+  const Codebook& cb = kv.codecs[0]->parts()[0].codebook;
+  host.insert(host.end(), cb.centroids.begin(), cb.centroids.end());
+  host.insert(host.end(), cb.boundaries.begin(), cb.boundaries.end());
+  return host;
+}
+
+TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
+  const int D = kv.head_dim;
+  const KvCodec::Part& part = kv.codecs[0]->parts()[0];
+  TqTables tb;
+  tb.signs = dev;
+  tb.centroids = dev + 4 * kv.num_kv_heads * D;
+  tb.boundaries = tb.centroids + part.codebook.centroids.size();
+  tb.bits = part.bits;
+  tb.norm = static_cast<int>(kv.codecs[0]->norm());
+  tb.alpha = static_cast<float>(part.codebook.alpha());
+  return tb;
 }
 
 }  // namespace
@@ -412,8 +660,8 @@ bool CudaPagedFormat(const PagedKvLayer& kv, bool* fp8) {
 namespace moe::kernels {
 
 absl::Status CudaBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
-  bool fp8 = false;
-  if (!cuda::CudaPagedFormat(a.kv, &fp8)) return Backend::PagedKvWrite(a);  // TurboQuant
+  const cuda::PagedPath path = cuda::ChoosePath(a.kv);
+  if (path == cuda::PagedPath::kHost) return Backend::PagedKvWrite(a);  // split/prod formats
   if (a.num_tokens == 0) return absl::OkStatus();
   const PagedKvLayer& kv = a.kv;
   const int64_t blocks = (a.start_pos + a.num_tokens + kv.block_size - 1) / kv.block_size;
@@ -426,13 +674,20 @@ absl::Status CudaBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
   MOE_CHECK(a.num_tokens <= 0x7fffffff) << "PagedKvWrite: " << a.num_tokens << " tokens";
   const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(kv.num_kv_heads), 2);
   const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
-  if (fp8) {
+  if (path == cuda::PagedPath::kFp8) {
     cuda::PagedKvWriteKernel<true><<<grid, threads, 0, stream_>>>(g, a.k, a.v, a.start_pos, bad);
-  } else {
+  } else if (path == cuda::PagedPath::kBf16) {
     cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, a.k, a.v, a.start_pos, bad);
+  } else {
+    const std::vector<float> host = cuda::TqHostTables(kv);
+    const float* dev = static_cast<const float*>(
+        StageHostArgs(paged_, host.data(), host.size() * sizeof(float)));
+    const size_t smem = kv.head_dim * (sizeof(float) + 1);
+    cuda::TqWriteKernel<<<grid, threads, smem, stream_>>>(g, cuda::TqDeviceTables(kv, dev), a.k,
+                                                          a.v, a.start_pos, bad);
   }
   MOE_CUDA_CHECK(cudaGetLastError());
-  // The Status contract needs the finiteness verdict now: one 4-byte copy that waits.
+  // The Status contract needs the verdict now: one 4-byte copy that waits for the stream.
   unsigned first_bad = 0;
   CopyToHost(&first_bad, bad, sizeof(first_bad));
   if (first_bad != 0xffffffffu) {
@@ -441,14 +696,15 @@ absl::Status CudaBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
     return absl::InvalidArgumentError(absl::StrCat(
         "KV write at position ", a.start_pos + t, ", kv-head ", h,
         first_bad % 2 == 0 ? " key: " : " value: ", "KV ", KvFormatName(kv.codecs[0]->format()),
-        " quantization: the vector has a non-finite element (not written)"));
+        " quantization: the vector has a non-finite element or its scale exceeds the fp16 range "
+        "(not written)"));
   }
   return absl::OkStatus();
 }
 
 absl::Status CudaBackend::PagedAttention(const PagedAttentionArgs& a) {
-  bool fp8 = false;
-  if (!cuda::CudaPagedFormat(a.kv, &fp8)) return Backend::PagedAttention(a);  // TurboQuant
+  const cuda::PagedPath path = cuda::ChoosePath(a.kv);
+  if (path == cuda::PagedPath::kHost) return Backend::PagedAttention(a);  // split/prod formats
   const PagedKvLayer& kv = a.kv;
   MOE_CHECK(a.num_heads % kv.num_kv_heads == 0 && a.start_pos >= 0)
       << "PagedAttention: heads " << a.num_heads << " kv heads " << kv.num_kv_heads
@@ -470,10 +726,33 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionArgs& a) {
   c.scale = a.scale;
   c.sliding_window = a.sliding_window;
   auto reserve = [this](size_t bytes) { return Reserve(work_, bytes); };
-  if (fp8) {
+  if (path == cuda::PagedPath::kFp8) {
     cuda::RunAttention(c, cuda::PagedKvSource<true>{g}, num_sms_, reserve, stream_);
-  } else {
+  } else if (path == cuda::PagedPath::kBf16) {
     cuda::RunAttention(c, cuda::PagedKvSource<false>{g}, num_sms_, reserve, stream_);
+  } else {
+    // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc.
+    const std::vector<float> host = cuda::TqHostTables(kv);
+    const size_t rows = static_cast<size_t>(a.num_tokens) * a.num_heads;
+    const size_t n = rows * kv.head_dim;
+    auto* dev = static_cast<float*>(Reserve(paged_, (host.size() + 2 * n) * sizeof(float)));
+    MOE_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(float),
+                                   cudaMemcpyHostToDevice, stream_));
+    float* q_rot = dev + host.size();
+    float* o_rot = q_rot + n;
+    const cuda::TqTables tb = cuda::TqDeviceTables(kv, dev);
+    const int group = a.num_heads / kv.num_kv_heads;
+    const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
+    const size_t smem = kv.head_dim * sizeof(float);
+    cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
+        q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
+    MOE_CUDA_CHECK(cudaGetLastError());
+    c.q = q_rot;
+    c.out = o_rot;
+    cuda::RunAttention(c, cuda::TqKvSource{g, tb}, num_sms_, reserve, stream_);
+    cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
+        a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
+    MOE_CUDA_CHECK(cudaGetLastError());
   }
   return absl::OkStatus();
 }
