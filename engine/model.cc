@@ -62,11 +62,17 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
                                                          kernels::KvFormat format, int block_size,
                                                          int32_t num_blocks) {
   const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
-  if (backend.kind() != kernels::BackendKind::kCpu && format != kernels::KvFormat::kBf16) {
+  // bf16, fp8 and tq4/tq3/tq2 have CUDA kernels (kernels/cuda/attention.cu). The split formats
+  // stay CPU-only: their outlier selection reads the first prefill's K/V on the host.
+  const bool on_cuda_kernels = format == kernels::KvFormat::kBf16 ||
+                               format == kernels::KvFormat::kFp8E4m3 ||
+                               format == kernels::KvFormat::kTq4 ||
+                               format == kernels::KvFormat::kTq3 || format == kernels::KvFormat::kTq2;
+  if (backend.kind() != kernels::BackendKind::kCpu && !on_cuda_kernels) {
     return absl::UnimplementedError(absl::StrCat(
         "KV cache format ", kernels::KvFormatName(format), " is not implemented on the ",
         kernels::BackendKindName(backend.kind()),
-        " backend yet (CPU only); use kv_cache_dtype bf16 there"));
+        " backend yet (CPU only); use bf16, fp8_e4m3, tq4, tq3 or tq2 there"));
   }
   MOE_ASSIGN_OR_RETURN(KvStorage storage,
                        KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,

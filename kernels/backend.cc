@@ -20,8 +20,8 @@ const char* BackendKindName(BackendKind kind) {
 }
 
 // Host-staged defaults (correct on any backend, slow: every touched tile crosses to the host and
-// back each call). The engine uses them on CUDA for the bf16 cache until CUDA kernels exist;
-// Model refuses the compressed formats on non-CPU backends (PagedKv::Create).
+// back each call). CUDA falls back to them for the formats its kernels do not cover (split and
+// prod TurboQuant; Model refuses the split ones on non-CPU backends, PagedKv::Create).
 absl::Status Backend::PagedKvWrite(const PagedKvWriteArgs& a) {
   const PagedKvLayer& kv = a.kv;
   const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;

@@ -206,9 +206,9 @@ class Backend {
                        float eps) = 0;
   virtual void Rope(const RopeArgs& args) = 0;
   virtual void Attention(const AttentionArgs& args) = 0;
-  // Paged KV cache ops. The CPU backend implements both. The defaults, which the CUDA backend
-  // inherits for now, stage the touched tiles through host copies and run the CPU code: correct
-  // but slow; Model uses them only for the bf16 cache (compressed formats: Unimplemented).
+  // Paged KV cache ops. The CPU backend implements both; CUDA implements bf16, fp8 and the
+  // single-part TurboQuant formats. The defaults stage the touched tiles through host copies and
+  // run the CPU code: correct but slow; CUDA falls back to them for the other formats.
   virtual absl::Status PagedKvWrite(const PagedKvWriteArgs& args);
   virtual absl::Status PagedAttention(const PagedAttentionArgs& args);
   virtual void Route(const RouteArgs& args) = 0;

@@ -116,6 +116,7 @@ class KvCodec {
 
   KvFormat format() const { return options_.format; }
   int head_dim() const { return options_.head_dim; }
+  TqNorm norm() const { return options_.norm; }
   int64_t bytes_per_vector() const;
   int64_t tile_bytes(int tokens) const { return bytes_per_vector() * tokens; }
   // Floats of a prepared query: D, or 2·D for prod (q' then w).

@@ -69,6 +69,9 @@ class Rotation {
   void ApplyTranspose(const float* y, float* x) const;
   // The dense matrix, row-major [dim, dim] (kHaar only; empty otherwise).
   const std::vector<float>& matrix() const { return matrix_; }
+  // The sign diagonals D₁, D₂ as ±1 (Hadamard kinds; empty for kHaar): the CUDA kernels upload them.
+  const std::vector<float>& signs1() const { return d1_; }
+  const std::vector<float>& signs2() const { return d2_; }
 
  private:
   RotationKind kind_;

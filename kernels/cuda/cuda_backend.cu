@@ -28,7 +28,7 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms) : stream_(stream), nu
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&args_, &args2_, &work_}) cudaFree(s->data);
+  for (Scratch* s : {&args_, &args2_, &work_, &paged_}) cudaFree(s->data);
   cudaStreamDestroy(stream_);
 }
 

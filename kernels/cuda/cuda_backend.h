@@ -44,6 +44,11 @@ class CudaBackend final : public Backend {
                float eps) override;
   void Rope(const RopeArgs& args) override;
   void Attention(const AttentionArgs& args) override;
+  // bf16, fp8-e4m3 and the single-part TurboQuant formats with the RHT2 rotation (tq1..tq4) on
+  // the GPU (attention.cu); the split and prod formats fall back to the host-staged defaults of
+  // backend.cc. PagedKvWrite waits for the stream (finiteness verdict).
+  absl::Status PagedKvWrite(const PagedKvWriteArgs& args) override;
+  absl::Status PagedAttention(const PagedAttentionArgs& args) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
@@ -66,6 +71,7 @@ class CudaBackend final : public Backend {
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials
+  Scratch paged_;      // TurboQuant paged ops: signs and codebook, rotated queries and outputs
 };
 
 }  // namespace moe::kernels

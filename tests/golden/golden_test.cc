@@ -164,16 +164,22 @@ TEST_P(GoldenTest, PagedCacheLayoutChunkingAndFormats) {
   auto error = [&](const std::vector<float>& rows) {
     return MaxRelError(rows.data(), ref_logits_.data() + (prompt_len - 1) * vocab_, rows.size());
   };
+  // CPU: every sum runs in one order whatever the block layout or chunking, so the layout is
+  // bit-identical and chunking within 1e-4. CUDA: ExpertFfn accumulates with atomics (the order
+  // varies from run to run) and the step's token count picks the matvec or the tiled GEMM (another
+  // summation order), so 1e-5 and 1e-3 there (measured on an H200: olmoe chunking 4.7e-4).
+  const bool cpu = backend_->kind() == kernels::BackendKind::kCpu;
   const std::vector<float> bf16 = run(kernels::KvFormat::kBf16, 1000, false);
-  EXPECT_EQ(run(kernels::KvFormat::kBf16, 1000, true), bf16);
-  const std::vector<float> chunked = run(kernels::KvFormat::kBf16, 5, true);
-  EXPECT_LT(MaxRelError(chunked.data(), bf16.data(), bf16.size()), 1e-4);
-  const double e_bf16 = error(bf16);
-  if (backend_->kind() != kernels::BackendKind::kCpu) {  // compressed formats are CPU-only for now
-    std::printf("%s: paged bf16 cache max relative logit error %.3g\n", GetParam().c_str(), e_bf16);
-    EXPECT_LT(e_bf16, 0.2) << GetParam();
-    return;
+  const std::vector<float> reversed = run(kernels::KvFormat::kBf16, 1000, true);
+  if (cpu) {
+    EXPECT_EQ(reversed, bf16);
+  } else {
+    EXPECT_LT(MaxRelError(reversed.data(), bf16.data(), bf16.size()), 1e-5);
   }
+  const std::vector<float> chunked = run(kernels::KvFormat::kBf16, 5, true);
+  EXPECT_LT(MaxRelError(chunked.data(), bf16.data(), bf16.size()), cpu ? 1e-4 : 1e-3);
+  const double e_bf16 = error(bf16);
+  // bf16 and fp8 run on every backend (CUDA has kernels for both).
   const double e_fp8 = error(run(kernels::KvFormat::kFp8E4m3, 5, false));
   std::printf("%s: paged cache max relative logit error: bf16 %.3g, fp8 %.3g\n", GetParam().c_str(),
               e_bf16, e_fp8);

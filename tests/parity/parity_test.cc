@@ -220,6 +220,192 @@ INSTANTIATE_TEST_SUITE_P(
                       AttnCase{64, 1000, 4, 1, 128, 256},
                       AttnCase{733, 0, 16, 4, 128, 0}));  // prefill
 
+// ---- Paged KV cache: PagedKvWrite (codes bit for bit) + PagedAttention (fp32 tolerance) --------
+// The history [0, start_pos) is written in one call and the T new tokens in a second (chunked
+// prefill / decode), into blocks scattered at random over a pool that starts as the same random
+// bytes on both backends; then every byte of the pool is compared, and the attention output
+// (poisoned on the GPU) element by element.
+struct PagedCase {
+  int64_t T, start_pos;
+  int heads, kv_heads, head_dim, block_size;
+  int64_t window;
+  kernels::KvFormat format;
+};
+class PagedKvParity : public ::testing::TestWithParam<PagedCase> {};
+
+std::vector<kernels::KvCodec> MakeCodecs(kernels::KvFormat format, int kv_heads, int head_dim) {
+  std::vector<kernels::KvCodec> codecs;
+  for (int h = 0; h < kv_heads; ++h) {
+    for (kernels::KvRole role : {kernels::KvRole::kKey, kernels::KvRole::kValue}) {
+      kernels::KvCodecOptions o;
+      o.format = format;
+      o.head_dim = head_dim;
+      o.role = role;
+      o.kv_head = h;
+      auto codec = kernels::KvCodec::Create(o);
+      EXPECT_TRUE(codec.ok()) << codec.status();
+      codecs.push_back(std::move(codec).value());
+    }
+  }
+  return codecs;
+}
+
+TEST_P(PagedKvParity, MatchesCpu) {
+  const PagedCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 131 + c.start_pos * 3 + c.heads * 17 +
+                                         c.head_dim + static_cast<int>(c.format) * 1000));
+  const int D = c.head_dim, NKV = c.kv_heads, bs = c.block_size;
+  const int64_t S = c.start_pos + c.T;
+  const int64_t used = (S + bs - 1) / bs, pool_blocks = 2 * used + 3;
+  std::vector<int32_t> perm(pool_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  const std::vector<int32_t> table(perm.begin(), perm.begin() + used);
+
+  const std::vector<kernels::KvCodec> codecs = MakeCodecs(c.format, NKV, D);
+  std::vector<const kernels::KvCodec*> codec_ptrs;
+  for (const auto& cd : codecs) codec_ptrs.push_back(&cd);
+  auto bpv = kernels::KvBytesPerVector(c.format, D);
+  ASSERT_TRUE(bpv.ok()) << bpv.status();
+  const int64_t tile_bytes = *bpv * bs, block_stride = tile_bytes * 2 * NKV;
+  std::vector<uint8_t> pool(pool_blocks * block_stride);
+  for (auto& b : pool) b = static_cast<uint8_t>(rng());
+  DeviceArray<uint8_t> dpool(pool);
+
+  // Keys and values with per-vector magnitudes spread over 1e-3..1e1 (fp8 and TurboQuant scales
+  // span four decades; larger keys make logits of ~±70, whose fp32 dot-product rounding alone
+  // moves softmax weights by ~1e-4: RESULTS.md).
+  std::vector<float> k = Random(rng, S * NKV * D), v = Random(rng, S * NKV * D);
+  std::uniform_real_distribution<float> mag(-3.f, 1.f);
+  for (int64_t i = 0; i < S * NKV; ++i) {
+    const float mk = std::pow(10.f, mag(rng)), mv = std::pow(10.f, mag(rng));
+    for (int d = 0; d < D; ++d) {
+      k[i * D + d] *= mk;
+      v[i * D + d] *= mv;
+    }
+  }
+  const std::vector<float> q = Random(rng, c.T * c.heads * D, -2.f, 2.f);
+  DeviceArray<float> dk(k), dv(v), dq(q);
+
+  kernels::PagedKvLayer layer;
+  layer.block_stride = block_stride;
+  layer.tile_bytes = tile_bytes;
+  layer.block_size = bs;
+  layer.block_table = table.data();
+  layer.codecs = codec_ptrs.data();
+  layer.num_kv_heads = NKV;
+  layer.head_dim = D;
+  const int64_t row = int64_t{NKV} * D;
+  auto write = [&](Backend& be, uint8_t* base, const float* kp, const float* vp) {
+    kernels::PagedKvWriteArgs w;
+    w.kv = layer;
+    w.kv.layer_base = base;
+    if (c.start_pos > 0) {  // history in one call
+      w.k = kp;
+      w.v = vp;
+      w.num_tokens = c.start_pos;
+      w.start_pos = 0;
+      ASSERT_TRUE(be.PagedKvWrite(w).ok());
+    }
+    w.k = kp + c.start_pos * row;
+    w.v = vp + c.start_pos * row;
+    w.num_tokens = c.T;
+    w.start_pos = c.start_pos;
+    ASSERT_TRUE(be.PagedKvWrite(w).ok());
+  };
+  write(Cpu(), pool.data(), k.data(), v.data());
+  write(Gpu(), dpool.get(), dk.get(), dv.get());
+  const std::string name =
+      Name(kernels::KvFormatName(c.format), "T", c.T, "start", c.start_pos, "H", c.heads, "/",
+           c.kv_heads, "D", D, "bs", bs, c.window ? "win" : "",
+           c.window ? std::to_string(c.window) : "");
+  {
+    const std::vector<uint8_t> got = dpool.Read();
+    ExpectEqualIds("PagedKvWrite bytes", name, std::vector<int32_t>(got.begin(), got.end()),
+                   std::vector<int32_t>(pool.begin(), pool.end()));
+  }
+
+  kernels::PagedAttentionArgs a;
+  a.kv = layer;
+  a.kv.layer_base = pool.data();
+  a.num_tokens = c.T;
+  a.start_pos = c.start_pos;
+  a.num_heads = c.heads;
+  a.scale = 1.f / std::sqrt(static_cast<float>(D));
+  a.sliding_window = c.window;
+  std::vector<float> want(q.size());
+  a.out = want.data();
+  a.q = q.data();
+  ASSERT_TRUE(Cpu().PagedAttention(a).ok());
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  a.kv.layer_base = dpool.get();
+  a.out = out.get();
+  a.q = dq.get();
+  ASSERT_TRUE(Gpu().PagedAttention(a).ok());
+  ExpectClose("PagedAttention", name, out.Read(), want, kTolF32);
+}
+
+constexpr kernels::KvFormat kBf16Kv = kernels::KvFormat::kBf16;
+constexpr kernels::KvFormat kFp8Kv = kernels::KvFormat::kFp8E4m3;
+INSTANTIATE_TEST_SUITE_P(
+    Cases, PagedKvParity,
+    ::testing::Values(PagedCase{1, 0, 8, 8, 64, 16, 0, kBf16Kv},       // first token
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kBf16Kv},   // decode at 733
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kFp8Kv},
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kFp8Kv},   // split-K decode
+                      PagedCase{1, 6, 4, 2, 64, 16, 0, kFp8Kv},        // length 7
+                      PagedCase{7, 0, 4, 2, 64, 16, 0, kBf16Kv},       // prefill of 7
+                      PagedCase{7, 0, 6, 3, 128, 32, 0, kFp8Kv},
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kBf16Kv},   // chunked prefill
+                      PagedCase{37, 500, 8, 2, 64, 16, 0, kFp8Kv},
+                      PagedCase{1, 2000, 16, 2, 128, 16, 256, kBf16Kv},  // sliding window
+                      PagedCase{64, 1000, 4, 1, 128, 32, 256, kFp8Kv},
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kBf16Kv},   // prefill of 733
+                      PagedCase{733, 0, 16, 4, 64, 16, 0, kFp8Kv},
+                      // TurboQuant (spec T9): codes and fp16 scales bit for bit
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kernels::KvFormat::kTq4},
+                      PagedCase{1, 6, 4, 2, 64, 16, 0, kernels::KvFormat::kTq3},
+                      PagedCase{7, 0, 6, 3, 128, 32, 0, kernels::KvFormat::kTq2},
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kernels::KvFormat::kTq3},
+                      PagedCase{64, 1000, 4, 1, 64, 32, 256, kernels::KvFormat::kTq4},
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kernels::KvFormat::kTq2},
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq4}));
+
+TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
+  const int D = 64, NKV = 2, bs = 16;
+  for (kernels::KvFormat f : {kBf16Kv, kFp8Kv}) {
+    const std::vector<kernels::KvCodec> codecs = MakeCodecs(f, NKV, D);
+    std::vector<const kernels::KvCodec*> ptrs;
+    for (const auto& cd : codecs) ptrs.push_back(&cd);
+    const int64_t tile = *kernels::KvBytesPerVector(f, D) * bs;
+    std::vector<uint8_t> pool(tile * 2 * NKV, 0);
+    DeviceArray<uint8_t> dpool(pool);
+    std::vector<float> k(3 * NKV * D, 0.5f), v(3 * NKV * D, 0.25f);
+    k[(1 * NKV + 1) * D + 5] = NAN;  // token 1, kv-head 1
+    DeviceArray<float> dk(k), dv(v);
+    const std::vector<int32_t> table = {0};
+    kernels::PagedKvWriteArgs w;
+    w.kv.block_stride = tile * 2 * NKV;
+    w.kv.tile_bytes = tile;
+    w.kv.block_size = bs;
+    w.kv.block_table = table.data();
+    w.kv.codecs = ptrs.data();
+    w.kv.num_kv_heads = NKV;
+    w.kv.head_dim = D;
+    w.num_tokens = 3;
+    w.kv.layer_base = pool.data();
+    w.k = k.data();
+    w.v = v.data();
+    EXPECT_EQ(Cpu().PagedKvWrite(w).code(), absl::StatusCode::kInvalidArgument);
+    w.kv.layer_base = dpool.get();
+    w.k = dk.get();
+    w.v = dv.get();
+    const absl::Status st = Gpu().PagedKvWrite(w);
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("position 1, kv-head 1 key"), absl::string_view::npos) << st;
+  }
+}
+
 // ---- Route -------------------------------------------------------------------------------------
 struct RouteCase {
   int64_t T;
