@@ -3,6 +3,8 @@
 # RPATH $ORIGIN/../lib as DT_RPATH) and lib/ (the non-system shared libraries they need, by ldd).
 # The GPU machine (Ubuntu 24.04, glibc 2.39) lacks our Debian libraries; it has newer glibc,
 # libstdc++ and libgcc_s, and the driver's libcuda, which are therefore left out.
+# Our own libraries are shared here (BUILD_SHARED_LIBS) so the CUDA fatbin of moe_kernels is in
+# the bundle once, not once per binary.
 # Usage: deploy/make_bundle.sh [extra cmake -D options]   (from anywhere; -j2: shared build box)
 # MOE_BUNDLE_TARGETS="parity_test matvec_bench": build and bundle only these executables (a full
 # build takes long on the 2-core build box); unset: everything.
@@ -16,6 +18,7 @@ cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
   -DCMAKE_CUDA_ARCHITECTURES=90 \
   -DMOE_WERROR=ON \
+  -DBUILD_SHARED_LIBS=ON \
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \
   '-DCMAKE_INSTALL_RPATH=$ORIGIN/../lib' \
   -DCMAKE_EXE_LINKER_FLAGS=-Wl,--disable-new-dtags \
@@ -43,9 +46,14 @@ cp "${bins[@]}" "$bundle/bin/"
 # glibc (libc, libm, libpthread, libdl, librt), the loader, libstdc++, libgcc_s and libcuda come
 # from the GPU machine: mixing Debian's older copies with its newer glibc breaks.
 system='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so)'
-for b in "${bins[@]}"; do
-  ldd "$b" | awk '/=> \// {print $1, $3}'
+# Our own shared libraries first (ldd cannot find them from the build tree: their RPATH is the
+# bundle's), then everything they and the binaries need, resolved against them.
+find "$build" -path '*/CMakeFiles' -prune -o -type f -name 'libmoe_*.so*' -print |
+  xargs -r cp -t "$bundle/lib/"
+for b in "${bins[@]}" "$bundle"/lib/libmoe_*.so*; do
+  LD_LIBRARY_PATH="$bundle/lib" ldd "$b" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do
+  [[ "$path" == "$bundle/lib/"* ]] && continue
   [[ "$name" =~ $system ]] && continue
   cp -L "$path" "$bundle/lib/$name"
 done
