@@ -70,7 +70,7 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
                                format == kernels::KvFormat::kTq3 || format == kernels::KvFormat::kTq2;
   if (backend.kind() != kernels::BackendKind::kCpu && !on_cuda_kernels) {
     return absl::UnimplementedError(absl::StrCat(
-        "KV cache format ", kernels::KvFormatName(format), " is not implemented on the ",
+        "KV cache format ", kernels::KvFormatName(format), " is not supported on the ",
         kernels::BackendKindName(backend.kind()),
         " backend yet (CPU only); use bf16, fp8_e4m3, tq4, tq3 or tq2 there"));
   }

@@ -23,6 +23,43 @@ __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n
   }
 }
 
+// The tiled GEMM both paths share: a 64x64 output tile per block of 256 threads, K staged 16 at a
+// time into shared memory (A and W transposed, +4 padding), each thread owning a 4x4 sub-tile.
+constexpr int kBM = 64, kBN = 64, kBK = 16, kTileThreads = 256;
+using ATile = float[kBK][kBM + 4];  // (BK, BM)
+using WTile = float[kBK][kBN + 4];  // (BK, BN)
+
+// acc[i][j] += sum_kk A[kk][ty*4 + i] * W[kk][tx*4 + j] over the staged K slice.
+__device__ __forceinline__ void TileFma(const ATile& As, const WTile& Ws, int tx, int ty,
+                                        float (&acc)[4][4]) {
+#pragma unroll
+  for (int kk = 0; kk < kBK; ++kk) {
+    const float4 a4 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
+    const float4 b4 = *reinterpret_cast<const float4*>(&Ws[kk][tx * 4]);
+    const float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+#pragma unroll
+      for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
+    }
+  }
+}
+
+// Writes the thread's 4x4 sub-tile of the block's tile at (m0, n0) of group g, in bounds only.
+__device__ __forceinline__ void StoreTile(const GemmParams& p, const GemmGroup& g, int64_t m0,
+                                          int64_t n0, int tx, int ty, const float (&acc)[4][4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t mi = m0 + ty * 4 + i;
+    if (mi >= g.row_count) break;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const int64_t nj = n0 + tx * 4 + j;
+      if (nj < p.N) StoreC(p, g.row_begin + mi, nj, acc[i][j]);
+    }
+  }
+}
+
 // The quantized path of LaunchGroupedGemm (matmul_quant.cu): p.w_dtype is kQ8, kQ4 or kQ2.
 void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 

@@ -193,7 +193,6 @@ void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t str
 
 // ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 -----------------
 // SIMT fp32 FMA. TODO(cuda): tensor-core (wgmma) path for bf16 prefill; this one is ~fp32 peak.
-constexpr int kBM = 64, kBN = 64, kBK = 16, kTileThreads = 256;
 
 template <typename W>
 __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const GemmParams p,
@@ -202,8 +201,8 @@ __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const Gem
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
   if (m0 >= g.row_count) return;
-  __shared__ __align__(16) float As[kBK][kBM + 4];  // (BK, BM), A tile transposed
-  __shared__ __align__(16) float Ws[kBK][kBN + 4];  // (BK, BN), W tile transposed
+  __shared__ __align__(16) ATile As;  // A tile transposed
+  __shared__ __align__(16) WTile Ws;  // W tile transposed
 
   const int tid = threadIdx.x;
   const int lr = tid / 4, lk = (tid % 4) * 4;  // loader: row lr of the tile, k lk..lk+3
@@ -225,29 +224,10 @@ __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const Gem
       Ws[lk + i][lr] = wrow != nullptr && k < p.K ? ToF32(wrow[k]) : 0.f;
     }
     __syncthreads();
-#pragma unroll
-    for (int kk = 0; kk < kBK; ++kk) {
-      const float4 a4 = *reinterpret_cast<const float4*>(&As[kk][ty * 4]);
-      const float4 b4 = *reinterpret_cast<const float4*>(&Ws[kk][tx * 4]);
-      const float av[4] = {a4.x, a4.y, a4.z, a4.w}, bv[4] = {b4.x, b4.y, b4.z, b4.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-#pragma unroll
-        for (int j = 0; j < 4; ++j) acc[i][j] = fmaf(av[i], bv[j], acc[i][j]);
-      }
-    }
+    TileFma(As, Ws, tx, ty, acc);
     __syncthreads();
   }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t mi = m0 + ty * 4 + i;
-    if (mi >= g.row_count) break;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const int64_t nj = n0 + tx * 4 + j;
-      if (nj < p.N) StoreC(p, g.row_begin + mi, nj, acc[i][j]);
-    }
-  }
+  StoreTile(p, g, m0, n0, tx, ty, acc);
 }
 
 // out[t, n] += bias[n]
