@@ -160,6 +160,9 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->store_ = dynamic_cast<const store::ExpertStore*>(experts.get());
   model->experts_ = std::move(experts);
   model->rope_ = ComputeRopeTable(c);
+  const size_t freq_bytes = model->rope_.inv_freq.size() * sizeof(float);
+  MOE_RETURN_IF_ERROR(Alloc(backend, &model->inv_freq_, std::max<size_t>(freq_bytes, 1)));
+  backend.CopyToDevice(model->inv_freq_.data(), model->rope_.inv_freq.data(), freq_bytes);
   return model;
 }
 
@@ -184,6 +187,7 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &ones_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &positions_, T * sizeof(int32_t)));
   const std::vector<float> ones(T, 1.f);
   backend_.CopyToDevice(ones_.data(), ones.data(), T * f);
   scratch_tokens_ = T;
@@ -230,19 +234,23 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
     }
   }
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
+  // A KV-write verdict left by a step that failed before taking it belongs to that step, whose
+  // caller already got an error: dropped here, so that it is not blamed on this one.
+  backend_.TakeKvWriteError().IgnoreError();
   MOE_RETURN_IF_ERROR(Reserve(T));
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
+  backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     int64_t t0 = base::NowMicros();
     backend_.RmsNorm(h_.f32(), x_.f32(), T, L.input_layernorm.view, c.rms_norm_eps);
     kernels::RopeArgs rope;
-    rope.positions = positions.data();
+    rope.positions = static_cast<const int32_t*>(positions_.data());
     rope.num_tokens = T;
     rope.head_dim = static_cast<int>(c.head_dim);
     rope.rotary_dim = rope_.rotary_dim;
-    rope.inv_freq = rope_.inv_freq.data();
+    rope.inv_freq = inv_freq_.f32();
     rope.attention_factor = rope_.attention_factor;
     backend_.MatMul(q_.f32(), h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
     backend_.MatMul(k_.f32(), h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
@@ -297,6 +305,7 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   backend_.MatMul(logits_.f32(), h_.f32(), R, weights_.lm_head.view, nullptr);
   logits->resize(R * c.vocab_size);
   backend_.CopyToHost(logits->data(), logits_.data(), R * c.vocab_size * sizeof(float));
+  MOE_RETURN_IF_ERROR(backend_.TakeKvWriteError());
   for (const ForwardItem& item : batch) {
     if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
   }
@@ -316,6 +325,17 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   }
   // Paged items: every new K/V of the step is stored before any attention reads the cache
   // (the block manager's ordering contract: a block another item of this step shares is full).
+  // Items of one cache go to the backend as one batch (one launch on CUDA); the engine gives all
+  // items one cache, so a step is one write and one attention call per layer.
+  std::vector<kernels::PagedKvWriteArgs> writes;
+  std::vector<kernels::PagedAttentionArgs> reads;
+  auto flush = [&]() -> absl::Status {
+    MOE_RETURN_IF_ERROR(backend_.PagedKvWrite(writes));
+    MOE_RETURN_IF_ERROR(backend_.PagedAttention(reads));
+    writes.clear();
+    reads.clear();
+    return absl::OkStatus();
+  };
   int64_t offset = 0;
   for (const ForwardItem& item : batch) {
     const int64_t n = static_cast<int64_t>(item.tokens.size());
@@ -328,21 +348,17 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
         MOE_RETURN_IF_ERROR(pk.EnsureCodecs(layer, k.data(), v.data(), T));
       }
       kernels::PagedKvWriteArgs w;
-      w.kv = PagedLayer(layer, item);
+      w.kv = pk.Layer(layer, item.block_table);
+      if (!writes.empty() && writes.back().kv.layer_base != w.kv.layer_base) {
+        MOE_RETURN_IF_ERROR(flush());
+      }
       w.k = k_.f32() + offset * kv_dim;
       w.v = v_.f32() + offset * kv_dim;
       w.num_tokens = n;
       w.start_pos = item.start;
-      MOE_RETURN_IF_ERROR(backend_.PagedKvWrite(w));
-    }
-    offset += n;
-  }
-  offset = 0;
-  for (const ForwardItem& item : batch) {
-    const int64_t n = static_cast<int64_t>(item.tokens.size());
-    if (item.paged != nullptr) {
+      writes.push_back(w);
       kernels::PagedAttentionArgs a;
-      a.kv = PagedLayer(layer, item);
+      a.kv = w.kv;
       a.out = attn_.f32() + offset * q_dim;
       a.q = q_.f32() + offset * q_dim;
       a.num_tokens = n;
@@ -350,7 +366,15 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
       a.num_heads = static_cast<int>(c.num_attention_heads);
       a.scale = 1.f / std::sqrt(static_cast<float>(D));
       a.sliding_window = c.sliding_window;
-      MOE_RETURN_IF_ERROR(backend_.PagedAttention(a));
+      reads.push_back(a);
+    }
+    offset += n;
+  }
+  MOE_RETURN_IF_ERROR(flush());
+  offset = 0;
+  for (const ForwardItem& item : batch) {
+    const int64_t n = static_cast<int64_t>(item.tokens.size());
+    if (item.paged != nullptr) {
       offset += n;
       continue;
     }
@@ -377,18 +401,17 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   return absl::OkStatus();
 }
 
-kernels::PagedKvLayer Model::PagedLayer(int64_t layer, const ForwardItem& item) const {
-  const PagedKv& pk = *item.paged;
+kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
   kernels::PagedKvLayer kv;
-  kv.layer_base = static_cast<uint8_t*>(pk.buffer_.data()) +
-                  pk.storage_.TileOffset(static_cast<int>(layer), 0, 0, kernels::KvRole::kKey);
-  kv.block_stride = pk.storage_.block_bytes();
-  kv.tile_bytes = pk.storage_.tile_bytes();
-  kv.block_size = pk.block_size_;
-  kv.block_table = item.block_table.data();
-  kv.codecs = pk.codec_ptrs_[layer].data();
-  kv.num_kv_heads = pk.num_kv_heads_;
-  kv.head_dim = pk.head_dim_;
+  kv.layer_base = static_cast<uint8_t*>(buffer_.data()) +
+                  storage_.TileOffset(static_cast<int>(layer), 0, 0, kernels::KvRole::kKey);
+  kv.block_stride = storage_.block_bytes();
+  kv.tile_bytes = storage_.tile_bytes();
+  kv.block_size = block_size_;
+  kv.block_table = block_table.data();
+  kv.codecs = codec_ptrs_[layer].data();
+  kv.num_kv_heads = num_kv_heads_;
+  kv.head_dim = head_dim_;
   return kv;
 }
 

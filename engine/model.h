@@ -63,6 +63,9 @@ class PagedKv {
   int block_size() const { return block_size_; }
   int32_t num_blocks() const { return num_blocks_; }
   const KvStorage& storage() const { return storage_; }
+  // The backend's view of `layer` for a sequence with `block_table` (which must outlive it).
+  // The split formats' codecs exist once the layer's first step has run (empty before).
+  kernels::PagedKvLayer Layer(int64_t layer, absl::Span<const int32_t> block_table) const;
 
  private:
   friend class Model;
@@ -124,7 +127,8 @@ class Model {
   // (host memory): with all_positions one row of V per token in item order, else one row per
   // item for its last token. InvalidArgument: a token id outside the vocabulary, a sequence that
   // would pass its KV capacity, an empty item. Errors from expert loads are returned as they are
-  // (they name the expert and file); the KV of every item is then left unchanged.
+  // (they name the expert and file), as is InvalidArgument for a key or value the KV format
+  // rejects (non-finite; names the position); the items' lengths then do not advance.
   absl::Status Forward(absl::Span<const ForwardItem> batch, bool all_positions,
                        std::vector<float>* logits);
 
@@ -142,7 +146,6 @@ class Model {
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
-  kernels::PagedKvLayer PagedLayer(int64_t layer, const ForwardItem& item) const;
   absl::Status MoeBlock(int64_t layer, int64_t T);
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
@@ -163,7 +166,8 @@ class Model {
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;
   kernels::Buffer x_, h_, q_, k_, v_, attn_, mlp_out_, router_logits_, route_weights_, route_ids_,
-      rows_, row_weights_, ones_, gate_, logits_;
+      rows_, row_weights_, ones_, gate_, logits_, positions_;
+  kernels::Buffer inv_freq_;  // rope_.inv_freq in backend memory
 };
 
 }  // namespace moe::engine

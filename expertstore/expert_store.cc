@@ -1,6 +1,6 @@
 // ExpertStore: one mutex guards both tiers and the stats; blob reads run on the reader's I/O
-// threads and host->device copies on one copy thread that takes every queued copy at once and
-// synchronizes once per batch (the CPU stand-in for a copy stream).
+// threads and host->device copies on one copy thread that takes every queued copy at once, issues
+// them on the backend's copy queue (a CUDA stream of its own) and waits once per batch.
 #include "expertstore/expert_store.h"
 
 #include <algorithm>
@@ -339,8 +339,8 @@ void ExpertStore::DrainCopies() {
     batch.swap(copy_queue_);
     copy_drain_scheduled_ = false;
   }
-  for (const CopyJob& job : batch) backend_->CopyToDevice(job.dst, job.src, job.bytes);
-  backend_->Synchronize();
+  for (const CopyJob& job : batch) backend_->CopyToDeviceOnCopyQueue(job.dst, job.src, job.bytes);
+  backend_->SynchronizeCopies();
   std::lock_guard<std::mutex> lock(mu_);
   for (CopyJob& job : batch) job.after();
 }

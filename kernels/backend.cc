@@ -22,19 +22,22 @@ const char* BackendKindName(BackendKind kind) {
 // Host-staged defaults (correct on any backend, slow: every touched tile crosses to the host and
 // back each call). CUDA falls back to them for the formats its kernels do not cover (split and
 // prod TurboQuant; Model refuses the split ones on non-CPU backends, PagedKv::Create).
-absl::Status Backend::PagedKvWrite(const PagedKvWriteArgs& a) {
+namespace {
+
+absl::Status PagedKvWriteStaged(Backend& backend, const PagedKvWriteArgs& a) {
+  if (a.num_tokens == 0) return absl::OkStatus();
   const PagedKvLayer& kv = a.kv;
   const int64_t row = static_cast<int64_t>(kv.num_kv_heads) * kv.head_dim;
   std::vector<float> k(a.num_tokens * row), v(a.num_tokens * row);
-  CopyToHost(k.data(), a.k, k.size() * sizeof(float));
-  CopyToHost(v.data(), a.v, v.size() * sizeof(float));
+  backend.CopyToHost(k.data(), a.k, k.size() * sizeof(float));
+  backend.CopyToHost(v.data(), a.v, v.size() * sizeof(float));
   // Stage each touched block (all kv-heads, K and V) through a host copy.
   const int64_t first = a.start_pos / kv.block_size;
   const int64_t last = (a.start_pos + a.num_tokens - 1) / kv.block_size;
   std::vector<uint8_t> host((last - first + 1) * kv.block_stride);
   std::vector<int32_t> table(last + 1, 0);
   for (int64_t b = first; b <= last; ++b) {
-    CopyToHost(host.data() + (b - first) * kv.block_stride,
+    backend.CopyToHost(host.data() + (b - first) * kv.block_stride,
                kv.layer_base + kv.block_table[b] * kv.block_stride, kv.block_stride);
     table[b] = static_cast<int32_t>(b - first);
   }
@@ -45,32 +48,44 @@ absl::Status Backend::PagedKvWrite(const PagedKvWriteArgs& a) {
   h.v = v.data();
   MOE_RETURN_IF_ERROR(PagedKvWriteOnHost(h));
   for (int64_t b = first; b <= last; ++b) {
-    CopyToDevice(kv.layer_base + kv.block_table[b] * kv.block_stride,
+    backend.CopyToDevice(kv.layer_base + kv.block_table[b] * kv.block_stride,
                  host.data() + (b - first) * kv.block_stride, kv.block_stride);
   }
   return absl::OkStatus();
 }
 
-absl::Status Backend::PagedAttention(const PagedAttentionArgs& a) {
+void PagedAttentionStaged(Backend& backend, const PagedAttentionArgs& a) {
+  if (a.num_tokens == 0) return;
   const PagedKvLayer& kv = a.kv;
   const int64_t blocks = (a.start_pos + a.num_tokens + kv.block_size - 1) / kv.block_size;
   std::vector<uint8_t> host(blocks * kv.block_stride);
   std::vector<int32_t> table(blocks);
   for (int64_t b = 0; b < blocks; ++b) {
-    CopyToHost(host.data() + b * kv.block_stride,
+    backend.CopyToHost(host.data() + b * kv.block_stride,
                kv.layer_base + kv.block_table[b] * kv.block_stride, kv.block_stride);
     table[b] = static_cast<int32_t>(b);
   }
   const int64_t n = a.num_tokens * a.num_heads * kv.head_dim;
   std::vector<float> q(n), out(n);
-  CopyToHost(q.data(), a.q, n * sizeof(float));
+  backend.CopyToHost(q.data(), a.q, n * sizeof(float));
   PagedAttentionArgs h = a;
   h.kv.layer_base = host.data();
   h.kv.block_table = table.data();
   h.q = q.data();
   h.out = out.data();
   PagedAttentionOnHost(h, 0, a.num_tokens * a.num_heads);
-  CopyToDevice(a.out, out.data(), n * sizeof(float));
+  backend.CopyToDevice(a.out, out.data(), n * sizeof(float));
+}
+
+}  // namespace
+
+absl::Status Backend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
+  for (const PagedKvWriteArgs& a : batch) MOE_RETURN_IF_ERROR(PagedKvWriteStaged(*this, a));
+  return absl::OkStatus();
+}
+
+absl::Status Backend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
+  for (const PagedAttentionArgs& a : batch) PagedAttentionStaged(*this, a);
   return absl::OkStatus();
 }
 

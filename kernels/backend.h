@@ -4,8 +4,9 @@
 // NH query heads, NKV key/value heads, D head dim, S cached positions, V vocabulary.
 // Activations are fp32 in the backend's memory; weights may be fp32/fp16/bf16 (see tensor.h).
 // Memory contract: every pointer an op takes is the backend's memory (Allocate/Upload: VRAM on
-// CUDA), except those marked "host memory" below (Embed ids, RopeArgs positions/inv_freq, the
-// ExpertFfnArgs::experts list and the ExpertWeights it points to), which the op reads on the host.
+// CUDA), except those marked "host memory" below (Embed ids, the ExpertFfnArgs::experts list and
+// the ExpertWeights it points to, PagedKvLayer's block table and codecs), which the op reads on
+// the host.
 // Shapes are row-major; a linear layer's weight is [out, in] as in Hugging Face checkpoints.
 #pragma once
 
@@ -165,12 +166,12 @@ struct RouteArgs {
 // Dimensions at or past rotary_dim pass through (partial rotary).
 struct RopeArgs {
   float* x = nullptr;                // [T, heads, D], rotated in place
-  const int32_t* positions = nullptr;  // [T], host memory
+  const int32_t* positions = nullptr;  // [T], backend memory (uploaded once per step)
   int64_t num_tokens = 0;
   int num_heads = 0;
   int head_dim = 0;
   int rotary_dim = 0;                // even, <= head_dim
-  const float* inv_freq = nullptr;   // [rotary_dim / 2], host memory
+  const float* inv_freq = nullptr;   // [rotary_dim / 2], backend memory
   float attention_factor = 1.f;
 };
 
@@ -195,6 +196,15 @@ class Backend {
   virtual void Zero(void* dst, size_t bytes) = 0;
   // Waits for all queued work (a no-op for the synchronous CPU backend).
   virtual void Synchronize() = 0;
+  // Host->device copies on a queue of their own (the expert store's loads from its pinned host
+  // tier), so that they overlap the compute queued after them; each starts only once the compute
+  // queued before it is done (it may overwrite memory that compute still reads: a device slot
+  // just released by the engine). SynchronizeCopies waits for these copies only. `src` must stay
+  // valid until then. The CPU backend copies at once.
+  virtual void CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
+    CopyToDevice(dst, src, bytes);
+  }
+  virtual void SynchronizeCopies() { Synchronize(); }
 
   // out[t] = table[ids[t]]. table: [V, H]; ids: [T] host memory, each < V.
   virtual void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) = 0;
@@ -206,11 +216,20 @@ class Backend {
                        float eps) = 0;
   virtual void Rope(const RopeArgs& args) = 0;
   virtual void Attention(const AttentionArgs& args) = 0;
-  // Paged KV cache ops. The CPU backend implements both; CUDA implements bf16, fp8 and the
-  // single-part TurboQuant formats. The defaults stage the touched tiles through host copies and
-  // run the CPU code: correct but slow; CUDA falls back to them for the other formats.
-  virtual absl::Status PagedKvWrite(const PagedKvWriteArgs& args);
-  virtual absl::Status PagedAttention(const PagedAttentionArgs& args);
+  // Paged KV cache ops over a batch of sequences (a step's items), with the result of one call
+  // per element in order. When the elements share one layer of one cache and each one's rows of
+  // k/v (write) or q/out (attention) follow the previous one's, CUDA runs the whole batch in one
+  // launch (and, for the write, one wait for its verdict). The CPU backend implements both; CUDA
+  // implements bf16, fp8 and the single-part TurboQuant formats. The defaults stage the touched
+  // tiles through host copies and run the CPU code: correct but slow; CUDA falls back to them
+  // for the other formats. A write error names the position; elements before it are written.
+  virtual absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch);
+  virtual absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch);
+  // A backend whose PagedKvWrite cannot know its verdict without waiting for the device (CUDA)
+  // returns OK there and reports here the first rejected vector of the writes since the last
+  // call (InvalidArgument naming position, kv-head and key/value); this waits for the device.
+  // Others report from PagedKvWrite itself and return OK here.
+  virtual absl::Status TakeKvWriteError() { return absl::OkStatus(); }
   virtual void Route(const RouteArgs& args) = 0;
   virtual void ExpertFfn(const ExpertFfnArgs& args) = 0;
   // out[i] += x[i]

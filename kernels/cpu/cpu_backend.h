@@ -37,8 +37,8 @@ class CpuBackend final : public Backend {
                float eps) override;
   void Rope(const RopeArgs& args) override;
   void Attention(const AttentionArgs& args) override;
-  absl::Status PagedKvWrite(const PagedKvWriteArgs& args) override;
-  absl::Status PagedAttention(const PagedAttentionArgs& args) override;
+  absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) override;
+  absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/check.h"
+#include "kernels/base/status.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace moe::kernels {
@@ -91,11 +92,16 @@ void PagedAttentionOnHost(const PagedAttentionArgs& a, int64_t begin, int64_t en
   }
 }
 
-absl::Status CpuBackend::PagedKvWrite(const PagedKvWriteArgs& a) { return PagedKvWriteOnHost(a); }
+absl::Status CpuBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
+  for (const PagedKvWriteArgs& a : batch) MOE_RETURN_IF_ERROR(PagedKvWriteOnHost(a));
+  return absl::OkStatus();
+}
 
-absl::Status CpuBackend::PagedAttention(const PagedAttentionArgs& a) {
-  pool_.ParallelFor(a.num_tokens * a.num_heads,
-                    [&](int64_t begin, int64_t end) { PagedAttentionOnHost(a, begin, end); });
+absl::Status CpuBackend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
+  for (const PagedAttentionArgs& a : batch) {
+    pool_.ParallelFor(a.num_tokens * a.num_heads,
+                      [&](int64_t begin, int64_t end) { PagedAttentionOnHost(a, begin, end); });
+  }
   return absl::OkStatus();
 }
 

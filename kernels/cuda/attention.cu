@@ -7,10 +7,13 @@
 // one block holds all G heads of the token). Grid (ceil(T*G / 16), NKV, splits); 4 warps, each
 // owning 4 query rows; within a tile lane j scores key j, and each lane owns D/32 output columns.
 // With splits > 1 every block writes an unnormalised partial (o, m, l), merged by a second kernel.
+// One launch serves a batch of sequences (PagedAttention: a step's items): grid.x runs over the
+// query tiles of all of them, and each block finds its sequence in a small device table.
 #include <algorithm>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/base/status.h"
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -19,9 +22,22 @@ namespace moe::kernels::cuda {
 namespace {
 
 constexpr int kQRows = 16, kRowsPerWarp = 4, kAttnThreads = 128, kKeys = 32;
+constexpr int64_t kMaxSplits = 1024;  // the combine kernel keeps one weight per split in shared memory
 
+// One sequence of a call (device memory). Its tokens are rows token_offset.. of q and out; its
+// query tiles are blocks tile_begin.. of grid.x; its block table starts at table_offset.
+struct SeqDesc {
+  int64_t start_pos = 0, num_tokens = 0, token_offset = 0, tile_begin = 0;
+  int32_t table_offset = 0;
+};
+
+// a: what all sequences share (q and out are the first sequence's first row; a.num_tokens and
+// a.start_pos are unused: each sequence's are in seqs).
 struct AttnParams {
   AttentionArgs a;
+  const SeqDesc* seqs = nullptr;  // [num_seqs], tile_begin ascending
+  int num_seqs = 0;
+  int64_t total_tokens = 0;    // T over all sequences
   int group = 1;               // G
   int64_t keys_per_split = 0;  // multiple of kKeys
   int num_splits = 1;
@@ -42,6 +58,7 @@ struct ContiguousKv {
   const float* v = nullptr;
   int64_t stride = 0;  // NKV * D
   int head_dim = 0;
+  __device__ __forceinline__ ContiguousKv ForSeq(int32_t) const { return *this; }
   __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
     kv = k[s * stride + kvh * head_dim + d];
     vv = v[s * stride + kvh * head_dim + d];
@@ -49,7 +66,8 @@ struct ContiguousKv {
 };
 
 template <int DMAX, typename Src>
-__global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams p, const Src src) {
+__global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams p,
+                                                                 const Src all_src) {
   constexpr int kCols = DMAX / kWarp;  // output columns per lane
   extern __shared__ float smem[];
   float* q_s = smem;                      // [16, DMAX]
@@ -59,8 +77,21 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   const int D = a.head_dim, G = p.group;
   const int kvh = blockIdx.y, split = blockIdx.z;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int64_t rows_total = a.num_tokens * G;
-  const int64_t qi0 = static_cast<int64_t>(blockIdx.x) * kQRows;
+  // This block's sequence: the last one whose tiles begin at or before blockIdx.x.
+  int first_seq = 0, last_seq = p.num_seqs - 1;
+  while (first_seq < last_seq) {
+    const int mid = (first_seq + last_seq + 1) / 2;
+    if (p.seqs[mid].tile_begin <= blockIdx.x) {
+      first_seq = mid;
+    } else {
+      last_seq = mid - 1;
+    }
+  }
+  const SeqDesc sq = p.seqs[first_seq];
+  const Src src = all_src.ForSeq(sq.table_offset);
+  const int64_t rows_total = sq.num_tokens * G;
+  const int64_t qi0 = (static_cast<int64_t>(blockIdx.x) - sq.tile_begin) * kQRows;
+  const float* q = a.q + sq.token_offset * a.num_heads * D;
 
   for (int idx = threadIdx.x; idx < kQRows * DMAX; idx += blockDim.x) {
     const int r = idx / DMAX, d = idx % DMAX;
@@ -69,18 +100,18 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
     if (qi < rows_total && d < D) {
       const int64_t t = qi / G;
       const int h = kvh * G + static_cast<int>(qi % G);
-      v = a.q[(t * a.num_heads + h) * D + d];
+      v = q[(t * a.num_heads + h) * D + d];
     }
     q_s[idx] = v;
   }
 
   // Keys any row of this block may see, cut to this split's share.
   const int64_t t_lo = qi0 / G;
-  const int64_t t_hi = Min64(a.num_tokens - 1, (qi0 + kQRows - 1) / G);
+  const int64_t t_hi = Min64(sq.num_tokens - 1, (qi0 + kQRows - 1) / G);
   const int64_t first =
-      a.sliding_window > 0 ? Max64(0, a.start_pos + t_lo - a.sliding_window + 1) : 0;
+      a.sliding_window > 0 ? Max64(0, sq.start_pos + t_lo - a.sliding_window + 1) : 0;
   const int64_t s_begin = Max64(first, split * p.keys_per_split);
-  const int64_t s_end = Min64(a.start_pos + t_hi + 1, (split + 1) * p.keys_per_split);
+  const int64_t s_end = Min64(sq.start_pos + t_hi + 1, (split + 1) * p.keys_per_split);
 
   bool valid[kRowsPerWarp];
   int64_t pos[kRowsPerWarp], lo[kRowsPerWarp];
@@ -89,7 +120,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   for (int r = 0; r < kRowsPerWarp; ++r) {
     const int64_t qi = qi0 + warp * kRowsPerWarp + r;
     valid[r] = qi < rows_total;
-    pos[r] = a.start_pos + qi / G;
+    pos[r] = sq.start_pos + qi / G;
     lo[r] = a.sliding_window > 0 ? pos[r] - a.sliding_window + 1 : 0;
     m[r] = -INFINITY;
     l[r] = 0.f;
@@ -99,13 +130,28 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
 
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kKeys) {
     __syncthreads();  // q_s written / the previous tile consumed
-    for (int idx = threadIdx.x; idx < kKeys * D; idx += blockDim.x) {
-      const int j = idx / D, d = idx % D;
-      const int64_t s = s0 + j;
-      float kv = 0.f, vv = 0.f;
-      if (s < s_end) src.Load(s, kvh, d, kv, vv);
-      k_s[j * (DMAX + 1) + d] = kv;
-      v_s[j * DMAX + d] = vv;
+    // The tile's K and V, kLoadBatch elements of each per thread issued before any is stored, so
+    // that they are in flight together. (One element at a time waited out a global-memory latency
+    // per element: 82 us for 512 keys at batch 1, H200, tests/bench/NOTES.md.)
+    constexpr int kPerThread = kKeys * DMAX / kAttnThreads, kLoadBatch = 8;
+    static_assert(kPerThread % kLoadBatch == 0);
+#pragma unroll
+    for (int c = 0; c < kPerThread; c += kLoadBatch) {
+      float kr[kLoadBatch], vr[kLoadBatch];
+#pragma unroll
+      for (int u = 0; u < kLoadBatch; ++u) {
+        const int idx = (c + u) * kAttnThreads + static_cast<int>(threadIdx.x);
+        const int j = idx / DMAX, d = idx % DMAX;
+        kr[u] = vr[u] = 0.f;
+        if (s0 + j < s_end && d < D) src.Load(s0 + j, kvh, d, kr[u], vr[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kLoadBatch; ++u) {
+        const int idx = (c + u) * kAttnThreads + static_cast<int>(threadIdx.x);
+        const int j = idx / DMAX, d = idx % DMAX;
+        k_s[j * (DMAX + 1) + d] = kr[u];
+        v_s[j * DMAX + d] = vr[u];
+      }
     }
     __syncthreads();
 
@@ -143,7 +189,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   for (int r = 0; r < kRowsPerWarp; ++r) {
     if (!valid[r]) continue;
     const int64_t qi = qi0 + warp * kRowsPerWarp + r;
-    const int64_t row = (qi / G) * a.num_heads + kvh * G + qi % G;  // t * NH + h
+    const int64_t row = (sq.token_offset + qi / G) * a.num_heads + kvh * G + qi % G;  // t NH + h
     if (p.num_splits == 1) {
       const float inv = 1.f / l[r];  // > 0: key pos[r] is always in range
 #pragma unroll
@@ -152,7 +198,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
         if (d < D) a.out[row * D + d] = o[r][i] * inv;
       }
     } else {
-      const int64_t prow = split * a.num_tokens * a.num_heads + row;
+      const int64_t prow = split * p.total_tokens * a.num_heads + row;
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
         const int d = lane + i * kWarp;
@@ -167,21 +213,39 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
 }
 
 // out[row] = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z, M = max_z m_z; one block per row.
+// The split weights e^(m_z - M) / den are computed once, in parallel, into shared memory.
 __global__ void AttentionCombineKernel(const AttnParams p) {
+  extern __shared__ float weight[];  // [splits]
+  __shared__ float red[kWarp];
   const AttentionArgs& a = p.a;
-  const int64_t row = blockIdx.x, rows = a.num_tokens * a.num_heads;
+  const int64_t row = blockIdx.x, rows = p.total_tokens * a.num_heads;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   float M = -INFINITY;
-  for (int z = 0; z < p.num_splits; ++z) M = fmaxf(M, p.part_ml[(z * rows + row) * 2]);
-  float den = 0.f;
-  for (int z = 0; z < p.num_splits; ++z) {
-    const float mz = p.part_ml[(z * rows + row) * 2];
-    if (mz != -INFINITY) den += expf(mz - M) * p.part_ml[(z * rows + row) * 2 + 1];
+  for (int z = threadIdx.x; z < p.num_splits; z += blockDim.x) {
+    M = fmaxf(M, p.part_ml[(z * rows + row) * 2]);
   }
+  M = WarpMax(M);
+  if (lane == 0) red[warp] = M;
+  __syncthreads();
+  M = -INFINITY;
+  for (int w = 0; w < warps; ++w) M = fmaxf(M, red[w]);
+  __syncthreads();  // red is reused below
+  float den = 0.f;
+  for (int z = threadIdx.x; z < p.num_splits; z += blockDim.x) {
+    const float mz = p.part_ml[(z * rows + row) * 2];
+    const float e = mz == -INFINITY ? 0.f : expf(mz - M);
+    weight[z] = e;
+    den += e * p.part_ml[(z * rows + row) * 2 + 1];
+  }
+  den = WarpSum(den);
+  if (lane == 0) red[warp] = den;
+  __syncthreads();
+  den = 0.f;
+  for (int w = 0; w < warps; ++w) den += red[w];
   for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
     float num = 0.f;
     for (int z = 0; z < p.num_splits; ++z) {
-      const float mz = p.part_ml[(z * rows + row) * 2];
-      if (mz != -INFINITY) num += expf(mz - M) * p.part_o[(z * rows + row) * a.head_dim + d];
+      num = fmaf(weight[z], p.part_o[(z * rows + row) * a.head_dim + d], num);
     }
     a.out[row * a.head_dim + d] = num / den;
   }
@@ -201,30 +265,41 @@ void LaunchAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_
 
 }  // namespace
 
-// Plans the split, reserves partials through `reserve`, launches the flash kernel reading `src`
-// and, when split, the combine kernel. Shared by Attention and PagedAttention.
-template <typename Src, typename Reserve>
-void RunAttention(const AttentionArgs& a, const Src& src, int num_sms, Reserve reserve,
-                  cudaStream_t stream) {
+// Plans the tiles of `seqs` (host memory; start_pos, num_tokens, token_offset and table_offset
+// filled) and the split, copies the plan to the device through `stage`, reserves partials through
+// `reserve`, launches the flash kernel reading `src` and, when split, the combine kernel. Shared
+// by Attention (one sequence) and PagedAttention (a batch of sequences, one launch).
+template <typename Src, typename Reserve, typename Stage>
+void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& src, int num_sms,
+                  Reserve reserve, Stage stage, cudaStream_t stream) {
   AttnParams p;
   p.a = a;
   p.group = a.num_heads / a.num_kv_heads;
-  const int64_t tiles = CeilDiv(a.num_tokens * p.group, kQRows);
+  int64_t tiles = 0, keys = 0;  // keys: the longest sequence's S
+  for (SeqDesc& sq : seqs) {
+    sq.tile_begin = tiles;
+    tiles += CeilDiv(sq.num_tokens * p.group, kQRows);
+    p.total_tokens += sq.num_tokens;
+    keys = std::max(keys, sq.start_pos + sq.num_tokens);
+  }
+  if (tiles == 0) return;
   const int64_t blocks = tiles * a.num_kv_heads;
-  const int64_t keys = a.start_pos + a.num_tokens;  // S
-  // Flash-decoding: when the grid would leave SMs idle, split the keys so that about two blocks
-  // run per SM, each split at least 64 keys (two tiles).
+  // Flash-decoding: when the grid would leave SMs idle, split the keys so that about four blocks
+  // run per SM, each split at least one tile of keys, at most kMaxSplits splits. Splits past a
+  // shorter sequence's keys find nothing to do and leave an empty partial.
   int64_t per_split = CeilDiv(keys, kKeys) * kKeys;
-  if (blocks < 2 * num_sms && keys >= 128) {
-    const int64_t want = std::min(CeilDiv(2 * num_sms, blocks), keys / 64);
+  if (blocks < 4 * num_sms && keys >= 2 * kKeys) {
+    const int64_t want = std::min({CeilDiv(4 * num_sms, blocks), keys / kKeys, kMaxSplits});
     per_split = CeilDiv(CeilDiv(keys, want), kKeys) * kKeys;
   }
   p.keys_per_split = per_split;
   p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
   MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
       << "Attention: grid " << tiles << " x " << p.num_splits;
+  p.num_seqs = static_cast<int>(seqs.size());
+  p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
   if (p.num_splits > 1) {
-    const size_t rows = static_cast<size_t>(a.num_tokens) * a.num_heads;
+    const size_t rows = static_cast<size_t>(p.total_tokens) * a.num_heads;
     const size_t floats = static_cast<size_t>(p.num_splits) * rows * (a.head_dim + 2);
     p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
     p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * a.head_dim;
@@ -239,8 +314,8 @@ void RunAttention(const AttentionArgs& a, const Src& src, int num_sms, Reserve r
     LaunchAttention<256>(p, src, grid, stream);
   }
   if (p.num_splits > 1) {
-    AttentionCombineKernel<<<static_cast<unsigned>(a.num_tokens * a.num_heads), 128, 0,
-                             stream>>>(p);
+    AttentionCombineKernel<<<static_cast<unsigned>(p.total_tokens * a.num_heads), 128,
+                             p.num_splits * sizeof(float), stream>>>(p);
     MOE_CUDA_CHECK(cudaGetLastError());
   }
 }
@@ -257,8 +332,13 @@ void CudaBackend::Attention(const AttentionArgs& a) {
   if (a.num_tokens == 0) return;
   cuda::ContiguousKv src{a.k_cache, a.v_cache, static_cast<int64_t>(a.num_kv_heads) * a.head_dim,
                          a.head_dim};
-  cuda::RunAttention(a, src, num_sms_, [this](size_t bytes) { return Reserve(work_, bytes); },
-                     stream_);
+  cuda::SeqDesc sq;
+  sq.start_pos = a.start_pos;
+  sq.num_tokens = a.num_tokens;
+  cuda::RunAttention(
+      a, {sq}, src, num_sms_, [this](size_t bytes) { return Reserve(work_, bytes); },
+      [this](const void* host, size_t bytes) { return StageHostArgs(args2_, host, bytes); },
+      stream_);
 }
 
 }  // namespace moe::kernels
@@ -323,6 +403,16 @@ struct PagedGeom {
     return base + static_cast<int64_t>(table[pos / block_size]) * block_stride +
            (2 * kvh + role) * tile_bytes;
   }
+  // The tile holding cache slot `flat` = block · block_size + slot (the write kernels' address).
+  __device__ __forceinline__ uint8_t* TileOfSlot(int32_t flat, int kvh, int role) const {
+    return base + static_cast<int64_t>(flat / block_size) * block_stride +
+           (2 * kvh + role) * tile_bytes;
+  }
+  __device__ __forceinline__ PagedGeom ForTable(int32_t offset) const {
+    PagedGeom r = *this;
+    r.table += offset;
+    return r;
+  }
 };
 
 // K/V source of AttentionKernel over paged tiles. fp8 elements come back as scale · E4M3(code)
@@ -330,6 +420,9 @@ struct PagedGeom {
 template <bool kFp8>
 struct PagedKvSource {
   PagedGeom g;
+  __device__ __forceinline__ PagedKvSource ForSeq(int32_t table_offset) const {
+    return {g.ForTable(table_offset)};
+  }
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
     const int D = g.head_dim;
     if constexpr (kFp8) {
@@ -348,12 +441,19 @@ struct PagedKvSource {
   }
 };
 
+// A rejected vector as one number, smallest first by position: position << 16 | kv-head << 1 |
+// role (kv-heads < 2^15).
+__host__ __device__ __forceinline__ unsigned long long KvBadCode(int64_t pos, int h, int role) {
+  return static_cast<unsigned long long>(pos) << 16 | static_cast<unsigned long long>(h) << 1 |
+         static_cast<unsigned long long>(role);
+}
+
 // One block per (token, kv-head, role): checks finiteness, then bf16 bits or fp8 amax, scale and
 // codes exactly as KvCodec::Quantize. A non-finite vector is not written; the smallest such
-// (t·NKV + h)·2 + role goes to *bad.
+// (position, kv-head, role) goes to *bad (KvBadCode).
 template <bool kFp8>
-__global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v, int64_t start_pos,
-                                   unsigned* bad) {
+__global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v,
+                                   const int2* where, unsigned long long* bad) {
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, role = blockIdx.z, D = g.head_dim;
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * D;
@@ -365,12 +465,11 @@ __global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v, 
   }
   const bool all_finite = __syncthreads_and(finite);
   if (!all_finite) {
-    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned>((t * g.num_kv_heads + h) * 2 + role));
+    if (threadIdx.x == 0) atomicMin(bad, KvBadCode(where[t].y, h, role));
     return;
   }
-  const int64_t pos = start_pos + t;
-  const int slot = static_cast<int>(pos % g.block_size);
-  uint8_t* tile = g.Tile(pos, h, role);
+  const int slot = where[t].x % g.block_size;
+  uint8_t* tile = g.TileOfSlot(where[t].x, h, role);
   if constexpr (kFp8) {
     __shared__ float warp_max[32];
     amax = WarpMax(amax);
@@ -395,6 +494,7 @@ __global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v, 
 }
 
 enum class PagedPath { kHost, kBf16, kFp8, kTq };
+
 
 // What the GPU runs for this layer: every codec must share one format; TurboQuant only for the
 // single-part MSE formats (tq1..tq4) with the RHT2 rotation. kHost: the host-staged default.
@@ -508,7 +608,7 @@ __device__ __forceinline__ uint16_t F32ToF16Bits(float f) {
 // n = sqrt(Σ x_j² ascending) by one thread, u = x / n, y = Π u, idx = #boundaries <= y, scale,
 // fp16 scale; indices packed b bits each, little-endian; scale plane after the index plane.
 __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const float* v,
-                              int64_t start_pos, unsigned* bad) {
+                              const int2* where, unsigned long long* bad) {
   extern __shared__ float tq_smem[];
   const int D = g.head_dim, b = tb.bits;
   float* y = tq_smem;                                   // [D]
@@ -520,7 +620,7 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
   bool finite = true;
   for (int j = threadIdx.x; j < D; j += blockDim.x) finite = finite && isfinite(x[j]);
   if (!__syncthreads_and(finite)) {
-    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned>((t * g.num_kv_heads + h) * 2 + role));
+    if (threadIdx.x == 0) atomicMin(bad, KvBadCode(where[t].y, h, role));
     return;
   }
   if (threadIdx.x == 0) {
@@ -564,12 +664,11 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
   __syncthreads();
   const float s = scale_s;
   if (!(s <= 65504.f)) {
-    if (threadIdx.x == 0) atomicMin(bad, static_cast<unsigned>((t * g.num_kv_heads + h) * 2 + role));
+    if (threadIdx.x == 0) atomicMin(bad, KvBadCode(where[t].y, h, role));
     return;
   }
-  const int64_t pos = start_pos + t;
-  const int slot = static_cast<int>(pos % g.block_size);
-  uint8_t* tile = g.Tile(pos, h, role);
+  const int slot = where[t].x % g.block_size;
+  uint8_t* tile = g.TileOfSlot(where[t].x, h, role);
   const int index_bytes = D * b / 8;
   uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
   for (int byte = threadIdx.x; byte < index_bytes; byte += blockDim.x) {
@@ -592,6 +691,9 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
 struct TqKvSource {
   PagedGeom g;
   TqTables tb;
+  __device__ __forceinline__ TqKvSource ForSeq(int32_t table_offset) const {
+    return {g.ForTable(table_offset), tb};
+  }
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
     const int b = tb.bits, index_bytes = g.head_dim * b / 8;
     const uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
@@ -659,81 +761,165 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
 
 namespace moe::kernels {
 
-absl::Status CudaBackend::PagedKvWrite(const PagedKvWriteArgs& a) {
-  const cuda::PagedPath path = cuda::ChoosePath(a.kv);
-  if (path == cuda::PagedPath::kHost) return Backend::PagedKvWrite(a);  // split/prod formats
-  if (a.num_tokens == 0) return absl::OkStatus();
-  const PagedKvLayer& kv = a.kv;
-  const int64_t blocks = (a.start_pos + a.num_tokens + kv.block_size - 1) / kv.block_size;
+namespace {
+
+// True when the batch can be one launch: every element reads the same layer of the same cache
+// and its rows (of k/v for a write, of q/out for attention) follow the previous element's.
+bool SameLayer(const PagedKvLayer& a, const PagedKvLayer& b) {
+  return b.layer_base == a.layer_base && b.block_stride == a.block_stride &&
+         b.tile_bytes == a.tile_bytes && b.block_size == a.block_size && b.codecs == a.codecs &&
+         b.num_kv_heads == a.num_kv_heads && b.head_dim == a.head_dim;
+}
+
+bool OneLaunch(absl::Span<const PagedKvWriteArgs> batch) {
+  const PagedKvWriteArgs& a = batch[0];
+  const int64_t row = static_cast<int64_t>(a.kv.num_kv_heads) * a.kv.head_dim;
+  int64_t tokens = 0;
+  for (const PagedKvWriteArgs& e : batch) {
+    if (!SameLayer(a.kv, e.kv) || e.k != a.k + tokens * row || e.v != a.v + tokens * row) {
+      return false;
+    }
+    tokens += e.num_tokens;
+  }
+  return true;
+}
+
+bool OneLaunch(absl::Span<const PagedAttentionArgs> batch) {
+  const PagedAttentionArgs& a = batch[0];
+  const int64_t row = static_cast<int64_t>(a.num_heads) * a.kv.head_dim;
+  int64_t tokens = 0;
+  for (const PagedAttentionArgs& e : batch) {
+    if (!SameLayer(a.kv, e.kv) || e.num_heads != a.num_heads || e.scale != a.scale ||
+        e.sliding_window != a.sliding_window || e.q != a.q + tokens * row ||
+        e.out != a.out + tokens * row) {
+      return false;
+    }
+    tokens += e.num_tokens;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
+  if (batch.empty()) return absl::OkStatus();
+  const cuda::PagedPath path = cuda::ChoosePath(batch[0].kv);
+  if (path == cuda::PagedPath::kHost) return Backend::PagedKvWrite(batch);  // split/prod formats
+  if (batch.size() > 1 && !OneLaunch(batch)) {
+    for (const PagedKvWriteArgs& a : batch) MOE_RETURN_IF_ERROR(PagedKvWrite({a}));
+    return absl::OkStatus();
+  }
+  const PagedKvLayer& kv = batch[0].kv;
+  // Each token's cache slot (block · block_size + slot) and position.
+  std::vector<int2> where;
+  for (const PagedKvWriteArgs& a : batch) {
+    for (int64_t t = 0; t < a.num_tokens; ++t) {
+      const int64_t pos = a.start_pos + t;
+      MOE_CHECK(pos <= 0x7fffffff) << "PagedKvWrite: position " << pos;
+      where.push_back(make_int2(a.kv.block_table[pos / kv.block_size] * kv.block_size +
+                                    static_cast<int32_t>(pos % kv.block_size),
+                                static_cast<int32_t>(pos)));
+    }
+  }
+  if (where.empty()) return absl::OkStatus();
+  MOE_CHECK(static_cast<int64_t>(where.size()) <= 0x7fffffff) << "PagedKvWrite: too many tokens";
   cuda::PagedGeom g{kv.layer_base, kv.block_stride, kv.tile_bytes, kv.block_size,
                     kv.num_kv_heads, kv.head_dim, nullptr};
-  g.table = static_cast<const int32_t*>(
-      StageHostArgs(args_, kv.block_table, static_cast<size_t>(blocks) * sizeof(int32_t)));
-  auto* bad = static_cast<unsigned*>(Reserve(args2_, sizeof(unsigned)));
-  MOE_CUDA_CHECK(cudaMemsetAsync(bad, 0xff, sizeof(unsigned), stream_));
-  MOE_CHECK(a.num_tokens <= 0x7fffffff) << "PagedKvWrite: " << a.num_tokens << " tokens";
-  const dim3 grid(static_cast<unsigned>(a.num_tokens), static_cast<unsigned>(kv.num_kv_heads), 2);
+  const auto* dev_where = static_cast<const int2*>(
+      StageHostArgs(args_, where.data(), where.size() * sizeof(int2)));
+  if (kv_verdict_ == nullptr) {
+    MOE_CUDA_CHECK(cudaMalloc(&kv_verdict_, sizeof(unsigned long long)));
+    MOE_CUDA_CHECK(cudaMemsetAsync(kv_verdict_, 0xff, sizeof(unsigned long long), stream_));
+  }
+  kv_verdict_pending_ = true;
+  kv_verdict_format_ = kv.codecs[0]->format();
+  const dim3 grid(static_cast<unsigned>(where.size()), static_cast<unsigned>(kv.num_kv_heads), 2);
   const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
+  const float* k = batch[0].k;
+  const float* v = batch[0].v;
   if (path == cuda::PagedPath::kFp8) {
-    cuda::PagedKvWriteKernel<true><<<grid, threads, 0, stream_>>>(g, a.k, a.v, a.start_pos, bad);
+    cuda::PagedKvWriteKernel<true><<<grid, threads, 0, stream_>>>(g, k, v, dev_where, kv_verdict_);
   } else if (path == cuda::PagedPath::kBf16) {
-    cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, a.k, a.v, a.start_pos, bad);
+    cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, k, v, dev_where, kv_verdict_);
   } else {
     const std::vector<float> host = cuda::TqHostTables(kv);
     const float* dev = static_cast<const float*>(
         StageHostArgs(paged_, host.data(), host.size() * sizeof(float)));
     const size_t smem = kv.head_dim * (sizeof(float) + 1);
-    cuda::TqWriteKernel<<<grid, threads, smem, stream_>>>(g, cuda::TqDeviceTables(kv, dev), a.k,
-                                                          a.v, a.start_pos, bad);
+    cuda::TqWriteKernel<<<grid, threads, smem, stream_>>>(g, cuda::TqDeviceTables(kv, dev), k, v,
+                                                          dev_where, kv_verdict_);
   }
   MOE_CUDA_CHECK(cudaGetLastError());
-  // The Status contract needs the verdict now: one 4-byte copy that waits for the stream.
-  unsigned first_bad = 0;
-  CopyToHost(&first_bad, bad, sizeof(first_bad));
-  if (first_bad != 0xffffffffu) {
-    const int64_t t = first_bad / 2 / kv.num_kv_heads;
-    const int h = static_cast<int>(first_bad / 2 % kv.num_kv_heads);
-    return absl::InvalidArgumentError(absl::StrCat(
-        "KV write at position ", a.start_pos + t, ", kv-head ", h,
-        first_bad % 2 == 0 ? " key: " : " value: ", "KV ", KvFormatName(kv.codecs[0]->format()),
-        " quantization: the vector has a non-finite element or its scale exceeds the fp16 range "
-        "(not written)"));
-  }
-  return absl::OkStatus();
+  return absl::OkStatus();  // the verdict: TakeKvWriteError
 }
 
-absl::Status CudaBackend::PagedAttention(const PagedAttentionArgs& a) {
-  const cuda::PagedPath path = cuda::ChoosePath(a.kv);
-  if (path == cuda::PagedPath::kHost) return Backend::PagedAttention(a);  // split/prod formats
+absl::Status CudaBackend::TakeKvWriteError() {
+  if (!kv_verdict_pending_) return absl::OkStatus();
+  kv_verdict_pending_ = false;
+  unsigned long long code = 0;
+  CopyToHost(&code, kv_verdict_, sizeof(code));
+  if (code == ~0ull) return absl::OkStatus();
+  MOE_CUDA_CHECK(cudaMemsetAsync(kv_verdict_, 0xff, sizeof(unsigned long long), stream_));
+  return absl::InvalidArgumentError(absl::StrCat(
+      "KV write at position ", code >> 16, ", kv-head ", (code >> 1) & 0x7fff,
+      code % 2 == 0 ? " key: " : " value: ", "KV ", KvFormatName(kv_verdict_format_),
+      " quantization: the vector has a non-finite element or its scale exceeds the fp16 range "
+      "(not written)"));
+}
+
+absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
+  if (batch.empty()) return absl::OkStatus();
+  const cuda::PagedPath path = cuda::ChoosePath(batch[0].kv);
+  if (path == cuda::PagedPath::kHost) return Backend::PagedAttention(batch);  // split/prod formats
+  const PagedAttentionArgs& a = batch[0];
+  if (batch.size() > 1 && !OneLaunch(batch)) {
+    for (const PagedAttentionArgs& e : batch) MOE_RETURN_IF_ERROR(PagedAttention({e}));
+    return absl::OkStatus();
+  }
   const PagedKvLayer& kv = a.kv;
-  MOE_CHECK(a.num_heads % kv.num_kv_heads == 0 && a.start_pos >= 0)
-      << "PagedAttention: heads " << a.num_heads << " kv heads " << kv.num_kv_heads
-      << " start_pos " << a.start_pos;
-  if (a.num_tokens == 0) return absl::OkStatus();
-  const int64_t blocks = (a.start_pos + a.num_tokens + kv.block_size - 1) / kv.block_size;
+  MOE_CHECK(a.num_heads % kv.num_kv_heads == 0)
+      << "PagedAttention: heads " << a.num_heads << " kv heads " << kv.num_kv_heads;
+  // The sequences' block tables, concatenated, and their descriptors.
+  std::vector<int32_t> tables;
+  std::vector<cuda::SeqDesc> seqs;
+  int64_t tokens = 0;
+  for (const PagedAttentionArgs& e : batch) {
+    MOE_CHECK(e.start_pos >= 0) << "PagedAttention: start_pos " << e.start_pos;
+    cuda::SeqDesc sq;
+    sq.start_pos = e.start_pos;
+    sq.num_tokens = e.num_tokens;
+    sq.token_offset = tokens;
+    sq.table_offset = static_cast<int32_t>(tables.size());
+    seqs.push_back(sq);
+    const int64_t blocks = (e.start_pos + e.num_tokens + kv.block_size - 1) / kv.block_size;
+    tables.insert(tables.end(), e.kv.block_table, e.kv.block_table + blocks);
+    tokens += e.num_tokens;
+  }
+  if (tokens == 0) return absl::OkStatus();
   cuda::PagedGeom g{kv.layer_base, kv.block_stride, kv.tile_bytes, kv.block_size,
                     kv.num_kv_heads, kv.head_dim, nullptr};
   g.table = static_cast<const int32_t*>(
-      StageHostArgs(args_, kv.block_table, static_cast<size_t>(blocks) * sizeof(int32_t)));
+      StageHostArgs(args_, tables.data(), tables.size() * sizeof(int32_t)));
   AttentionArgs c;
   c.out = a.out;
   c.q = a.q;
-  c.num_tokens = a.num_tokens;
-  c.start_pos = a.start_pos;
   c.num_heads = a.num_heads;
   c.num_kv_heads = kv.num_kv_heads;
   c.head_dim = kv.head_dim;
   c.scale = a.scale;
   c.sliding_window = a.sliding_window;
   auto reserve = [this](size_t bytes) { return Reserve(work_, bytes); };
+  auto stage = [this](const void* host, size_t bytes) { return StageHostArgs(args2_, host, bytes); };
   if (path == cuda::PagedPath::kFp8) {
-    cuda::RunAttention(c, cuda::PagedKvSource<true>{g}, num_sms_, reserve, stream_);
+    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<true>{g}, num_sms_, reserve, stage,
+                       stream_);
   } else if (path == cuda::PagedPath::kBf16) {
-    cuda::RunAttention(c, cuda::PagedKvSource<false>{g}, num_sms_, reserve, stream_);
+    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<false>{g}, num_sms_, reserve,
+                       stage, stream_);
   } else {
     // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc.
     const std::vector<float> host = cuda::TqHostTables(kv);
-    const size_t rows = static_cast<size_t>(a.num_tokens) * a.num_heads;
+    const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
     const size_t n = rows * kv.head_dim;
     auto* dev = static_cast<float*>(Reserve(paged_, (host.size() + 2 * n) * sizeof(float)));
     MOE_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(float),
@@ -749,7 +935,8 @@ absl::Status CudaBackend::PagedAttention(const PagedAttentionArgs& a) {
     MOE_CUDA_CHECK(cudaGetLastError());
     c.q = q_rot;
     c.out = o_rot;
-    cuda::RunAttention(c, cuda::TqKvSource{g, tb}, num_sms_, reserve, stream_);
+    cuda::RunAttention(c, std::move(seqs), cuda::TqKvSource{g, tb}, num_sms_, reserve, stage,
+                       stream_);
     cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
         a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
     MOE_CUDA_CHECK(cudaGetLastError());

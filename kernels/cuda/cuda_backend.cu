@@ -24,11 +24,18 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   return std::unique_ptr<CudaBackend>(new CudaBackend(stream, num_sms));
 }
 
-CudaBackend::CudaBackend(CUstream_st* stream, int num_sms) : stream_(stream), num_sms_(num_sms) {}
+CudaBackend::CudaBackend(CUstream_st* stream, int num_sms) : stream_(stream), num_sms_(num_sms) {
+  MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
+  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+}
 
 CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(copy_stream_);
+  cudaStreamDestroy(copy_stream_);
+  cudaEventDestroy(compute_done_);
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_}) cudaFree(s->data);
+  cudaFree(kv_verdict_);
   cudaStreamDestroy(stream_);
 }
 
@@ -91,6 +98,14 @@ void CudaBackend::Zero(void* dst, size_t bytes) {
 }
 
 void CudaBackend::Synchronize() { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+void CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
+  MOE_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
+  MOE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+}
+
+void CudaBackend::SynchronizeCopies() { MOE_CUDA_CHECK(cudaStreamSynchronize(copy_stream_)); }
 
 void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;

@@ -14,6 +14,7 @@
 #include "kernels/backend.h"
 
 struct CUstream_st;  // cudaStream_t, without making every includer a CUDA translation unit
+struct CUevent_st;   // cudaEvent_t
 
 namespace moe::kernels {
 
@@ -36,6 +37,8 @@ class CudaBackend final : public Backend {
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   void Zero(void* dst, size_t bytes) override;
   void Synchronize() override;
+  void CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) override;
+  void SynchronizeCopies() override;
 
   void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) override;
   void MatMul(float* out, const float* x, int64_t T, const TensorView& w,
@@ -46,9 +49,11 @@ class CudaBackend final : public Backend {
   void Attention(const AttentionArgs& args) override;
   // bf16, fp8-e4m3 and the single-part TurboQuant formats with the RHT2 rotation (tq1..tq4) on
   // the GPU (attention.cu); the split and prod formats fall back to the host-staged defaults of
-  // backend.cc. PagedKvWrite waits for the stream (finiteness verdict).
-  absl::Status PagedKvWrite(const PagedKvWriteArgs& args) override;
-  absl::Status PagedAttention(const PagedAttentionArgs& args) override;
+  // backend.cc. PagedKvWrite does not wait for the stream: its finiteness verdict is kept on the
+  // device until TakeKvWriteError.
+  absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) override;
+  absl::Status TakeKvWriteError() override;
+  absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
@@ -67,11 +72,17 @@ class CudaBackend final : public Backend {
   void* StageHostArgs(Scratch& s, const void* host, size_t bytes);
 
   CUstream_st* stream_ = nullptr;
+  CUstream_st* copy_stream_ = nullptr;  // CopyToDeviceOnCopyQueue
+  CUevent_st* compute_done_ = nullptr;  // recorded on stream_, waited for by copy_stream_
   int num_sms_ = 0;
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials
   Scratch paged_;      // TurboQuant paged ops: signs and codebook, rotated queries and outputs
+  // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).
+  unsigned long long* kv_verdict_ = nullptr;
+  bool kv_verdict_pending_ = false;
+  KvFormat kv_verdict_format_ = KvFormat::kBf16;
 };
 
 }  // namespace moe::kernels

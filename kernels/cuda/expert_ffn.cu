@@ -4,7 +4,7 @@
 //   gate_up[r, :I]  = x[rows[r]] Gate_e^T        one grouped launch (groups = experts)
 //   gate_up[r, I:]  = x[rows[r]] Up_e^T          one grouped launch
 //   act[r]          = F.silu(gate_up[r, :I]) * gate_up[r, I:]
-//   (at most 8 rows per expert, i.e. decode: these three are one matrix-vector launch)
+//   (at most kMatVecMaxRows rows per expert, e.g. decode: these three are one matrix-vector launch)
 //   out[rows[r]]   += row_weights[r] * act[r] Down_e^T   one grouped launch, atomicAdd scatter
 // The atomics make the order of the (at most K) additions into one out element vary from run to
 // run: results can differ in the last bit, unlike the CPU reference.

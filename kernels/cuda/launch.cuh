@@ -9,9 +9,14 @@
 
 namespace moe::kernels::cuda {
 
+// Groups of at most this many rows take the matrix-vector kernels (8 rows of A per pass over the
+// weights, later passes mostly from L2); more take the tiled SIMT kernel. (At 8 the decode
+// batches of 16-128 sequences fell to the tiled kernels: 1.4 ms per expert projection at 128
+// tokens, 283 ms per 64-sequence step, H200, tests/bench/NOTES.md.)
+constexpr int64_t kMatVecMaxRows = 64;
+
 // One group of a grouped GEMM: rows [row_begin, row_begin + row_count) of the logical A and C
 // use weight `w` ([N, K] row-major, the call's dtype). Lives in device memory.
-constexpr int64_t kMatVecMaxRows = 8;
 
 struct GemmGroup {
   const void* w = nullptr;

@@ -5,14 +5,18 @@
 // Legend: M rows of A (tokens) per group, N weight rows, K reduction length, B bits per code,
 // G quant group size (elements per scale/offset pair), s/m a group's scale/offset.
 //
-// Matrix-vector (decode, <= 8 rows of A): per quant group g of a weight row,
+// Matrix-vector (<= kMatVecMaxRows rows of A, 8 per pass): per quant group g of a weight row,
 //   sum_c x[c] (q[c] s + m) = s 2^B sum_c x[c] f[c] + (m - s 2^B) sum_c x[c],  f = 1 + q / 2^B
 // f is made from the code with one shift and one and/or (its bits go straight into the mantissa
 // of 1.0f), so a code costs 2 integer ops and 1 FMA; int->float conversions (a quarter-rate
-// instruction) would cap int4 below HBM speed. sum_c x[c] per group is computed once per block
-// into shared memory, shared by the block's weight rows; each warp takes 4 weight rows, so that
-// an x value loaded from L1 serves 4 (SwiGLU: 8) rows. Rows whose length in bytes is not a
-// multiple of 16 (odd K) take a scalar path that dequantizes element by element.
+// instruction) would cap int4 below HBM speed. A 32-bit word of codes lies in one quant group,
+// so the sum above is taken per word: sum_c x[c] over the word's 8 (int4) values is computed
+// once and shared by the warp's weight rows, and no per-group prologue or shared memory is
+// needed. (The first version summed x per group into shared memory at the start of each block:
+// a serial prologue that left the decode expert FFN at 41 us for 21 MB, H200, NOTES.md.)
+// Each warp takes 4 weight rows, so that an x value loaded from L1 serves 4 (SwiGLU: 8) rows.
+// Rows whose length in bytes is not a multiple of 16 (odd K) take a scalar path that
+// dequantizes element by element.
 // GEMM (prefill): the tiled SIMT kernel of matmul.cu with a loader that dequantizes each element.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_common.cuh"
@@ -59,8 +63,7 @@ __device__ __forceinline__ QuantMatrix RowOf(const void* w, int64_t n, int64_t N
 }
 
 // Block: kQWarps warps, each kRowsPerWarp consecutive weight rows (ws warps share a row set, each
-// a 1/ws slice of K); grid (ceil(N * ws / (kQWarps * kRowsPerWarp)), groups). Dynamic shared
-// memory: TB * ceil(K / G) floats (the per-group sums of the block's rows of A).
+// a 1/ws slice of K); grid (ceil(N * ws / (kQWarps * kRowsPerWarp)), groups).
 // Lanes take consecutive 32-bit words of codes, so a warp's x loads cover one contiguous span
 // (8 L1 wavefronts per 1 KB) and each x value loaded is used for kRowsPerWarp (x2 for SwiGLU)
 // weight rows. (The first version gave each lane a 16-byte chunk: its x loads touched 32 lines
@@ -73,7 +76,6 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
   using F = QFmt<B>;
   constexpr int NW = kGlu ? 2 : 1;        // gate and up matrices, or the one weight matrix
   constexpr int NR = NW * kRowsPerWarp;   // weight rows this warp dots with each x value
-  extern __shared__ float xsum[];         // [TB][groups]
   __shared__ float partial[kQWarps][NR][TB];
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
   if (g.row_count == 0) return;  // block-uniform
@@ -104,20 +106,6 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
       const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
       xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
     }
-    if (vec) {  // per-group sums of the TB rows of A, one warp per (row, group)
-      __syncthreads();  // the previous chunk of rows is done reading xsum
-      for (int64_t i = warp; i < TB * groups; i += kQWarps) {
-        const int64_t j = i / groups, gi = i % groups;
-        const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
-        const float* x = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda + gi * G;
-        const int64_t len = Min64(G, K - gi * G);
-        float s = 0.f;
-        for (int64_t c = lane; c < len; c += kWarp) s += x[c];
-        s = WarpSum(s);
-        if (lane == 0) xsum[i] = s;
-      }
-      __syncthreads();
-    }
     float acc[NR][TB];
 #pragma unroll
     for (int q = 0; q < NR; ++q) {
@@ -133,7 +121,7 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
       constexpr int kU = kGlu ? 2 : 4;
       for (int64_t wd0 = t; wd0 < words; wd0 += static_cast<int64_t>(kThreads) * kU) {
         uint32_t code[kU][NR];
-        float sc[kU][NR];
+        float2 sm[kU][NR];  // {s 2^B, m} of the word's group
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int64_t wd = wd0 + static_cast<int64_t>(u) * kThreads;
@@ -141,9 +129,10 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
 #pragma unroll
           for (int q = 0; q < NR; ++q) {
             code[u][q] = wd < words ? __ldg(reinterpret_cast<const uint32_t*>(w[q].codes) + wd) : 0u;
-            sc[u][q] = wd < words ? __half2float(reinterpret_cast<const __half*>(w[q].params)[2 * gi]) *
-                                        F::kScale
-                                  : 0.f;
+            const float2 p2 = wd < words ? __half22float2(__ldg(
+                                               reinterpret_cast<const __half2*>(w[q].params) + gi))
+                                         : make_float2(0.f, 0.f);
+            sm[u][q] = make_float2(p2.x * F::kScale, p2.y);
           }
         }
 #pragma unroll
@@ -155,6 +144,7 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
           for (int j = 0; j < TB; ++j) {
             const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k0);
             float xv[F::kPerWord];
+            float xs = 0.f;  // sum_c x[c] over the word, shared by the NR weight rows
 #pragma unroll
             for (int v = 0; v < F::kPerWord / 4; ++v) {
               const float4 x = __ldg(x4 + v);
@@ -162,25 +152,17 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
               xv[4 * v + 1] = x.y;
               xv[4 * v + 2] = x.z;
               xv[4 * v + 3] = x.w;
+              xs += (x.x + x.y) + (x.z + x.w);
             }
 #pragma unroll
             for (int q = 0; q < NR; ++q) {
               float d = 0.f;
 #pragma unroll
               for (int e = 0; e < F::kPerWord; ++e) d = fmaf(xv[e], OnePlusCode<B>(code[u][q], e), d);
-              acc[q][j] = fmaf(sc[u][q], d, acc[q][j]);
+              // s 2^B (sum x f - sum x) + m sum x = sum x (q s + m)
+              acc[q][j] = fmaf(sm[u][q].x, d - xs, fmaf(sm[u][q].y, xs, acc[q][j]));
             }
           }
-        }
-      }
-      // + sum_g (m - s 2^B) * sum_c x[c]
-      for (int64_t gi = t; gi < groups; gi += kThreads) {
-#pragma unroll
-        for (int q = 0; q < NR; ++q) {
-          const float2 sm = LoadParams(w[q].params, gi);
-          const float coef = sm.y - sm.x * F::kScale;
-#pragma unroll
-          for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(coef, xsum[j * groups + gi], acc[q][j]);
         }
       }
     } else {  // odd K or unaligned: element by element, w = q s + m
@@ -240,15 +222,9 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
   }
 }
 
-// Shared memory the matrix-vector kernel's per-group sums may take without an opt-in.
-constexpr size_t kMaxXsumBytes = 48 * 1024;
-
 template <int B, int TB, bool kGlu>
 void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const dim3 block(kQWarps * kWarp);
-  const size_t smem = static_cast<size_t>(TB) * CeilDiv(p.K, p.group_size) * sizeof(float);
-  MOE_CHECK(smem <= kMaxXsumBytes) << "GroupedGemm: K " << p.K << " group " << p.group_size
-                                   << " needs " << smem << " bytes of per-group sums";
   // K split over 4 warps when whole-row warps would give under 4 blocks per SM (the expert
   // gate/up, 768 rows x 8 experts: 192 blocks; the k/v projections; the router).
   constexpr int64_t kRowsPerBlock = kQWarps * kRowsPerWarp;
@@ -256,11 +232,11 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   if (split) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    QuantMatVecKernel<B, TB, kGlu, 4><<<grid, block, smem, stream>>>(p, single);
+    QuantMatVecKernel<B, TB, kGlu, 4><<<grid, block, 0, stream>>>(p, single);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    QuantMatVecKernel<B, TB, kGlu, 1><<<grid, block, smem, stream>>>(p, single);
+    QuantMatVecKernel<B, TB, kGlu, 1><<<grid, block, 0, stream>>>(p, single);
   }
 }
 

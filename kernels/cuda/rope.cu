@@ -38,15 +38,10 @@ void CudaBackend::Rope(const RopeArgs& a) {
       << a.num_heads;
   const int half = a.rotary_dim / 2;
   if (a.num_tokens == 0 || half == 0) return;
-  // positions and inv_freq are host memory (backend.h); one small staged copy each.
-  const auto* positions = static_cast<const int32_t*>(
-      StageHostArgs(args_, a.positions, static_cast<size_t>(a.num_tokens) * sizeof(int32_t)));
-  const auto* inv_freq = static_cast<const float*>(
-      StageHostArgs(args2_, a.inv_freq, static_cast<size_t>(half) * sizeof(float)));
   const int64_t pairs = a.num_tokens * a.num_heads * half;
   const int threads = 256;
   cuda::RopeKernel<<<static_cast<unsigned>(cuda::CeilDiv(pairs, threads)), threads, 0, stream_>>>(
-      a.x, positions, inv_freq, pairs, a.num_heads, a.head_dim, half, a.attention_factor);
+      a.x, a.positions, a.inv_freq, pairs, a.num_heads, a.head_dim, half, a.attention_factor);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

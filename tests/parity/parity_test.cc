@@ -86,8 +86,10 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{3, 733, 257, DType::kF16, true},
                       MatMulCase{7, 129, 2048, DType::kBF16, false},
                       MatMulCase{8, 64, 733, DType::kF32, false},
-                      MatMulCase{9, 733, 129, DType::kBF16, false},  // first tiled size
+                      MatMulCase{9, 733, 129, DType::kBF16, false},  // two passes of 8 rows
                       MatMulCase{33, 257, 67, DType::kF32, true},
+                      MatMulCase{64, 2048, 2048, DType::kBF16, false},  // last matrix-vector size
+                      MatMulCase{65, 733, 129, DType::kBF16, false},  // first tiled size
                       MatMulCase{130, 300, 2048, DType::kBF16, false},
                       MatMulCase{733, 733, 733, DType::kF32, false},
                       MatMulCase{512, 2048, 2048, DType::kBF16, false}));  // prefill
@@ -141,7 +143,8 @@ TEST_P(RopeParity, MatchesCpu) {
   for (size_t i = 0; i < inv_freq.size(); ++i) {
     inv_freq[i] = 1.f / std::pow(1e6f, 2.f * static_cast<float>(i) / c.rotary_dim);
   }
-  DeviceArray<float> dx(x);
+  DeviceArray<float> dx(x), dinv_freq(inv_freq);
+  DeviceArray<int32_t> dpositions(positions);
   kernels::RopeArgs a;
   a.positions = positions.data();
   a.num_tokens = c.T;
@@ -153,6 +156,8 @@ TEST_P(RopeParity, MatchesCpu) {
   a.x = x.data();
   Cpu().Rope(a);
   a.x = dx.get();
+  a.positions = dpositions.get();
+  a.inv_freq = dinv_freq.get();
   Gpu().Rope(a);
   ExpectClose("Rope", Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim),
               dx.Read(), x, kTolF32);
@@ -305,13 +310,13 @@ TEST_P(PagedKvParity, MatchesCpu) {
       w.v = vp;
       w.num_tokens = c.start_pos;
       w.start_pos = 0;
-      ASSERT_TRUE(be.PagedKvWrite(w).ok());
+      ASSERT_TRUE(be.PagedKvWrite({w}).ok());
     }
     w.k = kp + c.start_pos * row;
     w.v = vp + c.start_pos * row;
     w.num_tokens = c.T;
     w.start_pos = c.start_pos;
-    ASSERT_TRUE(be.PagedKvWrite(w).ok());
+    ASSERT_TRUE(be.PagedKvWrite({w}).ok());
   };
   write(Cpu(), pool.data(), k.data(), v.data());
   write(Gpu(), dpool.get(), dk.get(), dv.get());
@@ -336,12 +341,12 @@ TEST_P(PagedKvParity, MatchesCpu) {
   std::vector<float> want(q.size());
   a.out = want.data();
   a.q = q.data();
-  ASSERT_TRUE(Cpu().PagedAttention(a).ok());
+  ASSERT_TRUE(Cpu().PagedAttention({a}).ok());
   DeviceArray<float> out = PoisonedOutput(want.size());
   a.kv.layer_base = dpool.get();
   a.out = out.get();
   a.q = dq.get();
-  ASSERT_TRUE(Gpu().PagedAttention(a).ok());
+  ASSERT_TRUE(Gpu().PagedAttention({a}).ok());
   ExpectClose("PagedAttention", name, out.Read(), want, kTolF32);
 }
 
@@ -371,6 +376,116 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{1, 4095, 32, 4, 128, 16, 0, kernels::KvFormat::kTq2},
                       PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq4}));
 
+// A step's sequences in one call (the engine's per-layer batch; one launch on CUDA): prefill,
+// decodes at several lengths, a split-K decode and an empty item, over one pool; every byte of
+// the pool and every output element against the CPU, which runs the elements one by one.
+class PagedKvBatchParity : public ::testing::TestWithParam<kernels::KvFormat> {};
+
+TEST_P(PagedKvBatchParity, MatchesCpu) {
+  const kernels::KvFormat format = GetParam();
+  const int D = 128, NKV = 4, NH = 32, bs = 16;
+  struct Seq {
+    int64_t start_pos, T;
+  };
+  const std::vector<Seq> seqs = {{0, 5}, {732, 1}, {4000, 1}, {16, 1}, {10, 0}, {100, 3}};
+  std::mt19937 rng(static_cast<uint32_t>(7 + static_cast<int>(format)));
+  int64_t pool_blocks = 3, tokens = 0;
+  for (const Seq& q : seqs) {
+    pool_blocks += (q.start_pos + q.T + bs - 1) / bs;
+    tokens += q.T;
+  }
+  std::vector<int32_t> perm(pool_blocks);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng);
+  std::vector<std::vector<int32_t>> tables;
+  int64_t next = 0;
+  for (const Seq& q : seqs) {
+    const int64_t n = (q.start_pos + q.T + bs - 1) / bs;
+    tables.emplace_back(perm.begin() + next, perm.begin() + next + n);
+    next += n;
+  }
+  const std::vector<kernels::KvCodec> codecs = MakeCodecs(format, NKV, D);
+  std::vector<const kernels::KvCodec*> codec_ptrs;
+  for (const auto& cd : codecs) codec_ptrs.push_back(&cd);
+  auto bpv = kernels::KvBytesPerVector(format, D);
+  ASSERT_TRUE(bpv.ok()) << bpv.status();
+  const int64_t tile_bytes = *bpv * bs, block_stride = tile_bytes * 2 * NKV;
+  std::vector<uint8_t> pool(pool_blocks * block_stride);
+  for (auto& b : pool) b = static_cast<uint8_t>(rng());
+  kernels::PagedKvLayer layer;
+  layer.block_stride = block_stride;
+  layer.tile_bytes = tile_bytes;
+  layer.block_size = bs;
+  layer.codecs = codec_ptrs.data();
+  layer.num_kv_heads = NKV;
+  layer.head_dim = D;
+  const int64_t row = int64_t{NKV} * D;
+
+  // History of each sequence, written one sequence at a time (same on both backends).
+  std::vector<std::vector<float>> hk, hv;
+  for (const Seq& q : seqs) {
+    hk.push_back(Random(rng, q.start_pos * row));
+    hv.push_back(Random(rng, q.start_pos * row));
+  }
+  const std::vector<float> k = Random(rng, tokens * row), v = Random(rng, tokens * row);
+  const std::vector<float> qv = Random(rng, tokens * NH * D, -2.f, 2.f);
+  DeviceArray<uint8_t> dpool(pool);
+  DeviceArray<float> dk(k), dv(v), dq(qv);
+  DeviceArray<float> out = PoisonedOutput(qv.size());
+  std::vector<float> want(qv.size());
+  for (int which = 0; which < 2; ++which) {
+    Backend& be = which == 0 ? Cpu() : Gpu();
+    uint8_t* base = which == 0 ? pool.data() : dpool.get();
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      if (seqs[i].start_pos == 0) continue;
+      DeviceArray<float> dhk(hk[i]), dhv(hv[i]);
+      kernels::PagedKvWriteArgs w;
+      w.kv = layer;
+      w.kv.layer_base = base;
+      w.kv.block_table = tables[i].data();
+      w.k = which == 0 ? hk[i].data() : dhk.get();
+      w.v = which == 0 ? hv[i].data() : dhv.get();
+      w.num_tokens = seqs[i].start_pos;
+      ASSERT_TRUE(be.PagedKvWrite({w}).ok());
+    }
+    std::vector<kernels::PagedKvWriteArgs> writes;
+    std::vector<kernels::PagedAttentionArgs> reads;
+    int64_t offset = 0;
+    for (size_t i = 0; i < seqs.size(); ++i) {
+      kernels::PagedKvWriteArgs w;
+      w.kv = layer;
+      w.kv.layer_base = base;
+      w.kv.block_table = tables[i].data();
+      w.k = (which == 0 ? k.data() : dk.get()) + offset * row;
+      w.v = (which == 0 ? v.data() : dv.get()) + offset * row;
+      w.num_tokens = seqs[i].T;
+      w.start_pos = seqs[i].start_pos;
+      writes.push_back(w);
+      kernels::PagedAttentionArgs a;
+      a.kv = w.kv;
+      a.q = (which == 0 ? qv.data() : dq.get()) + offset * NH * D;
+      a.out = (which == 0 ? want.data() : out.get()) + offset * NH * D;
+      a.num_tokens = seqs[i].T;
+      a.start_pos = seqs[i].start_pos;
+      a.num_heads = NH;
+      a.scale = 1.f / std::sqrt(static_cast<float>(D));
+      reads.push_back(a);
+      offset += seqs[i].T;
+    }
+    ASSERT_TRUE(be.PagedKvWrite(writes).ok());
+    ASSERT_TRUE(be.PagedAttention(reads).ok());
+  }
+  const std::string name = Name(kernels::KvFormatName(format), "batch of", seqs.size());
+  const std::vector<uint8_t> got = dpool.Read();
+  ExpectEqualIds("PagedKvWrite batch bytes", name, std::vector<int32_t>(got.begin(), got.end()),
+                 std::vector<int32_t>(pool.begin(), pool.end()));
+  ExpectClose("PagedAttention batch", name, out.Read(), want, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Formats, PagedKvBatchParity,
+                         ::testing::Values(kBf16Kv, kFp8Kv, kernels::KvFormat::kTq4,
+                                           kernels::KvFormat::kTq2));
+
 TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
   const int D = 64, NKV = 2, bs = 16;
   for (kernels::KvFormat f : {kBf16Kv, kFp8Kv}) {
@@ -396,12 +511,14 @@ TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
     w.kv.layer_base = pool.data();
     w.k = k.data();
     w.v = v.data();
-    EXPECT_EQ(Cpu().PagedKvWrite(w).code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(Cpu().PagedKvWrite({w}).code(), absl::StatusCode::kInvalidArgument);
     w.kv.layer_base = dpool.get();
     w.k = dk.get();
     w.v = dv.get();
-    const absl::Status st = Gpu().PagedKvWrite(w);
+    ASSERT_TRUE(Gpu().PagedKvWrite({w}).ok());  // CUDA reports the verdict when taken
+    const absl::Status st = Gpu().TakeKvWriteError();
     EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_TRUE(Gpu().TakeKvWriteError().ok()) << "the verdict is taken once";
     EXPECT_NE(st.message().find("position 1, kv-head 1 key"), absl::string_view::npos) << st;
   }
 }
@@ -533,6 +650,7 @@ INSTANTIATE_TEST_SUITE_P(
                       FfnCase{3, 64, 32, 8, 2, DType::kF16},
                       FfnCase{733, 256, 96, 32, 8, DType::kBF16},  // prefill, tiled kernel
                       FfnCase{200, 512, 129, 4, 2, DType::kF32},
+                      FfnCase{64, 512, 129, 8, 2, DType::kBF16},  // ~16 rows: matvec passes
                       FfnCase{1, 7, 1, 3, 1, DType::kBF16},
                       FfnCase{2, 2051, 64, 8, 2, DType::kF32}));  // odd H, K split over warps
 
@@ -567,8 +685,10 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{5, 100, 4096, DType::kQ2, true}, 32},   // split, 5 rows
                       QuantMatMulCase{{8, 64, 2048, DType::kQ8, false}, 64},
                       QuantMatMulCase{{2, 2048, 768, DType::kQ4, false}, 128},
-                      QuantMatMulCase{{9, 733, 129, DType::kQ4, false}, 64},  // first tiled size
+                      QuantMatMulCase{{9, 733, 129, DType::kQ4, false}, 64},  // two passes of 8
                       QuantMatMulCase{{33, 257, 67, DType::kQ2, true}, 32},
+                      QuantMatMulCase{{64, 768, 2048, DType::kQ4, false}, 64},  // last matvec size
+                      QuantMatMulCase{{65, 733, 129, DType::kQ4, false}, 64},  // first tiled size
                       QuantMatMulCase{{130, 300, 2048, DType::kQ8, false}, 128},
                       QuantMatMulCase{{512, 2048, 768, DType::kQ4, false}, 64}));  // prefill
 
@@ -591,7 +711,8 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{7, 733, 257, 16, 4, DType::kQ4}, 32},   // odd: scalar path
                       QuantFfnCase{{3, 64, 32, 8, 2, DType::kQ8}, 32},
                       QuantFfnCase{{1, 7, 1, 3, 1, DType::kQ2}, 32},
-                      QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // prefill, tiled
+                      QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // ~32 rows: passes
+                      QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill, tiled
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
                       QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128}));
 

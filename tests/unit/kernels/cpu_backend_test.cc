@@ -131,7 +131,7 @@ TEST(CpuBackendTest, PagedAttentionMatchesContiguousAndStagedDefaults) {
           w.v = v.data() + start * NKV * D;
           w.num_tokens = n;
           w.start_pos = start;
-          ASSERT_TRUE((which == 0 ? cpu.PagedKvWrite(w) : cpu.Backend::PagedKvWrite(w)).ok());
+          ASSERT_TRUE((which == 0 ? cpu.PagedKvWrite({w}) : cpu.Backend::PagedKvWrite({w})).ok());
           PagedAttentionArgs a;
           a.kv = w.kv;
           a.out = (which == 0 ? out_cpu : out_staged).data() + start * NH * D;
@@ -141,7 +141,7 @@ TEST(CpuBackendTest, PagedAttentionMatchesContiguousAndStagedDefaults) {
           a.num_heads = NH;
           a.scale = 1.f / std::sqrt(float(D));
           a.sliding_window = window;
-          ASSERT_TRUE((which == 0 ? cpu.PagedAttention(a) : cpu.Backend::PagedAttention(a)).ok());
+          ASSERT_TRUE((which == 0 ? cpu.PagedAttention({a}) : cpu.Backend::PagedAttention({a})).ok());
         }
       }
       EXPECT_EQ(store_cpu, store_staged) << KvFormatName(format);
