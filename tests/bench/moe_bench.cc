@@ -14,6 +14,11 @@
 // must read (derived below), the measured device-to-device copy bandwidth and the achieved
 // fraction of it, the roofline tokens/s; time to first token for a --prompt-token prompt;
 // throughput at --batches concurrent sequences (one Forward with one ForwardItem per sequence).
+// Every run uses the engine's paged KV cache (--kv_cache_dtype, block 16, each sequence its own
+// blocks); the batched runs start from random keys/values at positions [0, context) (FillRandom).
+// --kv_formats adds the KV sweep: decode tokens/s per cache format at --kv_contexts x
+// --kv_batches, the bytes moved per step against the measured copy bandwidth, points whose cache
+// exceeds --kv_budget_gb reported as not fitting, and the context tokens each format fits in it.
 // --timings adds engine::PhaseTimes per layer and per token (host clock: on CUDA the phases
 // that do not synchronize measure launch time, not GPU time; expert wait is where the step
 // synchronizes).
@@ -33,6 +38,7 @@
 #include <fstream>
 #include <future>
 #include <memory>
+#include <numeric>
 #include <string>
 #include <vector>
 
@@ -67,6 +73,16 @@ ABSL_FLAG(bool, timings, false, "Print engine::PhaseTimes per layer and per toke
 ABSL_FLAG(std::string, store_dir, "/tmp/moe_bench_store",
           "Where the expert store of the quarter-VRAM run is written (empty: skip that run)");
 ABSL_FLAG(int64_t, store_steps, 16, "Timed decode steps of the quarter-VRAM run");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "KV cache format of the runs above (paged, block 16)");
+ABSL_FLAG(std::string, kv_formats, "",
+          "KV sweep: formats to time at --kv_contexts x --kv_batches, e.g. "
+          "bf16,fp8_e4m3,tq4,tq3,tq2 (empty: no sweep)");
+ABSL_FLAG(std::string, kv_contexts, "1024,8192,32768", "Contexts of the KV sweep");
+ABSL_FLAG(std::string, kv_batches, "1,64", "Concurrent sequences of the KV sweep");
+ABSL_FLAG(int64_t, kv_steps, 4, "Timed decode steps per KV sweep point");
+ABSL_FLAG(double, kv_budget_gb, 100,
+          "KV cache budget of the sweep (GB): a point whose cache does not fit is reported so");
+ABSL_FLAG(bool, kv_only, false, "Run only the KV sweep");
 
 namespace moe {
 namespace {
@@ -315,20 +331,113 @@ class ResidentInt4Provider final : public store::ExpertProvider {
 //   per layer: q/k/v/o projections (bf16: 2 * (q_dim*H + 2*kv_dim*H + H*q_dim)) + the two norms
 //   and q/k norms (bf16, small) + the router (E*H bf16) + top-K experts (K * the int4 blob:
 //   3 * (768*2048/2 codes + 768*2048/G * 4 bytes of fp16 {s, m})) + the KV cache read
-//   (ctx * 2 * NKV * D * 4 bytes, fp32 cache);
+//   (ctx * the cache format's bytes per position and layer; bf16: 2 * NKV * D * 2);
 //   once: the embedding row (H bf16), the final norm and the lm head (V*H bf16).
-// Qwen3-30B-A3B, G 64, ctx 512: 48 * (37.75 + 0.52 + 21.23 + 2.10) MB + 622.3 MB = 3.58 GB, so
-// at 4.26 TB/s the roofline is ~1190 tokens/s. Activations (a few MB) are left out.
-double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx) {
+// Qwen3-30B-A3B, G 64, ctx 512, bf16 cache: 48 * (37.75 + 0.52 + 21.23 + 1.05) MB + 622.3 MB =
+// 3.53 GB, so at 4.26 TB/s the roofline is ~1200 tokens/s. Activations (a few MB) are left out.
+double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
+                     double kv_bytes_per_position_layer) {
   const double H = static_cast<double>(c.hidden_size);
   const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
   const double per_layer = 2 * (q_dim * H + 2 * kv_dim * H + H * q_dim) + 2 * (2 * H + 2 * static_cast<double>(c.head_dim)) +
                            2 * static_cast<double>(c.num_experts) * H +
                            static_cast<double>(c.num_experts_per_tok) * expert_bytes +
-                           static_cast<double>(ctx) * 2 * kv_dim * 4;
+                           static_cast<double>(ctx) * kv_bytes_per_position_layer;
   return static_cast<double>(c.num_hidden_layers) * per_layer + 2 * H * 2 +
          2 * static_cast<double>(c.vocab_size) * H;
+}
+
+// B sequences in one paged cache (block 16), each with its own blocks for `capacity` positions,
+// as the engine's block manager would give them.
+constexpr int kBlockSize = 16;
+struct PagedSeqs {
+  std::unique_ptr<engine::PagedKv> kv;
+  std::vector<std::vector<int32_t>> tables;
+  std::vector<int64_t> lengths;
+  // Bytes one position takes in one layer (keys and values, all kv-heads).
+  double BytesPerPositionLayer() const {
+    return static_cast<double>(kv->storage().block_bytes()) / kBlockSize;
+  }
+};
+
+absl::StatusOr<PagedSeqs> MakePagedSeqs(const engine::ModelConfig& c, kernels::Backend& backend,
+                                        kernels::KvFormat format, int64_t B, int64_t capacity) {
+  const int64_t per_seq = (capacity + kBlockSize - 1) / kBlockSize;
+  PagedSeqs s;
+  MOE_ASSIGN_OR_RETURN(s.kv, engine::PagedKv::Create(c, backend, format, kBlockSize,
+                                                     static_cast<int32_t>(B * per_seq)));
+  for (int64_t i = 0; i < B; ++i) {
+    std::vector<int32_t>& t = s.tables.emplace_back(per_seq);
+    std::iota(t.begin(), t.end(), static_cast<int32_t>(i * per_seq));
+  }
+  s.lengths.assign(B, 0);
+  return s;
+}
+
+// Positions [0, ctx) of every sequence in every layer hold random keys and values (uniform in
+// [-2, 2), stand-ins for post-RoPE ones: decode speed does not depend on the values), written by
+// the backend's batched PagedKvWrite in chunks of positions. Prefilling 64 x 32k tokens for real
+// would take minutes.
+absl::Status FillRandom(kernels::Backend& backend, const engine::ModelConfig& c, PagedSeqs& s,
+                        int64_t ctx, Rng& rng) {
+  const int64_t B = static_cast<int64_t>(s.tables.size());
+  const int64_t row = c.num_key_value_heads * c.head_dim;
+  const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(ctx, (1 << 16) / B));
+  std::vector<float> host(static_cast<size_t>(B * chunk * row));
+  for (float& x : host) x = 4.f * rng.Uniform() - 2.f;
+  MOE_ASSIGN_OR_RETURN(kernels::Buffer k, backend.Allocate(host.size() * sizeof(float)));
+  MOE_ASSIGN_OR_RETURN(kernels::Buffer v, backend.Allocate(host.size() * sizeof(float)));
+  backend.CopyToDevice(k.data(), host.data(), host.size() * sizeof(float));
+  for (float& x : host) x = 4.f * rng.Uniform() - 2.f;
+  backend.CopyToDevice(v.data(), host.data(), host.size() * sizeof(float));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    for (int64_t p0 = 0; p0 < ctx; p0 += chunk) {
+      const int64_t n = std::min(chunk, ctx - p0);
+      std::vector<kernels::PagedKvWriteArgs> writes(B);
+      for (int64_t i = 0; i < B; ++i) {
+        writes[i].kv = s.kv->Layer(l, s.tables[i]);
+        writes[i].k = k.f32() + i * n * row;
+        writes[i].v = v.f32() + i * n * row;
+        writes[i].num_tokens = n;
+        writes[i].start_pos = p0;
+      }
+      MOE_RETURN_IF_ERROR(backend.PagedKvWrite(writes));
+    }
+  }
+  s.lengths.assign(B, ctx);
+  backend.Synchronize();
+  return absl::OkStatus();
+}
+
+// One decode step of every sequence (one new token each), then their lengths grow by one.
+absl::Status DecodeStep(engine::Model& model, PagedSeqs& s, const std::vector<int32_t>& tokens,
+                        std::vector<float>* logits) {
+  std::vector<engine::ForwardItem> items;
+  for (size_t i = 0; i < s.tables.size(); ++i) {
+    engine::ForwardItem item;
+    item.tokens = absl::MakeConstSpan(&tokens[i], 1);
+    item.paged = s.kv.get();
+    item.block_table = s.tables[i];
+    item.start = s.lengths[i];
+    items.push_back(item);
+  }
+  MOE_RETURN_IF_ERROR(model.Forward(items, false, logits));
+  for (int64_t& n : s.lengths) ++n;
+  return absl::OkStatus();
+}
+
+// Sequence 0's prompt through Forward (a real prefill).
+absl::Status Prefill(engine::Model& model, PagedSeqs& s, const std::vector<int32_t>& prompt,
+                     std::vector<float>* logits) {
+  engine::ForwardItem item;
+  item.tokens = prompt;
+  item.paged = s.kv.get();
+  item.block_table = s.tables[0];
+  item.start = s.lengths[0];
+  MOE_RETURN_IF_ERROR(model.Forward({&item, 1}, false, logits));
+  s.lengths[0] += static_cast<int64_t>(prompt.size());
+  return absl::OkStatus();
 }
 
 engine::PhaseTimes Diff(const engine::PhaseTimes& a, const engine::PhaseTimes& b) {
@@ -348,6 +457,97 @@ void PrintTimings(const char* what, const engine::PhaseTimes& t, int64_t tokens,
               t.expert_wait_us * per_tok, t.expert_compute_us * per_layer,
               t.expert_compute_us * per_tok, t.dense_us * per_layer, t.dense_us * per_tok,
               t.logits_us * per_tok);
+}
+
+// ---- KV sweep: decode speed per cache format, context and batch (all experts resident) ----
+absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t expert_bytes,
+                     double copy_bps, Rng& rng) {
+  const engine::ModelConfig& c = model.config();
+  const double budget = absl::GetFlag(FLAGS_kv_budget_gb) * 1e9;
+  const int64_t steps = absl::GetFlag(FLAGS_kv_steps);
+  auto ints = [](const std::string& list) {
+    std::vector<int64_t> out;
+    for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
+      int64_t v = 0;
+      if (absl::SimpleAtoi(part, &v) && v > 0) out.push_back(v);
+    }
+    return out;
+  };
+  auto tokens = [&](int64_t n) {
+    std::vector<int32_t> t(n);
+    for (auto& x : t) x = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(c.vocab_size));
+    return t;
+  };
+  std::printf("\nKV sweep: decode with every expert resident; positions [0, context) of each "
+              "sequence hold random keys/values; budget %.0f GB\n",
+              budget / 1e9);
+  std::printf("%-9s %10s %8s %6s %12s %10s %10s %12s %11s\n", "format", "B/position", "context",
+              "batch", "decode tok/s", "step ms", "KV GB/step", "all GB/step", "of HBM BW");
+  double bf16_position = 0;
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
+    MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(name));
+    for (int64_t ctx : ints(absl::GetFlag(FLAGS_kv_contexts))) {
+      for (int64_t B : ints(absl::GetFlag(FLAGS_kv_batches))) {
+        // Bytes per position from the cache's own layout (one block's worth, all layers).
+        MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
+                             engine::KvStorage::Create(
+                                 format, static_cast<int>(c.num_hidden_layers),
+                                 static_cast<int>(c.num_key_value_heads),
+                                 static_cast<int>(c.head_dim), kBlockSize, 1));
+        const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
+        if (format == kernels::KvFormat::kBf16) bf16_position = per_position;
+        const double cache = per_position * static_cast<double>(B * (ctx + steps + 2));
+        if (cache > budget) {
+          std::printf("%-9s %10.0f %8lld %6lld %12s   (cache %.1f GB > budget: does not fit)\n",
+                      kernels::KvFormatName(format), per_position, static_cast<long long>(ctx),
+                      static_cast<long long>(B), "-", cache / 1e9);
+          continue;
+        }
+        MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
+                             MakePagedSeqs(c, backend, format, B, ctx + steps + 2));
+        MOE_RETURN_IF_ERROR(FillRandom(backend, c, seqs, ctx, rng));
+        std::vector<float> logits;
+        MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B), &logits));  // warm-up
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int64_t i = 0; i < steps; ++i) {
+          MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B), &logits));
+        }
+        const double step_s = Seconds(t0, std::chrono::steady_clock::now()) / steps;
+        const double kv_read = per_position * static_cast<double>(B * ctx);
+        // Weights once per step (B tokens share the dense weights; experts: at most all) + KV.
+        const double weights = BytesPerToken(c, expert_bytes, 0, 0) +
+                               static_cast<double>(c.num_hidden_layers) *
+                                   static_cast<double>(std::min<int64_t>(
+                                       (B - 1) * c.num_experts_per_tok,
+                                       c.num_experts - c.num_experts_per_tok)) *
+                                   static_cast<double>(expert_bytes);
+        std::printf("%-9s %10.0f %8lld %6lld %12.1f %10.2f %10.3f %12.3f %10.1f%%\n",
+                    kernels::KvFormatName(format), per_position, static_cast<long long>(ctx),
+                    static_cast<long long>(B), static_cast<double>(B) / step_s, step_s * 1e3,
+                    kv_read / 1e9, (kv_read + weights) / 1e9,
+                    100 * (kv_read + weights) / step_s / copy_bps);
+      }
+    }
+    std::fflush(stdout);
+  }
+  if (bf16_position > 0) {
+    std::printf("\ncontext tokens that fit in the %.0f GB budget (all layers): bf16 %.0f", budget / 1e9,
+                budget / bf16_position);
+    for (absl::string_view name :
+         absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
+      MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(name));
+      MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
+                           engine::KvStorage::Create(format, static_cast<int>(c.num_hidden_layers),
+                                                     static_cast<int>(c.num_key_value_heads),
+                                                     static_cast<int>(c.head_dim), kBlockSize, 1));
+      const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
+      std::printf(", %s %.0f (x%.2f)", kernels::KvFormatName(format), budget / per_position,
+                  bf16_position / per_position);
+    }
+    std::printf("\n");
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Run() {
@@ -409,33 +609,31 @@ absl::Status Run() {
     return t;
   };
   std::vector<float> logits;
+  MOE_ASSIGN_OR_RETURN(const kernels::KvFormat kv_format,
+                       kernels::ParseKvFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
+  if (absl::GetFlag(FLAGS_kv_only)) return KvSweep(*model, *backend, expert_bytes, copy_bps, rng);
 
   // ---- batch 1, context ctx ----
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  MOE_ASSIGN_OR_RETURN(auto kv, engine::SequenceKv::Create(c, *backend, ctx + steps + 4));
-  {
-    const std::vector<int32_t> prompt = tokens(ctx);
-    const engine::ForwardItem item{prompt, kv.get()};
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));  // prefill; warms up
-  }
+  MOE_ASSIGN_OR_RETURN(PagedSeqs one_seq,
+                       MakePagedSeqs(c, *backend, kv_format, 1, ctx + steps + 4));
+  MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(ctx), &logits));  // warms up
   for (int i = 0; i < 2; ++i) {  // warm-up decode steps
-    const std::vector<int32_t> one = tokens(1);
-    const engine::ForwardItem item{one, kv.get()};
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1), &logits));
   }
   const engine::PhaseTimes before = model->phase_times();
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    const std::vector<int32_t> one = tokens(1);
-    const engine::ForwardItem item{one, kv.get()};
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1), &logits));
   }
   const double decode_s = Seconds(t0, std::chrono::steady_clock::now());
   const engine::PhaseTimes decode_times = Diff(before, model->phase_times());
-  const double bytes = BytesPerToken(c, expert_bytes, ctx);
+  const double kv_bytes = one_seq.BytesPerPositionLayer();
+  const double bytes = BytesPerToken(c, expert_bytes, ctx, kv_bytes);
   const double tok_s = static_cast<double>(steps) / decode_s;
   const double roofline = copy_bps / bytes;
-  std::printf("\n%-44s %12s\n", "measure", "value");
+  std::printf("\nKV cache %s, paged (block %d)\n%-44s %12s\n",
+              kernels::KvFormatName(kv_format), kBlockSize, "measure", "value");
   std::printf("%-44s %12.1f\n", "decode tokens/s (batch 1, context)", tok_s);
   std::printf("%-44s %12.1f\n", "decode ms/token", 1e3 / tok_s);
   std::printf("%-44s %12.3f\n", "bytes a token must read (GB)", bytes / 1e9);
@@ -449,12 +647,11 @@ absl::Status Run() {
   // ---- time to first token ----
   {
     const int64_t n = absl::GetFlag(FLAGS_prompt);
-    MOE_ASSIGN_OR_RETURN(auto kv2, engine::SequenceKv::Create(c, *backend, n + 1));
+    MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, n + 1));
     const std::vector<int32_t> prompt = tokens(n);
-    const engine::ForwardItem item{prompt, kv2.get()};
     const engine::PhaseTimes b0 = model->phase_times();
     t0 = std::chrono::steady_clock::now();
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+    MOE_RETURN_IF_ERROR(Prefill(*model, seq, prompt, &logits));
     const double s = Seconds(t0, std::chrono::steady_clock::now());
     std::printf("%-44s %12.1f\n", absl::StrCat("time to first token, ", n, "-token prompt (ms)").c_str(),
                 s * 1e3);
@@ -467,21 +664,10 @@ absl::Status Run() {
   for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
     int64_t B = 0;
     if (!absl::SimpleAtoi(part, &B) || B <= 0) continue;
-    std::vector<std::unique_ptr<engine::SequenceKv>> seqs;
-    for (int64_t i = 0; i < B; ++i) {
-      MOE_ASSIGN_OR_RETURN(auto s, engine::SequenceKv::Create(c, *backend, ctx + bsteps + 4));
-      s->CopyPrefixFrom(*kv, ctx, *backend);  // the batch-1 sequence's first ctx positions
-      seqs.push_back(std::move(s));
-    }
-    std::vector<std::vector<int32_t>> toks(B);
-    auto step = [&]() -> absl::Status {
-      std::vector<engine::ForwardItem> items;
-      for (int64_t i = 0; i < B; ++i) {
-        toks[i] = tokens(1);
-        items.push_back({toks[i], seqs[i].get()});
-      }
-      return model->Forward(items, false, &logits);
-    };
+    MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
+                         MakePagedSeqs(c, *backend, kv_format, B, ctx + bsteps + 4));
+    MOE_RETURN_IF_ERROR(FillRandom(*backend, c, seqs, ctx, rng));
+    auto step = [&]() { return DecodeStep(*model, seqs, tokens(B), &logits); };
     MOE_RETURN_IF_ERROR(step());  // warm-up (scratch grows to B tokens)
     const engine::PhaseTimes b0 = model->phase_times();
     t0 = std::chrono::steady_clock::now();
@@ -496,11 +682,16 @@ absl::Status Run() {
     }
   }
 
+  if (!absl::GetFlag(FLAGS_kv_formats).empty()) {
+    one_seq = PagedSeqs();
+    MOE_RETURN_IF_ERROR(KvSweep(*model, *backend, expert_bytes, copy_bps, rng));
+  }
+
   // ---- a quarter of the experts in VRAM, the rest in the store's pinned host tier ----
   const std::string store_dir = absl::GetFlag(FLAGS_store_dir);
   if (store_dir.empty()) return absl::OkStatus();
   model.reset();  // frees the resident experts (16 GB) before the store takes its budgets
-  kv.reset();
+  one_seq = PagedSeqs();
   t0 = std::chrono::steady_clock::now();
   MOE_ASSIGN_OR_RETURN(const uint64_t slot,
                        WriteSyntheticStore(store_dir, layers, experts, group, MakeTemplates(group)));
@@ -516,27 +707,17 @@ absl::Status Run() {
   store::ExpertStore* store_ptr = st.get();
   MOE_ASSIGN_OR_RETURN(model, engine::Model::Load(dir, *backend, std::move(st)));
   const double open_s = Seconds(t0, std::chrono::steady_clock::now());
-  MOE_ASSIGN_OR_RETURN(kv, engine::SequenceKv::Create(c, *backend, ctx + 64));
+  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + 64));
   t0 = std::chrono::steady_clock::now();
-  {
-    const std::vector<int32_t> prompt = tokens(ctx);
-    const engine::ForwardItem item{prompt, kv.get()};
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));  // disk -> host tier
-  }
+  MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx), &logits));  // disk -> host tier
   const double cold_s = Seconds(t0, std::chrono::steady_clock::now());
-  for (int i = 0; i < 2; ++i) {
-    const std::vector<int32_t> one = tokens(1);
-    const engine::ForwardItem item{one, kv.get()};
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
-  }
+  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1), &logits));
   const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
   const store::StoreStats s0 = store_ptr->Stats();
   const engine::PhaseTimes st0 = model->phase_times();
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < ssteps; ++i) {
-    const std::vector<int32_t> one = tokens(1);
-    const engine::ForwardItem item{one, kv.get()};
-    MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, false, &logits));
+    MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1), &logits));
   }
   const double store_s = Seconds(t0, std::chrono::steady_clock::now());
   const store::StoreStats s1 = store_ptr->Stats();
