@@ -157,7 +157,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     if (!views.ok()) return base::Annotate(views.status(), dir);
     experts = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
   }
-  model->store_ = dynamic_cast<const store::ExpertStore*>(experts.get());
+  model->store_ = dynamic_cast<store::ExpertStore*>(experts.get());
   model->experts_ = std::move(experts);
   model->rope_ = ComputeRopeTable(c);
   const size_t freq_bytes = model->rope_.inv_freq.size() * sizeof(float);
@@ -240,6 +240,7 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   MOE_RETURN_IF_ERROR(Reserve(T));
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
+  ++trace_step_;  // before any layer: a step that fails half-way keeps its number
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
@@ -483,8 +484,12 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   backend_.CopyToDevice(row_weights_.data(), row_weights.data(), row_weights.size() * sizeof(float));
   times_.routing_us += base::NowMicros() - t0;
 
+  if (trace_ != nullptr) trace_->Append(trace_step_, static_cast<int32_t>(layer), needed);
+
   MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles,
                        experts_->Acquire(static_cast<int32_t>(layer), needed));
+  // After Acquire, so this layer's experts are pinned and cannot be the prefetch's victims.
+  if (prefetch_next_layer_ && store_ != nullptr) PrefetchNextLayer(layer, T);
   kernels::ExpertFfnArgs args;
   args.out = mlp_out_.f32();
   args.x = h_.f32();
@@ -519,6 +524,32 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     MOE_RETURN_IF_ERROR(run(absl::MakeConstSpan(&i, 1)));
   }
   return absl::OkStatus();
+}
+
+// The next layer's router on this layer's h_ (post-attention norm) guesses which experts it
+// will need: the residual stream changes little from one layer to the next. Scratch used here
+// (router logits, route ids/weights) is free again once MoeBlock copied this layer's routing.
+void Model::PrefetchNextLayer(int64_t layer, int64_t T) {
+  const int64_t next = layer + 1;
+  if (next >= config_.num_hidden_layers || !weights_.layers[next].sparse) return;
+  const int64_t t0 = base::NowMicros();
+  const int64_t K = config_.num_experts_per_tok;
+  backend_.MatMul(router_logits_.f32(), h_.f32(), T, weights_.layers[next].router.view, nullptr);
+  kernels::RouteArgs route;  // [T, E] -> top-k ids [T, K]
+  route.logits = router_logits_.f32();
+  route.num_tokens = T;
+  route.num_experts = static_cast<int>(config_.num_experts);
+  route.top_k = static_cast<int>(K);
+  route.renormalize = config_.norm_topk_prob;
+  route.weights = route_weights_.f32();
+  route.expert_ids = static_cast<int32_t*>(route_ids_.data());
+  backend_.Route(route);
+  std::vector<int32_t> ids(T * K);
+  backend_.CopyToHost(ids.data(), route_ids_.data(), ids.size() * sizeof(int32_t));
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  store_->Prefetch(static_cast<int32_t>(next), ids);
+  times_.prefetch_us += base::NowMicros() - t0;
 }
 
 }  // namespace moe::engine

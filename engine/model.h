@@ -19,6 +19,7 @@
 #include "engine/weights.h"
 #include "expertstore/expert_provider.h"
 #include "expertstore/expert_store.h"
+#include "expertstore/routing_trace.h"
 #include "expertstore/safetensors.h"
 #include "kernels/backend.h"
 
@@ -101,6 +102,7 @@ struct ForwardItem {
 struct PhaseTimes {
   int64_t attention_us = 0, routing_us = 0, expert_wait_us = 0, expert_compute_us = 0,
           dense_us = 0, logits_us = 0;
+  int64_t prefetch_us = 0;  // next-layer routing for Prefetch (set_prefetch_next_layer)
 };
 
 class Model {
@@ -142,11 +144,32 @@ class Model {
       std::function<void(int64_t layer, const float* q, const float* k, const float* v, int64_t T)>;
   void set_attention_observer(AttentionObserver observer) { observer_ = std::move(observer); }
 
+  // Routing traces for moe-store-sim (format in expertstore/routing_trace.h). While set, every
+  // Forward appends one record per MoE layer: the step (Forward calls since the writer was set,
+  // from 0; a failed Forward keeps its number and may leave some of its layers), the layer, and
+  // the experts the batch needed, ascending: the set and order Acquire is called with. The
+  // writer must outlive its use; the caller flushes it. Null (the default) records nothing.
+  void set_routing_trace(store::RoutingTraceWriter* trace) {
+    trace_ = trace;
+    trace_step_ = -1;
+  }
+
+  // Prefetch of the next layer's likely experts. When on and the experts come from the tiered
+  // ExpertStore (expert_store() non-null; otherwise it does nothing), each MoE layer, once its
+  // own experts are acquired (pinned, so never the victims), applies the next layer's router to
+  // its post-attention-norm hidden state, takes the top-k per token on the host (one more host
+  // copy per layer, timed as PhaseTimes::prefetch_us) and calls ExpertStore::Prefetch for their
+  // union in layer + 1. Its accuracy is StoreStats::prefetch_used / prefetch_issued. It changes
+  // only residency, which can reorder the sum over experts (see MoeBlock): results agree to the
+  // last bits, as between budgets. Default: off.
+  void set_prefetch_next_layer(bool on) { prefetch_next_layer_ = on; }
+
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   absl::Status MoeBlock(int64_t layer, int64_t T);
+  void PrefetchNextLayer(int64_t layer, int64_t T);
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
   // Grows the scratch buffers to hold a step of T tokens.
@@ -158,10 +181,13 @@ class Model {
   ModelWeights weights_;
   std::vector<kernels::DeviceTensor> expert_storage_;
   std::unique_ptr<store::ExpertProvider> experts_;
-  const store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
+  store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
   RopeTable rope_;
   PhaseTimes times_;
   AttentionObserver observer_;
+  store::RoutingTraceWriter* trace_ = nullptr;
+  int64_t trace_step_ = -1;  // the running (or last) Forward's step in the trace
+  bool prefetch_next_layer_ = false;
 
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;

@@ -14,6 +14,7 @@
 #include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
@@ -62,6 +63,13 @@ ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (tq3.5, tq2.5: CPU only)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(bool, timings, false, "Print the per-phase time breakdown of the forward pass");
+ABSL_FLAG(std::string, record_trace, "",
+          "Write the routing trace of this run (per step and MoE layer, the experts the batch "
+          "needed) to this file, for moe-store-sim --trace. Empty: none");
+ABSL_FLAG(bool, prefetch, false,
+          "Expert store: prefetch the next layer's likely experts (its router applied to the "
+          "current hidden state; one more host copy per layer). Accuracy is printed as "
+          "prefetch used/issued");
 
 namespace moe {
 namespace {
@@ -118,6 +126,17 @@ absl::Status Run() {
   }
   MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, store_options));
   MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
+  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_prefetch));
+  if (absl::GetFlag(FLAGS_prefetch) && model->expert_store() == nullptr) {
+    MOE_LOG(WARNING) << "--prefetch: " << dir << " is not a model store (moe-import); no effect";
+  }
+  std::unique_ptr<store::RoutingTraceWriter> trace;
+  if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
+    MOE_ASSIGN_OR_RETURN(trace, store::RoutingTraceWriter::Create(
+                                    path, static_cast<int32_t>(model->config().num_hidden_layers),
+                                    static_cast<int32_t>(model->config().num_experts)));
+    model->set_routing_trace(trace.get());
+  }
   MOE_LOG(INFO) << "loaded " << dir << " (" << model->config().arch.model_type << ", "
                 << model->config().num_hidden_layers << " layers, " << model->config().num_experts
                 << " experts) in " << base::NowSeconds() - t_load << " s";
@@ -172,6 +191,10 @@ absl::Status Run() {
   const double t_end = base::NowSeconds();
   std::cout << std::endl;
   if (final_event.finish == engine::FinishReason::kError) return final_event.error;
+  if (trace != nullptr) {
+    model->set_routing_trace(nullptr);
+    MOE_RETURN_IF_ERROR(trace->Flush());
+  }
   const int64_t n = final_event.usage.completion_tokens;
   std::fprintf(stderr,
                "\n[generate] finish=%s prompt_tokens=%lld completion_tokens=%lld\n"
@@ -182,6 +205,25 @@ absl::Status Run() {
                prompt_tokens / std::max(t_first - t0, 1e-9),
                n > 1 ? (n - 1) / std::max(t_end - t_first, 1e-9) : 0.0,
                base::FormatBytes(PeakRssBytes()).c_str());
+  if (const store::ExpertStore* es = model->expert_store(); es != nullptr) {
+    const store::StoreStats st = es->Stats();
+    std::fprintf(stderr,
+                 "[store] device hits %llu misses %llu, host hits %llu misses %llu, blob reads "
+                 "%llu; prefetch issued %llu used %llu dropped %llu (accuracy %s)\n",
+                 static_cast<unsigned long long>(st.device.hits),
+                 static_cast<unsigned long long>(st.device.misses),
+                 static_cast<unsigned long long>(st.host.hits),
+                 static_cast<unsigned long long>(st.host.misses),
+                 static_cast<unsigned long long>(st.blob_reads),
+                 static_cast<unsigned long long>(st.prefetch_issued),
+                 static_cast<unsigned long long>(st.prefetch_used),
+                 static_cast<unsigned long long>(st.prefetch_dropped),
+                 st.prefetch_issued == 0
+                     ? "n/a"
+                     : absl::StrFormat("%.1f%%", 100.0 * static_cast<double>(st.prefetch_used) /
+                                                    static_cast<double>(st.prefetch_issued))
+                           .c_str());
+  }
   if (absl::GetFlag(FLAGS_timings)) {
     // Totals over prefill and decode; per token = per forward step of one sequence.
     const engine::PhaseTimes& t = model->phase_times();
@@ -191,7 +233,8 @@ absl::Status Run() {
     const std::pair<const char*, int64_t> phases[] = {
         {"attention", t.attention_us},         {"routing", t.routing_us},
         {"expert_wait", t.expert_wait_us},     {"expert_compute", t.expert_compute_us},
-        {"dense_mlp", t.dense_us},             {"norm+logits", t.logits_us}};
+        {"dense_mlp", t.dense_us},             {"norm+logits", t.logits_us},
+        {"prefetch", t.prefetch_us}};
     for (const auto& [name, us] : phases) {
       std::fprintf(stderr, "[timings] %-14s %9.2f %9.3f %12.4f\n", name, us / 1e3,
                    us / 1e3 / steps, us / 1e3 / steps / layers);

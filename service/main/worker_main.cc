@@ -58,6 +58,13 @@ ABSL_FLAG(std::string, host_budget, "0",
 ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
 ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
           "Expert store: comma-separated layers whose experts are never evicted");
+ABSL_FLAG(bool, prefetch, false,
+          "Expert store: prefetch the next layer's likely experts (its router applied to the "
+          "current hidden state; one more host copy per layer). Accuracy: "
+          "moe_store_prefetches_total{result=\"used\"} / {result=\"issued\"}");
+ABSL_FLAG(std::string, record_trace, "",
+          "Write the routing trace of every engine step (per MoE layer, the experts the batch "
+          "needed) to this file, for moe-store-sim --trace; flushed after every step. Empty: none");
 
 namespace moe {
 namespace {
@@ -97,6 +104,19 @@ absl::Status Run() {
   }
   MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, sopts));
   const store::ExpertStore* store = model->expert_store();
+  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_prefetch));
+  if (absl::GetFlag(FLAGS_prefetch) && store == nullptr) {
+    MOE_LOG(WARNING) << "--prefetch: " << dir << " is not a model store (moe-import); no effect";
+  }
+  // Declared before the engine loop, so it outlives every step that appends to it.
+  std::unique_ptr<store::RoutingTraceWriter> trace;
+  if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
+    MOE_ASSIGN_OR_RETURN(trace, store::RoutingTraceWriter::Create(
+                                    path, static_cast<int32_t>(model->config().num_hidden_layers),
+                                    static_cast<int32_t>(model->config().num_experts)));
+    model->set_routing_trace(trace.get());
+    MOE_LOG(INFO) << "[worker] recording the routing trace to " << path;
+  }
   MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
 
   engine::EngineOptions eopts;
@@ -142,6 +162,12 @@ absl::Status Run() {
     metrics.SetPhaseTimes(model_ref.phase_times(), steps);
     if (store != nullptr)
       metrics.UpdateExpertStore(service::metrics::FromStoreStats(store->Stats()));
+    // The engine thread is the trace's only writer.
+    if (trace != nullptr) {
+      if (absl::Status st = trace->Flush(); !st.ok()) {
+        MOE_LOG(ERROR) << "[worker] " << st;
+      }
+    }
   });
   service::WorkerService svc(wopts, *model, *tokenizer, loop, metrics);
 

@@ -79,7 +79,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
                         .Name("moe_engine_phase_seconds_total")
                         .Help(
                             "Seconds the forward pass spent per phase (attention, routing, "
-                            "expert_wait, expert_compute, dense, logits)")
+                            "expert_wait, expert_compute, dense, logits, prefetch)")
                         .Register(r);
   model_info_ = &BuildGauge()
                      .Name("moe_model_info")
@@ -97,6 +97,12 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
                           .Name("moe_store_evictions_total")
                           .Help("Experts evicted from a tier")
                           .Register(r);
+  store_prefetches_ = &BuildCounter()
+                          .Name("moe_store_prefetches_total")
+                          .Help(
+                              "Next-layer expert prefetches by result: issued (loads started), "
+                              "used (later acquired; accuracy = used / issued), dropped (no slot)")
+                          .Register(r);
   store_slots_ = &BuildGauge().Name("moe_store_slots").Help("Expert slots of a tier").Register(r);
   store_slot_bytes_ =
       &BuildGauge().Name("moe_store_slot_bytes").Help("Bytes of one slot of a tier").Register(r);
@@ -113,7 +119,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
     requests_->Add({{"outcome", outcome}});
   }
   for (const char* phase :
-       {"attention", "routing", "expert_wait", "expert_compute", "dense", "logits"}) {
+       {"attention", "routing", "expert_wait", "expert_compute", "dense", "logits", "prefetch"}) {
     phase_seconds_->Add({{"phase", phase}});
   }
   UpdateExpertStore(StoreCounters{});
@@ -142,7 +148,8 @@ void WorkerMetrics::SetPhaseTimes(const engine::PhaseTimes& t, int64_t steps) {
                                                     {"expert_wait", t.expert_wait_us},
                                                     {"expert_compute", t.expert_compute_us},
                                                     {"dense", t.dense_us},
-                                                    {"logits", t.logits_us}};
+                                                    {"logits", t.logits_us},
+                                                    {"prefetch", t.prefetch_us}};
   for (const auto& [phase, us] : phases) {
     AdvanceTo(phase_seconds_->Add({{"phase", phase}}), static_cast<double>(us) * 1e-6);
   }
@@ -164,6 +171,9 @@ StoreCounters FromStoreStats(const store::StoreStats& s) {
   c.blob_reads = s.blob_reads;
   c.blob_bytes_read = s.blob_bytes_read;
   c.blob_errors = s.blob_errors;
+  c.prefetch_issued = s.prefetch_issued;
+  c.prefetch_used = s.prefetch_used;
+  c.prefetch_dropped = s.prefetch_dropped;
   c.load_latency_us_buckets.assign(s.load_latency_us.counts.begin(),
                                    s.load_latency_us.counts.end());
   c.load_total_us = s.load_latency_us.total_us;
@@ -186,6 +196,12 @@ void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
   AdvanceTo(*blob_reads_, static_cast<double>(store.blob_reads));
   AdvanceTo(*blob_bytes_, static_cast<double>(store.blob_bytes_read));
   AdvanceTo(*blob_errors_, static_cast<double>(store.blob_errors));
+  const std::pair<const char*, uint64_t> prefetches[] = {{"issued", store.prefetch_issued},
+                                                         {"used", store.prefetch_used},
+                                                         {"dropped", store.prefetch_dropped}};
+  for (const auto& [result, n] : prefetches) {
+    AdvanceTo(store_prefetches_->Add({{"result", result}}), static_cast<double>(n));
+  }
   // Feed the histogram the loads counted since the last call, bucket by bucket (the store's
   // bucket b is our bucket b; its open last bucket is our +Inf).
   const size_t n = store.load_latency_us_buckets.size();

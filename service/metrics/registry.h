@@ -45,6 +45,8 @@ struct StoreTierCounters {
 struct StoreCounters {
   StoreTierCounters device, host;
   uint64_t blob_reads = 0, blob_bytes_read = 0, blob_errors = 0;
+  // Next-layer prefetch (engine --prefetch): loads started, later acquired, found no slot.
+  uint64_t prefetch_issued = 0, prefetch_used = 0, prefetch_dropped = 0;
   // Load latency: bucket b counts loads that took [2^(b-1), 2^b) microseconds (b = 0: < 1 us).
   std::vector<uint64_t> load_latency_us_buckets;
   uint64_t load_total_us = 0;
@@ -85,6 +87,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* store_lookups_;
   prometheus::Family<prometheus::Counter>* store_bytes_in_;
   prometheus::Family<prometheus::Counter>* store_evictions_;
+  prometheus::Family<prometheus::Counter>* store_prefetches_;
   prometheus::Family<prometheus::Gauge>* store_slots_;
   prometheus::Family<prometheus::Gauge>* store_slot_bytes_;
   prometheus::Counter *blob_reads_, *blob_bytes_, *blob_errors_;

@@ -1,0 +1,32 @@
+#!/bin/sh
+# The CLIs end to end: moe-import the default model, moe-generate on the store with a small
+# device budget, --prefetch and --record_trace, then moe-store-sim --trace replays the trace.
+# Usage: trace_replay_test.sh BIN_DIR DEFAULT_MODEL_DIR
+set -eu
+bin=$1
+model=$2
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+
+"$bin/moe-import" --model_dir="$model" --store_dir="$work/store" --format=bf16 >"$work/import.log" 2>&1
+"$bin/moe-generate" --model="$work/store" --device_budget=5MiB --prefetch \
+  --record_trace="$work/trace.txt" --temperature=0 --ignore_eos --max_tokens=16 --timings \
+  >"$work/gen.out" 2>"$work/gen.err"
+cat "$work/gen.err"
+head -3 "$work/trace.txt"
+# The [store] line: prefetch issued N used M with 0 < M <= N.
+line=$(grep '^\[store\]' "$work/gen.err")
+issued=$(echo "$line" | sed -n 's/.*prefetch issued \([0-9]*\) used.*/\1/p')
+used=$(echo "$line" | sed -n 's/.*prefetch issued [0-9]* used \([0-9]*\) .*/\1/p')
+[ "$issued" -gt 0 ] && [ "$used" -gt 0 ] && [ "$used" -le "$issued" ] || {
+  echo "FAIL: prefetch issued '$issued' used '$used'"; exit 1; }
+grep -q '^\[timings\] prefetch' "$work/gen.err" || { echo "FAIL: no prefetch timing"; exit 1; }
+
+"$bin/moe-store-sim" --trace="$work/trace.txt" >"$work/sim.out"
+cat "$work/sim.out"
+# Accesses the simulator replayed == expert ids the trace lists.
+listed=$(grep -v '^#' "$work/trace.txt" | tail -n +2 | awk '{ n += NF - 2 } END { print n }')
+grep -q "experts, $listed accesses" "$work/sim.out" || {
+  echo "FAIL: moe-store-sim did not replay $listed accesses"; exit 1; }
+grep -q "^moe-routing-trace 1 " "$work/trace.txt"
+echo "PASS: $listed accesses replayed; prefetch used $used of $issued issued"
