@@ -244,7 +244,7 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
 
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
-    int64_t t0 = base::NowMicros();
+    int64_t t0 = PhaseClock();
     backend_.RmsNorm(h_.f32(), x_.f32(), T, L.input_layernorm.view, c.rms_norm_eps);
     kernels::RopeArgs rope;
     rope.positions = static_cast<const int32_t*>(positions_.data());
@@ -272,21 +272,24 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
     MOE_RETURN_IF_ERROR(Attention(l, batch, T));
     backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
     backend_.Add(x_.f32(), h_.f32(), T * H);
-    times_.attention_us += base::NowMicros() - t0;
-
     backend_.RmsNorm(h_.f32(), x_.f32(), T, L.post_attention_layernorm.view, c.rms_norm_eps);
+    times_.attention_us += PhaseClock() - t0;
+
     if (L.sparse) {
       MOE_RETURN_IF_ERROR(MoeBlock(l, T));
+      t0 = PhaseClock();
+      backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
+      times_.expert_compute_us += PhaseClock() - t0;
     } else {
-      t0 = base::NowMicros();
+      t0 = PhaseClock();
       DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, ones_.f32());
-      times_.dense_us += base::NowMicros() - t0;
+      backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
+      times_.dense_us += PhaseClock() - t0;
     }
-    backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
   }
 
   // Final norm and lm_head over the rows whose logits are wanted.
-  const int64_t t0 = base::NowMicros();
+  const int64_t t0 = PhaseClock();
   std::vector<int64_t> rows;
   int64_t offset = 0;
   for (const ForwardItem& item : batch) {
@@ -310,7 +313,7 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   for (const ForwardItem& item : batch) {
     if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
   }
-  times_.logits_us += base::NowMicros() - t0;
+  times_.logits_us += PhaseClock() - t0;
   return absl::OkStatus();
 }
 
@@ -402,6 +405,11 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   return absl::OkStatus();
 }
 
+int64_t Model::PhaseClock() {
+  if (exact_timings_) backend_.Synchronize();
+  return base::NowMicros();
+}
+
 kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
   kernels::PagedKvLayer kv;
   kv.layer_base = static_cast<uint8_t*>(buffer_.data()) +
@@ -438,7 +446,7 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[layer];
   const int64_t K = c.num_experts_per_tok, H = c.hidden_size;
-  int64_t t0 = base::NowMicros();
+  int64_t t0 = PhaseClock();
 
   // Shared expert first (qwen2_moe): out = sigmoid(x . g) * SharedMlp(x); it also zeroes out.
   if (c.arch.has_shared_expert) {
@@ -482,7 +490,7 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   }
   backend_.CopyToDevice(rows_.data(), rows.data(), rows.size() * sizeof(int32_t));
   backend_.CopyToDevice(row_weights_.data(), row_weights.data(), row_weights.size() * sizeof(float));
-  times_.routing_us += base::NowMicros() - t0;
+  times_.routing_us += PhaseClock() - t0;
 
   if (trace_ != nullptr) trace_->Append(trace_step_, static_cast<int32_t>(layer), needed);
 
@@ -511,16 +519,16 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
       work.push_back({handles[i].weights.get(), ranges[i].first, ranges[i].second});
     }
     args.experts = work;
-    const int64_t c0 = base::NowMicros();
+    const int64_t c0 = PhaseClock();
     backend_.ExpertFfn(args);
-    times_.expert_compute_us += base::NowMicros() - c0;
+    times_.expert_compute_us += PhaseClock() - c0;
     return absl::OkStatus();
   };
   MOE_RETURN_IF_ERROR(run(ready));
   for (size_t i : pending) {
-    const int64_t w0 = base::NowMicros();
+    const int64_t w0 = PhaseClock();
     handles[i].ready.wait();
-    times_.expert_wait_us += base::NowMicros() - w0;
+    times_.expert_wait_us += PhaseClock() - w0;
     MOE_RETURN_IF_ERROR(run(absl::MakeConstSpan(&i, 1)));
   }
   return absl::OkStatus();
@@ -532,7 +540,7 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
 void Model::PrefetchNextLayer(int64_t layer, int64_t T) {
   const int64_t next = layer + 1;
   if (next >= config_.num_hidden_layers || !weights_.layers[next].sparse) return;
-  const int64_t t0 = base::NowMicros();
+  const int64_t t0 = PhaseClock();
   const int64_t K = config_.num_experts_per_tok;
   backend_.MatMul(router_logits_.f32(), h_.f32(), T, weights_.layers[next].router.view, nullptr);
   kernels::RouteArgs route;  // [T, E] -> top-k ids [T, K]
@@ -549,7 +557,7 @@ void Model::PrefetchNextLayer(int64_t layer, int64_t T) {
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   store_->Prefetch(static_cast<int32_t>(next), ids);
-  times_.prefetch_us += base::NowMicros() - t0;
+  times_.prefetch_us += PhaseClock() - t0;
 }
 
 }  // namespace moe::engine

@@ -99,6 +99,11 @@ struct ForwardItem {
 };
 
 // Time spent per phase over the model's lifetime, in microseconds (the --timings breakdown).
+// attention: norms, projections, q/k norm, RoPE, KV write, attention, residual add; routing:
+// router, top-k, the host copy of the choice, grouping; expert compute: the expert launches and
+// the residual add. On a backend that queues work (CUDA) these are host times unless
+// set_exact_timings is on: then the phase that synchronizes (routing) absorbs the device time of
+// the phases before it.
 struct PhaseTimes {
   int64_t attention_us = 0, routing_us = 0, expert_wait_us = 0, expert_compute_us = 0,
           dense_us = 0, logits_us = 0;
@@ -135,6 +140,9 @@ class Model {
                        std::vector<float>* logits);
 
   const PhaseTimes& phase_times() const { return times_; }
+  // Synchronizes the backend at every phase boundary, so that each phase's time is its device
+  // time (plus one synchronization): slower, for breakdowns (moe-bench --timings).
+  void set_exact_timings(bool on) { exact_timings_ = on; }
   // The tiered store serving the experts, or null when they come from the checkpoint.
   const store::ExpertStore* expert_store() const { return store_; }
 
@@ -184,6 +192,8 @@ class Model {
   store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
   RopeTable rope_;
   PhaseTimes times_;
+  bool exact_timings_ = false;
+  int64_t PhaseClock();  // now, in us; synchronizes first with exact_timings_
   AttentionObserver observer_;
   store::RoutingTraceWriter* trace_ = nullptr;
   int64_t trace_step_ = -1;  // the running (or last) Forward's step in the trace
