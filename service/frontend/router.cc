@@ -55,8 +55,7 @@ absl::Status RouterOptions::Validate() const {
   return absl::OkStatus();
 }
 
-Router::Router(WorkerSet& workers, RouterOptions options)
-    : workers_(workers), options_(options) {}
+Router::Router(WorkerSet& workers, RouterOptions options) : workers_(workers), options_(options) {}
 
 std::vector<uint64_t> Router::PrefixChain(const moe::v1::GenerateRequest& r) const {
   std::vector<uint64_t> chain;
@@ -64,9 +63,9 @@ std::vector<uint64_t> Router::PrefixChain(const moe::v1::GenerateRequest& r) con
   const size_t chunk_tokens = static_cast<size_t>(options_.prefix_chunk_tokens);
   if (r.has_token_ids()) {
     const auto& ids = r.token_ids().ids();
-    ChainChunks(1, std::string_view(reinterpret_cast<const char*>(ids.data()),
-                                    ids.size() * sizeof(uint32_t)),
-                chunk_tokens * sizeof(uint32_t), &chain);
+    const std::string_view bytes(reinterpret_cast<const char*>(ids.data()),
+                                 ids.size() * sizeof(uint32_t));
+    ChainChunks(1, bytes, chunk_tokens * sizeof(uint32_t), &chain);
   } else if (r.has_text()) {
     ChainChunks(2, r.text(), 4 * chunk_tokens, &chain);
   } else if (r.has_chat()) {

@@ -112,7 +112,8 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(auto credentials, Credentials());
   service::RouterOptions ropts;
   ropts.prefix_routing = absl::GetFlag(FLAGS_prefix_routing);
-  ropts.prefix_entries = static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_prefix_entries)));
+  ropts.prefix_entries =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_prefix_entries)));
   ropts.prefix_chunk_tokens = absl::GetFlag(FLAGS_prefix_chunk_tokens);
   ropts.prefix_load_slack = absl::GetFlag(FLAGS_prefix_load_slack);
   MOE_RETURN_IF_ERROR(base::Annotate(ropts.Validate(), "--prefix_*"));

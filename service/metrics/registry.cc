@@ -233,9 +233,10 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
                      "Calls retried on another worker after one failed before the first token");
   routed_ = &BuildCounter()
                  .Name("moe_frontend_routing_decisions_total")
-                 .Help("Workers picked for Generate attempts, by the rule that decided (session: "
-                       "the session's worker; prefix: the longest remembered prompt prefix; "
-                       "least_load: the fewest outstanding tokens)")
+                 .Help(
+                     "Workers picked for Generate attempts, by the rule that decided (session: "
+                     "the session's worker; prefix: the longest remembered prompt prefix; "
+                     "least_load: the fewest outstanding tokens)")
                  .Register(r);
   for (const char* reason : {"session", "prefix", "least_load"}) routed_->Add({{"reason", reason}});
   for (const char* outcome : {"stop", "length", "cancelled", "error", "resource_exhausted",

@@ -51,7 +51,8 @@ class RouterTest : public ::testing::Test {
 TEST_F(RouterTest, PrefixChainCoversFullChunksAndExtends) {
   Router router(workers_, {});
   EXPECT_TRUE(router.PrefixChain(Ids(0, 15)).empty());  // shorter than one 16-token chunk
-  const std::vector<uint64_t> a = router.PrefixChain(Ids(0, 40)), b = router.PrefixChain(Ids(0, 64));
+  const std::vector<uint64_t> a = router.PrefixChain(Ids(0, 40)),
+                              b = router.PrefixChain(Ids(0, 64));
   ASSERT_EQ(a.size(), 2u);
   ASSERT_EQ(b.size(), 4u);
   EXPECT_TRUE(std::equal(a.begin(), a.end(), b.begin()));
