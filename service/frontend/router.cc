@@ -20,12 +20,13 @@ uint64_t Mix(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// hash_i = H(hash_{i-1}, chunk_i) over the full chunks of `bytes`; `seed` keeps token ids, text
-// and chat apart.
-void ChainChunks(uint64_t seed, std::string_view bytes, size_t chunk_bytes,
+// hash_i = H(hash_{i-1}, chunk_i) over the full chunks of `bytes`, at most `max_chunks` (a worker
+// remembers no more); `seed` keeps token ids, text and chat apart.
+void ChainChunks(uint64_t seed, std::string_view bytes, size_t chunk_bytes, size_t max_chunks,
                  std::vector<uint64_t>* out) {
   uint64_t h = seed;
-  for (size_t at = 0; at + chunk_bytes <= bytes.size(); at += chunk_bytes) {
+  for (size_t at = 0; at + chunk_bytes <= bytes.size() && out->size() < max_chunks;
+       at += chunk_bytes) {
     h = Mix(h ^ std::hash<std::string_view>{}(bytes.substr(at, chunk_bytes)));
     out->push_back(h);
   }
@@ -61,13 +62,14 @@ std::vector<uint64_t> Router::PrefixChain(const moe::v1::GenerateRequest& r) con
   std::vector<uint64_t> chain;
   if (!options_.prefix_routing) return chain;
   const size_t chunk_tokens = static_cast<size_t>(options_.prefix_chunk_tokens);
+  const size_t max_chunks = options_.prefix_entries;
   if (r.has_token_ids()) {
     const auto& ids = r.token_ids().ids();
     const std::string_view bytes(reinterpret_cast<const char*>(ids.data()),
                                  ids.size() * sizeof(uint32_t));
-    ChainChunks(1, bytes, chunk_tokens * sizeof(uint32_t), &chain);
+    ChainChunks(1, bytes, chunk_tokens * sizeof(uint32_t), max_chunks, &chain);
   } else if (r.has_text()) {
-    ChainChunks(2, r.text(), 4 * chunk_tokens, &chain);
+    ChainChunks(2, r.text(), 4 * chunk_tokens, max_chunks, &chain);
   } else if (r.has_chat()) {
     // The worker renders the model's template; equal leading messages render to equal leading
     // text, so hashing the messages themselves finds the same prefixes.
@@ -75,7 +77,7 @@ std::vector<uint64_t> Router::PrefixChain(const moe::v1::GenerateRequest& r) con
     for (const auto& m : r.chat().messages()) {
       absl::StrAppend(&rendered, m.role(), "\x1f", m.content(), "\x1e");
     }
-    ChainChunks(3, rendered, 4 * chunk_tokens, &chain);
+    ChainChunks(3, rendered, 4 * chunk_tokens, max_chunks, &chain);
   }
   return chain;
 }

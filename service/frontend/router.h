@@ -55,8 +55,9 @@ class Router {
  public:
   explicit Router(WorkerSet& workers, RouterOptions options = {});
 
-  // The request's prompt as a chain of chunk hashes (full chunks only; empty when prefix routing
-  // is off or the prompt is shorter than one chunk). Token ids, text and chat never share hashes.
+  // The request's prompt as a chain of chunk hashes (full chunks only, at most prefix_entries;
+  // empty when prefix routing is off or the prompt is shorter than one chunk). Token ids, text
+  // and chat never share hashes.
   std::vector<uint64_t> PrefixChain(const moe::v1::GenerateRequest& request) const;
 
   // Picks by the order above among workers serving `model` that are up and not in `exclude` (the

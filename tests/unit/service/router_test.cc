@@ -116,8 +116,11 @@ TEST_F(RouterTest, MemoryIsBoundedPerWorker) {
   EXPECT_EQ(PickFor(router, Ids(100, 64), {w1_->target()}), w0_->target());
   EXPECT_EQ(PickFor(router, Ids(0, 64)), w1_->target());
   EXPECT_EQ(reason_, RouteReason::kLeastLoad);
-  // A prompt longer than the bound keeps its head: the tail is evicted first.
-  EXPECT_EQ(PickFor(router, Ids(200, 128), {w1_->target()}), w0_->target());
+  // A chain never holds more chunks than a worker remembers.
+  EXPECT_EQ(router.PrefixChain(Ids(200, 128)).size(), 4u);
+  // Eviction takes a prompt's tail before its head (which every match walks through first).
+  EXPECT_EQ(PickFor(router, Ids(200, 64), {w1_->target()}), w0_->target());
+  EXPECT_EQ(PickFor(router, Ids(500, 32), {w1_->target()}), w0_->target());  // 2 of 4 go
   EXPECT_EQ(PickFor(router, Ids(200, 32)), w0_->target());
   EXPECT_EQ(reason_, RouteReason::kPrefix);
 }
