@@ -127,6 +127,7 @@ void GenerateCall::Begin() {
     request_.set_request_id(absl::StrCat("req-", base::NowMicros(), "-", g_request_counter++));
   }
   estimated_tokens_ = EstimateTokens(request_);
+  prefix_ = fe_->router->PrefixChain(request_);
   absl::StatusOr<uint64_t> ticket = fe_->admission->Enter([this] {
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -152,9 +153,11 @@ void GenerateCall::Attempt() {
     std::lock_guard<std::mutex> lock(mu_);
     tried = tried_;
   }
+  RouteReason reason = RouteReason::kLeastLoad;
   absl::StatusOr<std::shared_ptr<WorkerEndpoint>> worker =
-      fe_->router->Pick(request_.model(), request_.session_id(), tried);
+      fe_->router->Pick(request_.model(), request_.session_id(), tried, prefix_, &reason);
   if (!worker.ok()) return End(ToGrpcStatus(worker.status()), CodeLabel(worker.status().code()));
+  fe_->metrics->Routed(RouteReasonLabel(reason));
   auto* up = new Upstream(this, *worker, estimated_tokens_);
   const double now = base::NowSeconds();
   *up->request_.mutable_request() = request_;

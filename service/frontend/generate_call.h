@@ -13,6 +13,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "moe/internal/v1/worker.grpc.pb.h"
 #include "moe/v1/moe.grpc.pb.h"
@@ -61,6 +62,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   moe::v1::GenerateRequest request_;
   const double arrival_;
   int64_t estimated_tokens_ = 0;
+  std::vector<uint64_t> prefix_;  // Router::PrefixChain of the prompt
 
   std::mutex mu_;
   Upstream* upstream_ = nullptr;  // the live worker stream, if any

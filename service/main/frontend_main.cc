@@ -5,6 +5,7 @@
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -46,6 +47,19 @@ ABSL_FLAG(std::string, auth_token, "",
 ABSL_FLAG(std::string, auth_token_file, "", "Read --auth_token from this file instead");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key serves TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(bool, prefix_routing, true,
+          "Route a request without a known session to the worker that was sent the longest "
+          "prefix of its prompt (its KV cache likely holds it), unless that worker has more than "
+          "--prefix_load_slack outstanding tokens over the least loaded one. false: least loaded");
+ABSL_FLAG(int64_t, prefix_entries, 16384,
+          "Prompt chunks remembered per worker for --prefix_routing (LRU); about the workers' KV "
+          "capacity in blocks");
+ABSL_FLAG(int32_t, prefix_chunk_tokens, 16,
+          "Token ids per remembered prompt chunk (text and chat: 4x as many bytes); match the "
+          "workers' --kv_block_size");
+ABSL_FLAG(int64_t, prefix_load_slack, 2048,
+          "Outstanding tokens the prefix worker may have above the least loaded worker and still "
+          "be picked");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running calls may take to finish");
 
 namespace moe {
@@ -96,6 +110,13 @@ absl::Status Run() {
   fopts.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   if (fopts.max_attempts < 1) return absl::InvalidArgumentError("--max_attempts must be >= 1");
   MOE_ASSIGN_OR_RETURN(auto credentials, Credentials());
+  service::RouterOptions ropts;
+  ropts.prefix_routing = absl::GetFlag(FLAGS_prefix_routing);
+  ropts.prefix_entries =
+      static_cast<size_t>(std::max<int64_t>(0, absl::GetFlag(FLAGS_prefix_entries)));
+  ropts.prefix_chunk_tokens = absl::GetFlag(FLAGS_prefix_chunk_tokens);
+  ropts.prefix_load_slack = absl::GetFlag(FLAGS_prefix_load_slack);
+  MOE_RETURN_IF_ERROR(base::Annotate(ropts.Validate(), "--prefix_*"));
 
   auto registry = std::make_shared<prometheus::Registry>();
   service::metrics::FrontendMetrics metrics(*registry);
@@ -110,7 +131,7 @@ absl::Status Run() {
     metrics.SetWorkers(up, down);
     if (svc_ready.load()) svc_ptr->UpdateHealth(health.load());
   });
-  service::Router router(workers);
+  service::Router router(workers, ropts);
   service::Admission admission(
       aopts, [&](int64_t running, int64_t queued) { metrics.SetAdmission(running, queued); });
   service::FrontendService svc(fopts, workers, router, admission, metrics);

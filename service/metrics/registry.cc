@@ -247,6 +247,14 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
   workers_down_ = &workers.Add({{"state", "down"}});
   retries_ = Counter(r, "moe_frontend_retries_total",
                      "Calls retried on another worker after one failed before the first token");
+  routed_ = &BuildCounter()
+                 .Name("moe_frontend_routing_decisions_total")
+                 .Help(
+                     "Workers picked for Generate attempts, by the rule that decided (session: "
+                     "the session's worker; prefix: the longest remembered prompt prefix; "
+                     "least_load: the fewest outstanding tokens)")
+                 .Register(r);
+  for (const char* reason : {"session", "prefix", "least_load"}) routed_->Add({{"reason", reason}});
   for (const char* outcome : {"stop", "length", "cancelled", "error", "resource_exhausted",
                               "unavailable", "invalid_argument", "deadline_exceeded"}) {
     requests_->Add({{"outcome", outcome}});
@@ -255,6 +263,10 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
 
 void FrontendMetrics::RequestFinished(absl::string_view outcome) {
   requests_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void FrontendMetrics::Routed(absl::string_view reason) {
+  routed_->Add({{"reason", std::string(reason)}}).Increment();
 }
 
 void FrontendMetrics::SetAdmission(int64_t running, int64_t queued) {

@@ -108,12 +108,15 @@ class FrontendMetrics {
   void SetAdmission(int64_t running, int64_t queued);
   void SetWorkers(int64_t up, int64_t down);
   void Retried() { retries_->Increment(); }
+  // A worker picked for a Generate attempt; `reason`: session, prefix or least_load.
+  void Routed(absl::string_view reason);
 
  private:
   prometheus::Family<prometheus::Counter>* requests_;
   prometheus::Histogram *queue_, *ttft_, *itl_, *e2e_;
   prometheus::Gauge *running_, *queued_, *workers_up_, *workers_down_;
   prometheus::Counter* retries_;
+  prometheus::Family<prometheus::Counter>* routed_;
 };
 
 // Serves a registry as /metrics over HTTP (prometheus-cpp's civetweb).

@@ -154,6 +154,45 @@ class ServiceTest(unittest.TestCase):
         self.assertCode(grpc.StatusCode.NOT_FOUND, ["conv-1", "not known"],
                         lambda: self.stub.DropSession(drop, timeout=5))
 
+    def prefix_family(self, stub, first_id, n=5):
+        """A request with a 64-token prompt, then n more sharing it (each with its own 5-token
+        tail), no session; returns (worker, cached_prompt_tokens) per request."""
+        self.assertGreater(self.info().vocab_size, first_id + 80)
+        shared = list(range(first_id, first_id + 64))
+        out = []
+        for i in range(n + 1):
+            ids = shared + [first_id + 64 + i] * 5
+            _, _, last = generate(stub, self.pb, token_ids=self.pb.TokenIds(ids=ids), max_tokens=2,
+                                  stop=self.pb.StopParams(ignore_eos=True))
+            out.append((last.completion.worker, last.completion.usage.cached_prompt_tokens))
+        return out
+
+    def test_prefix_routing(self):
+        # Prefix routing sends every request sharing the prefix to the worker that cached it.
+        before = metric(self.fe.metrics(), "moe_frontend_routing_decisions_total",
+                        {"reason": "prefix"})
+        runs = self.prefix_family(self.stub, 300)
+        self.assertEqual(runs[0][1], 0, runs)
+        self.assertTrue(all(w == runs[0][0] and cached >= 48 for w, cached in runs[1:]), runs)
+        self.assertGreaterEqual(metric(self.fe.metrics(), "moe_frontend_routing_decisions_total",
+                                       {"reason": "prefix"}) - before, 5)
+        # Text: the frontend hashes the bytes; the worker's tokenizer finds the same prefix.
+        shared = "The quick brown fox jumps over the lazy dog near the riverbank. " * 6
+        _, _, first = generate(self.stub, self.pb, text=shared + "Zero", max_tokens=2)
+        for tail in ["One more", "Two more", "Three more"]:
+            _, _, last = generate(self.stub, self.pb, text=shared + tail, max_tokens=2)
+            self.assertEqual(last.completion.worker, first.completion.worker)
+            self.assertGreater(last.completion.usage.cached_prompt_tokens, 0)
+        # Least load alone (--prefix_routing=false) alternates idle workers: some miss the cache.
+        fe = self.c.add_frontend(["--prefix_routing=false"])
+        runs = self.prefix_family(self.c.stub(fe), 400)
+        self.assertEqual(len({w for w, _ in runs}), 2, runs)
+        self.assertIn(0, [cached for _, cached in runs[1:]], runs)
+        self.assertEqual(metric(fe.metrics(), "moe_frontend_routing_decisions_total",
+                                {"reason": "prefix"}), 0)
+        self.assertEqual(metric(fe.metrics(), "moe_frontend_routing_decisions_total",
+                                {"reason": "least_load"}), len(runs))
+
     def test_cancel_mid_stream_frees_kv(self):
         # KV kept for other tests' sessions stays; the cancelled sequence's must go.
         before = [metric(w.metrics(), "moe_kv_cache_used_bytes") for w in self.c.workers]
