@@ -159,6 +159,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   }
   model->store_ = dynamic_cast<store::ExpertStore*>(experts.get());
   model->experts_ = std::move(experts);
+  MOE_RETURN_IF_ERROR(model->MakeResidentTables());
   model->rope_ = ComputeRopeTable(c);
   const size_t freq_bytes = model->rope_.inv_freq.size() * sizeof(float);
   MOE_RETURN_IF_ERROR(Alloc(backend, &model->inv_freq_, std::max<size_t>(freq_bytes, 1)));
@@ -405,6 +406,40 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   return absl::OkStatus();
 }
 
+absl::Status Model::MakeResidentTables() {
+  resident_.resize(config_.num_hidden_layers);
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    ResidentLayer& r = resident_[l];
+    r.views = experts_->ResidentLayer(static_cast<int32_t>(l));
+    const size_t E = r.views.size();
+    // One launch serves all of them: every expert in the first one's format.
+    auto same = [&](const kernels::TensorView& a, const kernels::TensorView& b) {
+      return a.dtype == b.dtype && a.group_size == b.group_size && a.rank == b.rank &&
+             a.dim(0) == b.dim(0) && a.dim(1) == b.dim(1);
+    };
+    bool usable = E > 0 && static_cast<int64_t>(E) == config_.num_experts;
+    for (size_t e = 0; usable && e < E; ++e) {
+      usable = same(r.views[e].gate, r.views[0].gate) && same(r.views[e].up, r.views[0].up) &&
+               same(r.views[e].down, r.views[0].down);
+    }
+    if (!usable) {
+      r.views.clear();
+      continue;
+    }
+    std::vector<const void*> ptrs(3 * E);
+    for (size_t e = 0; e < E; ++e) {
+      ptrs[e] = r.views[e].gate.data;
+      ptrs[E + e] = r.views[e].up.data;
+      ptrs[2 * E + e] = r.views[e].down.data;
+    }
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &r.pointers, ptrs.size() * sizeof(void*)));
+    backend_.CopyToDevice(r.pointers.data(), ptrs.data(), ptrs.size() * sizeof(void*));
+    const auto* dev = static_cast<const void* const*>(r.pointers.data());
+    r.table = {r.views.data(), dev, dev + E, dev + 2 * E, static_cast<int>(E)};
+  }
+  return absl::OkStatus();
+}
+
 int64_t Model::PhaseClock() {
   if (exact_timings_) backend_.Synchronize();
   return base::NowMicros();
@@ -467,6 +502,26 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   route.weights = route_weights_.f32();
   route.expert_ids = static_cast<int32_t*>(route_ids_.data());
   backend_.Route(route);
+  if (resident_[layer].table.num_experts > 0 && trace_ == nullptr && T * K <= c.num_experts) {
+    // Every expert of the layer is resident: the experts read the routing where Route left it,
+    // with no host synchronisation. Each (token, k) pair is its own group there, so an expert
+    // chosen by several tokens is read once per token: only for steps with at most one pair per
+    // expert on average (decode); larger steps group on the host below, as does a trace.
+    times_.routing_us += PhaseClock() - t0;
+    const int64_t c0 = PhaseClock();
+    kernels::ExpertFfnRoutedArgs r;
+    r.out = mlp_out_.f32();
+    r.x = h_.f32();
+    r.num_tokens = T;
+    r.hidden_size = H;
+    r.top_k = static_cast<int>(K);
+    r.experts = &resident_[layer].table;
+    r.expert_ids = static_cast<const int32_t*>(route_ids_.data());
+    r.weights = route_weights_.f32();
+    backend_.ExpertFfnRouted(r);
+    times_.expert_compute_us += PhaseClock() - c0;
+    return absl::OkStatus();
+  }
   // The one host synchronisation per layer: the store must know which experts to make resident.
   std::vector<int32_t> ids(T * K);
   std::vector<float> weights(T * K);

@@ -189,6 +189,15 @@ class Model {
   ModelWeights weights_;
   std::vector<kernels::DeviceTensor> expert_storage_;
   std::unique_ptr<store::ExpertProvider> experts_;
+  // Per layer, when the provider keeps all its experts resident: their views and a device table
+  // of their data pointers (MoeBlock then routes on the device: ExpertFfnRouted).
+  struct ResidentLayer {
+    std::vector<kernels::ExpertWeights> views;
+    kernels::Buffer pointers;  // [3][E]: gate, up, down data
+    kernels::ResidentExperts table;
+  };
+  std::vector<ResidentLayer> resident_;
+  absl::Status MakeResidentTables();
   store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
   RopeTable rope_;
   PhaseTimes times_;

@@ -34,4 +34,11 @@ absl::StatusOr<std::vector<ExpertHandle>> CheckpointExpertProvider::Acquire(
   return handles;
 }
 
+std::vector<kernels::ExpertWeights> CheckpointExpertProvider::ResidentLayer(int32_t layer) const {
+  std::vector<kernels::ExpertWeights> views;
+  if (layer < 0 || layer >= static_cast<int32_t>(experts_.size())) return views;
+  for (const auto& w : experts_[layer]) views.push_back(*w);
+  return views;
+}
+
 }  // namespace moe::store

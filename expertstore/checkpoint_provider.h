@@ -16,6 +16,7 @@ class CheckpointExpertProvider final : public ExpertProvider {
 
   absl::StatusOr<std::vector<ExpertHandle>> Acquire(int32_t layer,
                                                     absl::Span<const int32_t> experts) override;
+  std::vector<kernels::ExpertWeights> ResidentLayer(int32_t layer) const override;
 
  private:
   std::vector<std::vector<std::shared_ptr<const kernels::ExpertWeights>>> experts_;

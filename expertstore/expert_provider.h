@@ -34,6 +34,11 @@ class ExpertProvider {
   // Thread-safe.
   virtual absl::StatusOr<std::vector<ExpertHandle>> Acquire(int32_t layer,
                                                             absl::Span<const int32_t> experts) = 0;
+  // Every expert of `layer`, indexed by id, when the provider keeps all of them resident in
+  // backend memory for its whole lifetime (the views stay valid), so that the forward pass may
+  // leave the routing on the device (Backend::ExpertFfnRouted); empty when residency can change
+  // (a tiered store) or the layer has no experts.
+  virtual std::vector<kernels::ExpertWeights> ResidentLayer(int32_t layer) const { return {}; }
 };
 
 }  // namespace moe::store

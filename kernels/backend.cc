@@ -1,6 +1,8 @@
 // MakeBackend: the one place that knows which backends this binary was built with.
 #include "kernels/backend.h"
 
+#include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include "kernels/base/status.h"
@@ -87,6 +89,48 @@ absl::Status Backend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
 absl::Status Backend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
   for (const PagedAttentionArgs& a : batch) PagedAttentionStaged(*this, a);
   return absl::OkStatus();
+}
+
+void Backend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
+  const int64_t n = a.num_tokens * a.top_k;
+  if (n == 0) return;
+  std::vector<int32_t> ids(n);
+  std::vector<float> weights(n);
+  CopyToHost(ids.data(), a.expert_ids, n * sizeof(int32_t));
+  CopyToHost(weights.data(), a.weights, n * sizeof(float));
+  // Slots grouped by expert in ascending id, each expert's slots in order (Model::MoeBlock's plan).
+  std::vector<int64_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t i, int64_t j) { return ids[i] < ids[j]; });
+  std::vector<int32_t> rows(n);
+  std::vector<float> row_weights(n);
+  std::vector<ExpertWork> work;
+  for (int64_t r = 0; r < n; ++r) {
+    const int32_t e = ids[order[r]];
+    MOE_CHECK(e >= 0 && e < a.experts->num_experts) << "ExpertFfnRouted: expert id " << e;
+    if (work.empty() || work.back().weights != &a.experts->views[e]) {
+      work.push_back({&a.experts->views[e], r, 0});
+    }
+    ++work.back().row_count;
+    rows[r] = static_cast<int32_t>(order[r] / a.top_k);
+    row_weights[r] = weights[order[r]];
+  }
+  auto dev_rows = Allocate(n * sizeof(int32_t));
+  auto dev_weights = Allocate(n * sizeof(float));
+  MOE_CHECK(dev_rows.ok() && dev_weights.ok()) << "ExpertFfnRouted: " << n << " routed rows";
+  CopyToDevice(dev_rows->data(), rows.data(), n * sizeof(int32_t));
+  CopyToDevice(dev_weights->data(), row_weights.data(), n * sizeof(float));
+  ExpertFfnArgs f;
+  f.out = a.out;
+  f.x = a.x;
+  f.num_tokens = a.num_tokens;
+  f.hidden_size = a.hidden_size;
+  f.experts = work;
+  f.rows = static_cast<const int32_t*>(dev_rows->data());
+  f.row_weights = dev_weights->f32();
+  ExpertFfn(f);
+  Synchronize();  // the staged rows are freed on return
 }
 
 absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(BackendKind kind,

@@ -91,6 +91,33 @@ struct ExpertFfnArgs {
   const float* row_weights = nullptr;  // [R]
 };
 
+// Every expert of one layer, resident in backend memory for as long as this lives, indexed by
+// expert id: what lets ExpertFfnRouted read the router's choice where Route left it.
+struct ResidentExperts {
+  const ExpertWeights* views = nullptr;  // [E] host memory: shapes, dtype, group size, data
+  const void* const* gate = nullptr;     // [E] backend memory: views[e].gate.data
+  const void* const* up = nullptr;       // [E] backend memory
+  const void* const* down = nullptr;     // [E] backend memory
+  int num_experts = 0;
+};
+
+// ExpertFfn for a step whose routing stays in backend memory:
+//   out[t] += sum_k weights[t, k] * Down_e(SiLU(Gate_e x[t]) * Up_e x[t]),  e = expert_ids[t, k]
+// The default copies the routing to the host and groups it as the engine does (experts in
+// ascending id, each expert's rows in token order), then runs ExpertFfn: the same numbers as that
+// path. CUDA plans the launch on the GPU: no host synchronisation (the summation order of the
+// atomics differs, as ExpertFfn's does from run to run).
+struct ExpertFfnRoutedArgs {
+  float* out = nullptr;              // [T, H], accumulated into
+  const float* x = nullptr;          // [T, H]
+  int64_t num_tokens = 0;            // T
+  int64_t hidden_size = 0;           // H
+  int top_k = 0;                     // K
+  const ResidentExperts* experts = nullptr;  // host memory
+  const int32_t* expert_ids = nullptr;       // [T, K], each < experts->num_experts
+  const float* weights = nullptr;            // [T, K]
+};
+
 // Causal attention of T new tokens at positions start_pos.. over a contiguous per-sequence cache
 // whose first start_pos + T positions are filled (the new tokens' keys and values included):
 //   out[t, h] = sum_s softmax_s(scale * q[t, h] . k[s, h / (NH / NKV)]) v[s, h / (NH / NKV)]
@@ -232,6 +259,7 @@ class Backend {
   virtual absl::Status TakeKvWriteError() { return absl::OkStatus(); }
   virtual void Route(const RouteArgs& args) = 0;
   virtual void ExpertFfn(const ExpertFfnArgs& args) = 0;
+  virtual void ExpertFfnRouted(const ExpertFfnRoutedArgs& args);
   // out[i] += x[i]
   virtual void Add(float* out, const float* x, int64_t n) = 0;
   // x[i] = 1 / (1 + exp(-x[i]))

@@ -22,6 +22,7 @@ namespace moe::kernels::cuda {
 namespace {
 
 constexpr int kQRows = 16, kRowsPerWarp = 4, kAttnThreads = 128, kKeys = 32;
+constexpr int kChunk = 8;  // K/V elements a source loads at once (LoadChunk)
 constexpr int64_t kMaxSplits = 1024;  // the combine kernel keeps one weight per split in shared memory
 
 // One sequence of a call (device memory). Its tokens are rows token_offset.. of q and out; its
@@ -62,6 +63,23 @@ struct ContiguousKv {
   __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
     kv = k[s * stride + kvh * head_dim + d];
     vv = v[s * stride + kvh * head_dim + d];
+  }
+  __device__ __forceinline__ bool ChunksAligned() const {
+    return ((reinterpret_cast<uintptr_t>(k) | reinterpret_cast<uintptr_t>(v)) & 15) == 0 &&
+           stride % 4 == 0;
+  }
+  // Elements d0 .. d0 + 7 (d0 and head_dim multiples of 8: 16-byte aligned float4 pairs).
+  __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
+                                            float (&vv)[kChunk]) const {
+    const int64_t off = s * stride + kvh * head_dim + d0;
+    const float4* kp = reinterpret_cast<const float4*>(k + off);
+    const float4* vp = reinterpret_cast<const float4*>(v + off);
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const float4 a = kp[i], b = vp[i];
+      kv[4 * i] = a.x, kv[4 * i + 1] = a.y, kv[4 * i + 2] = a.z, kv[4 * i + 3] = a.w;
+      vv[4 * i] = b.x, vv[4 * i + 1] = b.y, vv[4 * i + 2] = b.z, vv[4 * i + 3] = b.w;
+    }
   }
 };
 
@@ -130,27 +148,45 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
 
   for (int64_t s0 = s_begin; s0 < s_end; s0 += kKeys) {
     __syncthreads();  // q_s written / the previous tile consumed
-    // The tile's K and V, kLoadBatch elements of each per thread issued before any is stored, so
-    // that they are in flight together. (One element at a time waited out a global-memory latency
-    // per element: 82 us for 512 keys at batch 1, H200, tests/bench/NOTES.md.)
-    constexpr int kPerThread = kKeys * DMAX / kAttnThreads, kLoadBatch = 8;
-    static_assert(kPerThread % kLoadBatch == 0);
+    if (D % kChunk == 0 && src.ChunksAligned()) {
+      // The tile's K and V in chunks of 8 consecutive elements (one 16-byte load of bf16, 8 bytes
+      // of fp8, b bytes of TurboQuant codes, one block-table lookup), kChunkBatch chunks of each
+      // per thread issued before any is stored, so that they are in flight together. (Element
+      // by element, one latency each, decode at context 512 took 82 us a layer, H200, NOTES.md.)
+      constexpr int kPerThread = kKeys * DMAX / kChunk / kAttnThreads, kChunkBatch = 2;
+      static_assert(kPerThread % kChunkBatch == 0);
 #pragma unroll
-    for (int c = 0; c < kPerThread; c += kLoadBatch) {
-      float kr[kLoadBatch], vr[kLoadBatch];
+      for (int c = 0; c < kPerThread; c += kChunkBatch) {
+        float kr[kChunkBatch][kChunk], vr[kChunkBatch][kChunk];
 #pragma unroll
-      for (int u = 0; u < kLoadBatch; ++u) {
-        const int idx = (c + u) * kAttnThreads + static_cast<int>(threadIdx.x);
-        const int j = idx / DMAX, d = idx % DMAX;
-        kr[u] = vr[u] = 0.f;
-        if (s0 + j < s_end && d < D) src.Load(s0 + j, kvh, d, kr[u], vr[u]);
+        for (int u = 0; u < kChunkBatch; ++u) {
+          const int idx = (c + u) * kAttnThreads + static_cast<int>(threadIdx.x);
+          const int j = idx / (DMAX / kChunk), d0 = idx % (DMAX / kChunk) * kChunk;
+          if (s0 + j < s_end && d0 < D) {
+            src.LoadChunk(s0 + j, kvh, d0, kr[u], vr[u]);
+          } else {
+#pragma unroll
+            for (int e = 0; e < kChunk; ++e) kr[u][e] = vr[u][e] = 0.f;
+          }
+        }
+#pragma unroll
+        for (int u = 0; u < kChunkBatch; ++u) {
+          const int idx = (c + u) * kAttnThreads + static_cast<int>(threadIdx.x);
+          const int j = idx / (DMAX / kChunk), d0 = idx % (DMAX / kChunk) * kChunk;
+#pragma unroll
+          for (int e = 0; e < kChunk; ++e) {
+            k_s[j * (DMAX + 1) + d0 + e] = kr[u][e];
+            v_s[j * DMAX + d0 + e] = vr[u][e];
+          }
+        }
       }
-#pragma unroll
-      for (int u = 0; u < kLoadBatch; ++u) {
-        const int idx = (c + u) * kAttnThreads + static_cast<int>(threadIdx.x);
+    } else {  // head_dim not a multiple of 8: element by element
+      for (int idx = threadIdx.x; idx < kKeys * DMAX; idx += kAttnThreads) {
         const int j = idx / DMAX, d = idx % DMAX;
-        k_s[j * (DMAX + 1) + d] = kr[u];
-        v_s[j * DMAX + d] = vr[u];
+        float kv = 0.f, vv = 0.f;
+        if (s0 + j < s_end && d < D) src.Load(s0 + j, kvh, d, kv, vv);
+        k_s[j * (DMAX + 1) + d] = kv;
+        v_s[j * DMAX + d] = vv;
       }
     }
     __syncthreads();
@@ -376,15 +412,15 @@ __device__ __forceinline__ uint8_t F32ToE4m3Bits(float f) {
   return sign | static_cast<uint8_t>(code);
 }
 
-__device__ __forceinline__ float E4m3Value(uint8_t code) {
-  const int exponent = (code >> 3) & 0xf, mantissa = code & 0x7;
+__device__ __forceinline__ float E4m3Value(uint8_t code) {  // exact, by the bits
+  const uint32_t exponent = (code >> 3) & 0xf, mantissa = code & 0x7;
   float v;
   if (exponent == 0xf && mantissa == 0x7) {
     v = __int_as_float(0x7fc00000);
   } else if (exponent == 0) {
-    v = ldexpf(static_cast<float>(mantissa), -9);
+    v = static_cast<float>(mantissa) * 0x1p-9f;  // subnormal: m 2^-9
   } else {
-    v = ldexpf(1.f + mantissa / 8.f, exponent - 7);
+    v = __uint_as_float((exponent + 120) << 23 | mantissa << 20);  // (1 + m/8) 2^(e - 7)
   }
   return (code & 0x80) ? -v : v;
 }
@@ -438,6 +474,41 @@ struct PagedKvSource {
     const uint8_t* kt = g.Tile(s, kvh, 0);
     kv = Element(kt, slot, d);
     vv = Element(kt + g.tile_bytes, slot, d);
+  }
+  // Every chunk's load aligned (bf16: 16 bytes, fp8: 8 bytes; head_dim a multiple of 8).
+  __device__ __forceinline__ bool ChunksAligned() const {
+    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
+                         static_cast<uint64_t>(g.tile_bytes);
+    return (any & (kFp8 ? 7 : 15)) == 0;
+  }
+  // Elements d0 .. d0 + 7 of one vector: one 16-byte (bf16) or 8-byte (fp8) load.
+  __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
+                                        float (&out)[kChunk]) const {
+    const int D = g.head_dim;
+    if constexpr (kFp8) {
+      const float s = LoadF32Bytes(tile + static_cast<int64_t>(g.block_size) * D + 4 * slot);
+      const uint2 raw = *reinterpret_cast<const uint2*>(tile + static_cast<int64_t>(slot) * D + d0);
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        const uint32_t w = e < 4 ? raw.x : raw.y;
+        out[e] = s * E4m3Value(static_cast<uint8_t>(w >> (8 * (e % 4))));
+      }
+    } else {
+      const uint4 raw = *reinterpret_cast<const uint4*>(
+          tile + (static_cast<int64_t>(slot) * D + d0) * sizeof(uint16_t));
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int e = 0; e < kChunk; ++e) {
+        out[e] = __uint_as_float(e % 2 == 0 ? w[e / 2] << 16 : w[e / 2] & 0xffff0000u);
+      }
+    }
+  }
+  __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
+                                            float (&vv)[kChunk]) const {
+    const int slot = static_cast<int>(s % g.block_size);
+    const uint8_t* kt = g.Tile(s, kvh, 0);
+    Chunk(kt, slot, d0, kv);
+    Chunk(kt + g.tile_bytes, slot, d0, vv);
   }
 };
 
@@ -711,6 +782,27 @@ struct TqKvSource {
     const uint8_t* kt = g.Tile(s, kvh, 0);
     kv = Element(kt, slot, d);
     vv = Element(kt + g.tile_bytes, slot, d);
+  }
+  __device__ __forceinline__ bool ChunksAligned() const { return true; }  // byte loads
+  // Elements d0 .. d0 + 7: their 8 b-bit codes are the b bytes at b · d0 / 8 (byte aligned).
+  __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
+                                        float (&out)[kChunk]) const {
+    const int b = tb.bits, index_bytes = g.head_dim * b / 8;
+    const uint8_t* codes = tile + static_cast<int64_t>(slot) * index_bytes + b * (d0 / 8);
+    uint32_t w = 0;
+    for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
+    const uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot;
+    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(sp[0] | sp[1] << 8)));
+    const uint32_t mask = (1u << b) - 1u;
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) out[e] = s * __ldg(tb.centroids + ((w >> (e * b)) & mask));
+  }
+  __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
+                                            float (&vv)[kChunk]) const {
+    const int slot = static_cast<int>(s % g.block_size);
+    const uint8_t* kt = g.Tile(s, kvh, 0);
+    Chunk(kt, slot, d0, kv);
+    Chunk(kt + g.tile_bytes, slot, d0, vv);
   }
 };
 

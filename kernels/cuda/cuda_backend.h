@@ -1,10 +1,11 @@
 // The CUDA backend: every Backend op on one GPU, on one stream the backend owns.
 //
 // Contract beyond backend.h: every float*/int32_t* an op takes is device memory (from Allocate),
-// except the host arrays backend.h names (Embed ids, Rope positions and inv_freq, the ExpertWork
-// list); those are copied in by the op. Ops are asynchronous on stream(); CopyToHost and
+// except the host arrays backend.h names (Embed ids, the ExpertWork list, paged block tables and
+// codecs); those are copied in by the op. Ops are asynchronous on stream(); CopyToHost and
 // Synchronize wait for it. Bad shapes abort (MOE_CHECK); so do launch errors (MOE_CUDA_CHECK).
-// Not thread-safe: one engine thread drives one backend.
+// Not thread-safe: one engine thread drives one backend, except CopyToDeviceOnCopyQueue and
+// SynchronizeCopies, which one other thread (the expert store's copy thread) may call.
 #pragma once
 
 #include <cstddef>
@@ -15,6 +16,10 @@
 
 struct CUstream_st;  // cudaStream_t, without making every includer a CUDA translation unit
 struct CUevent_st;   // cudaEvent_t
+
+namespace moe::kernels::cuda {
+struct GemmGroup;  // launch.cuh
+}  // namespace moe::kernels::cuda
 
 namespace moe::kernels {
 
@@ -56,6 +61,7 @@ class CudaBackend final : public Backend {
   absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
+  void ExpertFfnRouted(const ExpertFfnRoutedArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
 
@@ -70,6 +76,10 @@ class CudaBackend final : public Backend {
   void* Reserve(Scratch& s, size_t bytes);
   // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
   void* StageHostArgs(Scratch& s, const void* host, size_t bytes);
+  // ExpertFfn's launches from a device table of groups (expert_ffn.cu).
+  void LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts, int64_t max_rows,
+                       int64_t total_rows, const ExpertWeights& w0, const float* x,
+                       const int32_t* rows, const float* row_weights, float* out, int64_t H);
 
   CUstream_st* stream_ = nullptr;
   CUstream_st* copy_stream_ = nullptr;  // CopyToDeviceOnCopyQueue

@@ -16,6 +16,27 @@
 
 namespace moe::kernels {
 
+namespace cuda {
+namespace {
+
+// One routed (token, k) pair per group, from the router's output on the device: group y = t K + k
+// uses expert ids[y]'s matrices for row y (x row t, scale weights[y], out row t).
+__global__ void PlanRoutedKernel(GemmGroup* groups, int32_t* rows, const int32_t* ids,
+                                 const void* const* gate, const void* const* up,
+                                 const void* const* down, int64_t n, int top_k) {
+  for (int64_t y = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; y < n;
+       y += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t e = ids[y];
+    groups[y] = {gate[e], y, 1};
+    groups[n + y] = {up[e], y, 1};
+    groups[2 * n + y] = {down[e], y, 1};
+    rows[y] = static_cast<int32_t>(y / top_k);
+  }
+}
+
+}  // namespace
+}  // namespace cuda
+
 void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   const int64_t H = a.hidden_size;
   const int num_experts = static_cast<int>(a.experts.size());
@@ -50,6 +71,35 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   if (max_rows == 0) return;
   const auto* groups = static_cast<const cuda::GemmGroup*>(
       StageHostArgs(args_, table.data(), table.size() * sizeof(cuda::GemmGroup)));
+  LaunchExpertFfn(groups, num_experts, max_rows, total_rows, w0, a.x, a.rows, a.row_weights, a.out,
+                  H);
+}
+
+void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
+  const int64_t n = a.num_tokens * a.top_k;
+  if (n == 0) return;
+  MOE_CHECK(a.experts != nullptr && a.experts->num_experts > 0 && n <= 65535)
+      << "ExpertFfnRouted: " << n << " routed rows";
+  // [gate groups | up groups | down groups] then the rows, planned on the GPU.
+  const size_t groups_bytes = 3 * static_cast<size_t>(n) * sizeof(cuda::GemmGroup);
+  auto* plan = static_cast<uint8_t*>(Reserve(args_, groups_bytes + n * sizeof(int32_t)));
+  auto* groups = reinterpret_cast<cuda::GemmGroup*>(plan);
+  auto* rows = reinterpret_cast<int32_t*>(plan + groups_bytes);
+  cuda::PlanRoutedKernel<<<static_cast<unsigned>(cuda::CeilDiv(n, 256)), 256, 0, stream_>>>(
+      groups, rows, a.expert_ids, a.experts->gate, a.experts->up, a.experts->down, n, a.top_k);
+  MOE_CUDA_CHECK(cudaGetLastError());
+  LaunchExpertFfn(groups, static_cast<int>(n), 1, n, a.experts->views[0], a.x, rows, a.weights,
+                  a.out, a.hidden_size);
+}
+
+// The grouped SwiGLU launches over `num_groups` groups in `groups` (device: gate, then up, then
+// down groups); every expert has w0's dtype and shapes.
+void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts, int64_t max_rows,
+                                  int64_t total_rows, const ExpertWeights& w0, const float* x,
+                                  const int32_t* rows, const float* row_weights, float* out,
+                                  int64_t H) {
+  const int64_t I = w0.gate.dim(0);
+  const DType dtype = w0.gate.dtype;
   // [R, 2I] gate|up, then [R, I] act
   float* gate_up = static_cast<float*>(
       Reserve(work_, static_cast<size_t>(total_rows) * 3 * static_cast<size_t>(I) * sizeof(float)));
@@ -62,9 +112,9 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   p.group_size = w0.gate.group_size;
   p.N = I;
   p.K = H;
-  p.a = a.x;
+  p.a = x;
   p.lda = H;
-  p.a_rows = a.rows;
+  p.a_rows = rows;
   p.num_sms = num_sms_;
   p.groups = groups;  // gate
   if (max_rows <= cuda::kMatVecMaxRows) {
@@ -93,10 +143,10 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   d.K = I;
   d.a = act;
   d.lda = I;
-  d.c = a.out;
+  d.c = out;
   d.ldc = H;
-  d.c_rows = a.rows;
-  d.c_scale = a.row_weights;
+  d.c_rows = rows;
+  d.c_scale = row_weights;
   d.accumulate = true;
   d.num_sms = num_sms_;
   cuda::LaunchGroupedGemm(d, stream_);

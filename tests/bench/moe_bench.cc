@@ -317,6 +317,12 @@ class ResidentInt4Provider final : public store::ExpertProvider {
     return out;
   }
 
+  std::vector<kernels::ExpertWeights> ResidentLayer(int32_t layer) const override {
+    std::vector<kernels::ExpertWeights> views;
+    for (const auto& w : weights_[layer]) views.push_back(*w);
+    return views;
+  }
+
   size_t expert_bytes() const { return expert_bytes_; }
 
  private:

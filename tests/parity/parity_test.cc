@@ -367,6 +367,9 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{64, 1000, 4, 1, 128, 32, 256, kFp8Kv},
                       PagedCase{733, 0, 16, 4, 128, 16, 0, kBf16Kv},   // prefill of 733
                       PagedCase{733, 0, 16, 4, 64, 16, 0, kFp8Kv},
+                      PagedCase{1, 732, 32, 4, 128, 15, 0, kFp8Kv},   // unaligned: per element
+                      PagedCase{7, 100, 4, 2, 36, 16, 0, kBf16Kv},    // head_dim 36: per element
+                      PagedCase{5, 300, 8, 2, 72, 16, 0, kFp8Kv},     // head_dim 72: chunks
                       // TurboQuant (spec T9): codes and fp16 scales bit for bit
                       PagedCase{1, 732, 32, 4, 128, 16, 0, kernels::KvFormat::kTq4},
                       PagedCase{1, 6, 4, 2, 64, 16, 0, kernels::KvFormat::kTq3},
@@ -653,6 +656,88 @@ INSTANTIATE_TEST_SUITE_P(
                       FfnCase{64, 512, 129, 8, 2, DType::kBF16},  // ~16 rows: matvec passes
                       FfnCase{1, 7, 1, 3, 1, DType::kBF16},
                       FfnCase{2, 2051, 64, 8, 2, DType::kF32}));  // odd H, K split over warps
+
+// ---- ExpertFfnRouted: the routing read on the device (CUDA plans the groups on the GPU) vs the
+// CPU, which copies the routing out and groups it on the host.
+struct RoutedCase {
+  int64_t T, H, I;
+  int pool, K;
+  DType dtype;
+  int32_t group;
+};
+class ExpertFfnRoutedParity : public ::testing::TestWithParam<RoutedCase> {};
+
+TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
+  const RoutedCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 31 + c.pool * 7 + c.K));
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+  std::vector<int> order(c.pool);
+  std::uniform_real_distribution<float> weight(0.05f, 1.f);
+  for (int64_t t = 0; t < c.T; ++t) {
+    std::iota(order.begin(), order.end(), 0);
+    std::shuffle(order.begin(), order.end(), rng);
+    for (int k = 0; k < c.K; ++k) {
+      ids.push_back(order[k]);
+      weights.push_back(weight(rng));
+    }
+  }
+  std::vector<HostWeight> gate, up, down;
+  std::vector<kernels::ExpertWeights> cpu_w, gpu_w;
+  const float gs = 1.f / std::sqrt(static_cast<float>(c.H)), ds = 1.f / std::sqrt(static_cast<float>(c.I));
+  for (int e = 0; e < c.pool; ++e) {
+    gate.push_back(MakeAnyWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, c.group, {c.I, c.H}));
+    up.push_back(MakeAnyWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, c.group, {c.I, c.H}));
+    down.push_back(MakeAnyWeight(Random(rng, c.H * c.I, -ds, ds), c.dtype, c.group, {c.H, c.I}));
+  }
+  std::vector<const void*> cpu_ptrs(3 * c.pool), gpu_ptrs(3 * c.pool);
+  for (int e = 0; e < c.pool; ++e) {
+    cpu_w.push_back({gate[e].cpu, up[e].cpu, down[e].cpu});
+    gpu_w.push_back({gate[e].gpu.view, up[e].gpu.view, down[e].gpu.view});
+    for (int m = 0; m < 3; ++m) {
+      const kernels::ExpertWeights& cw = cpu_w.back();
+      const kernels::ExpertWeights& gw = gpu_w.back();
+      cpu_ptrs[m * c.pool + e] = (m == 0 ? cw.gate : m == 1 ? cw.up : cw.down).data;
+      gpu_ptrs[m * c.pool + e] = (m == 0 ? gw.gate : m == 1 ? gw.up : gw.down).data;
+    }
+  }
+  DeviceArray<const void*> dptrs(gpu_ptrs);
+  const kernels::ResidentExperts cpu_table{cpu_w.data(), cpu_ptrs.data(), cpu_ptrs.data() + c.pool,
+                                           cpu_ptrs.data() + 2 * c.pool, c.pool};
+  const kernels::ResidentExperts gpu_table{gpu_w.data(), dptrs.get(), dptrs.get() + c.pool,
+                                           dptrs.get() + 2 * c.pool, c.pool};
+  const std::vector<float> x = Random(rng, c.T * c.H);
+  std::vector<float> want = Random(rng, c.T * c.H);
+  DeviceArray<float> out(want), dx(x), dweights(weights);
+  DeviceArray<int32_t> dids(ids);
+  kernels::ExpertFfnRoutedArgs a;
+  a.num_tokens = c.T;
+  a.hidden_size = c.H;
+  a.top_k = c.K;
+  a.out = want.data();
+  a.x = x.data();
+  a.experts = &cpu_table;
+  a.expert_ids = ids.data();
+  a.weights = weights.data();
+  Cpu().ExpertFfnRouted(a);
+  a.out = out.get();
+  a.x = dx.get();
+  a.experts = &gpu_table;
+  a.expert_ids = dids.get();
+  a.weights = dweights.get();
+  Gpu().ExpertFfnRouted(a);
+  ExpectClose("ExpertFfnRouted",
+              Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
+                   GroupTag(c.group)),
+              out.Read(), want, TolFor(c.dtype));
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, ExpertFfnRoutedParity,
+    ::testing::Values(RoutedCase{1, 2048, 768, 32, 8, DType::kQ4, 64},   // Qwen3-30B-A3B decode shape
+                      RoutedCase{4, 2048, 768, 32, 8, DType::kQ4, 128},  // shared experts
+                      RoutedCase{3, 256, 96, 8, 2, DType::kBF16, 0},
+                      RoutedCase{2, 64, 32, 4, 4, DType::kF32, 0}));    // every expert
 
 // ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64
