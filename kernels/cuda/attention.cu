@@ -60,6 +60,7 @@ struct ContiguousKv {
   int64_t stride = 0;  // NKV * D
   int head_dim = 0;
   __device__ __forceinline__ ContiguousKv ForSeq(int32_t) const { return *this; }
+  __device__ __forceinline__ void Prepare() const {}
   __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
     kv = k[s * stride + kvh * head_dim + d];
     vv = v[s * stride + kvh * head_dim + d];
@@ -107,6 +108,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   }
   const SeqDesc sq = p.seqs[first_seq];
   const Src src = all_src.ForSeq(sq.table_offset);
+  src.Prepare();  // made visible by the first barrier of the key loop
   const int64_t rows_total = sq.num_tokens * G;
   const int64_t qi0 = (static_cast<int64_t>(blockIdx.x) - sq.tile_begin) * kQRows;
   const float* q = a.q + sq.token_offset * a.num_heads * D;
@@ -131,6 +133,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   const int64_t s_begin = Max64(first, split * p.keys_per_split);
   const int64_t s_end = Min64(sq.start_pos + t_hi + 1, (split + 1) * p.keys_per_split);
 
+  const bool warp_active = qi0 + warp * kRowsPerWarp < rows_total;
   bool valid[kRowsPerWarp];
   int64_t pos[kRowsPerWarp], lo[kRowsPerWarp];
   float m[kRowsPerWarp], l[kRowsPerWarp], o[kRowsPerWarp][kCols];
@@ -191,32 +194,42 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
     }
     __syncthreads();
 
+    if (!warp_active) continue;  // warp-uniform: no query row here (decode fills 8 of 16)
     float sc[kRowsPerWarp] = {};  // q[row] . k[s0 + lane]
     const float* kr = k_s + lane * (DMAX + 1);
     const float* qw = q_s + warp * kRowsPerWarp * DMAX;
+#pragma unroll 8
     for (int d = 0; d < D; ++d) {
       const float kd = kr[d];
 #pragma unroll
       for (int r = 0; r < kRowsPerWarp; ++r) sc[r] = fmaf(qw[r * DMAX + d], kd, sc[r]);
     }
     const int64_t s = s0 + lane;
+    float pr[kRowsPerWarp];  // this lane's key's weight for each row
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
       const bool ok = valid[r] && s < s_end && s <= pos[r] && s >= lo[r];
       const float score = ok ? sc[r] * a.scale : -INFINITY;
       const float m_new = fmaxf(m[r], WarpMax(score));
+      pr[r] = 0.f;
       if (m_new == -INFINITY) continue;  // warp-uniform: no visible key yet
       const float corr = expf(m[r] - m_new);
-      const float pr = ok ? expf(score - m_new) : 0.f;
-      l[r] = l[r] * corr + WarpSum(pr);
+      pr[r] = ok ? expf(score - m_new) : 0.f;
+      l[r] = l[r] * corr + WarpSum(pr[r]);
       m[r] = m_new;
 #pragma unroll
       for (int i = 0; i < kCols; ++i) o[r][i] *= corr;
-      for (int j = 0; j < kKeys; ++j) {
-        const float pj = __shfl_sync(0xffffffffu, pr, j);
-        if (pj == 0.f) continue;  // warp-uniform: masked key
+    }
+    // Each value element read from shared memory once, for all the warp's rows.
+    for (int j = 0; j < kKeys; ++j) {
+      float vv[kCols];
 #pragma unroll
-        for (int i = 0; i < kCols; ++i) o[r][i] = fmaf(pj, v_s[j * DMAX + lane + i * kWarp], o[r][i]);
+      for (int i = 0; i < kCols; ++i) vv[i] = v_s[j * DMAX + lane + i * kWarp];
+#pragma unroll
+      for (int r = 0; r < kRowsPerWarp; ++r) {
+        const float pj = __shfl_sync(0xffffffffu, pr[r], j);
+#pragma unroll
+        for (int i = 0; i < kCols; ++i) o[r][i] = fmaf(pj, vv[i], o[r][i]);
       }
     }
   }
@@ -323,10 +336,11 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   // Flash-decoding: when the grid would leave SMs idle, split the keys so that about four blocks
   // run per SM, each split at least one tile of keys, at most kMaxSplits splits. Splits past a
   // shorter sequence's keys find nothing to do and leave an empty partial.
-  int64_t per_split = CeilDiv(keys, kKeys) * kKeys;
-  if (blocks < 4 * num_sms && keys >= 2 * kKeys) {
-    const int64_t want = std::min({CeilDiv(4 * num_sms, blocks), keys / kKeys, kMaxSplits});
-    per_split = CeilDiv(CeilDiv(keys, want), kKeys) * kKeys;
+  const int64_t key_tiles = CeilDiv(keys, kKeys);
+  int64_t per_split = key_tiles * kKeys;
+  if (blocks < 4 * num_sms && key_tiles >= 2) {
+    const int64_t want = std::min({CeilDiv(4 * num_sms, blocks), key_tiles, kMaxSplits});
+    per_split = CeilDiv(key_tiles, want) * kKeys;  // whole tiles (rounding keys first doubled it)
   }
   p.keys_per_split = per_split;
   p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
@@ -459,6 +473,7 @@ struct PagedKvSource {
   __device__ __forceinline__ PagedKvSource ForSeq(int32_t table_offset) const {
     return {g.ForTable(table_offset)};
   }
+  __device__ __forceinline__ void Prepare() const {}
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
     const int D = g.head_dim;
     if constexpr (kFp8) {
@@ -783,19 +798,40 @@ struct TqKvSource {
     kv = Element(kt, slot, d);
     vv = Element(kt + g.tile_bytes, slot, d);
   }
-  __device__ __forceinline__ bool ChunksAligned() const { return true; }  // byte loads
+  // The codebook in shared memory (Prepare, before the kernel's first barrier).
+  __device__ __forceinline__ float* Centroids() const {
+    __shared__ float centroids[256];
+    return centroids;
+  }
+  __device__ __forceinline__ void Prepare() const {
+    for (int i = threadIdx.x; i < (1 << tb.bits); i += blockDim.x) Centroids()[i] = tb.centroids[i];
+  }
+  // Tiles 4-byte aligned: b = 4 codes are one 32-bit load, b = 2 one 16-bit load, the fp16
+  // scale one 16-bit load (head_dim a multiple of 8).
+  __device__ __forceinline__ bool ChunksAligned() const {
+    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
+                         static_cast<uint64_t>(g.tile_bytes);
+    return (any & 3) == 0;
+  }
   // Elements d0 .. d0 + 7: their 8 b-bit codes are the b bytes at b · d0 / 8 (byte aligned).
   __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
                                         float (&out)[kChunk]) const {
     const int b = tb.bits, index_bytes = g.head_dim * b / 8;
     const uint8_t* codes = tile + static_cast<int64_t>(slot) * index_bytes + b * (d0 / 8);
     uint32_t w = 0;
-    for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
-    const uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot;
-    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(sp[0] | sp[1] << 8)));
+    if (b == 4) {
+      w = *reinterpret_cast<const uint32_t*>(codes);
+    } else if (b == 2) {
+      w = *reinterpret_cast<const uint16_t*>(codes);
+    } else {
+      for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
+    }
+    const float s = __half2float(*reinterpret_cast<const __half*>(
+        tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot));
     const uint32_t mask = (1u << b) - 1u;
+    const float* c = Centroids();
 #pragma unroll
-    for (int e = 0; e < kChunk; ++e) out[e] = s * __ldg(tb.centroids + ((w >> (e * b)) & mask));
+    for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
   }
   __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
                                             float (&vv)[kChunk]) const {

@@ -62,7 +62,9 @@ ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (tq3.5, tq2.5: CPU only)");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
-ABSL_FLAG(bool, timings, false, "Print the per-phase time breakdown of the forward pass");
+ABSL_FLAG(bool, timings, false,
+          "Print the per-phase time breakdown of the forward pass, as device times: the model "
+          "synchronizes at every phase boundary, which slows the run it measures");
 ABSL_FLAG(std::string, record_trace, "",
           "Write the routing trace of this run (per step and MoE layer, the experts the batch "
           "needed) to this file, for moe-store-sim --trace. Empty: none");
@@ -127,6 +129,7 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, store_options));
   MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
   model->set_prefetch_next_layer(absl::GetFlag(FLAGS_prefetch));
+  model->set_exact_timings(absl::GetFlag(FLAGS_timings));
   if (absl::GetFlag(FLAGS_prefetch) && model->expert_store() == nullptr) {
     MOE_LOG(WARNING) << "--prefetch: " << dir << " is not a model store (moe-import); no effect";
   }
