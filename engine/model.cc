@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <map>
 #include <numeric>
@@ -181,10 +182,8 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &attn_, T * q_dim * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &mlp_out_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &router_logits_, T * c.num_experts * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &route_weights_, T * K * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &route_ids_, T * K * sizeof(int32_t)));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &rows_, T * std::max<int64_t>(K, 1) * sizeof(int32_t)));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &row_weights_, T * std::max<int64_t>(K, 1) * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &route_, 2 * T * std::max<int64_t>(K, 1) * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &plan_, 2 * T * std::max<int64_t>(K, 1) * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &ones_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
@@ -463,7 +462,7 @@ void Model::DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float*
                      const float* row_weights) {
   std::vector<int32_t> rows(T);
   std::iota(rows.begin(), rows.end(), 0);
-  backend_.CopyToDevice(rows_.data(), rows.data(), T * sizeof(int32_t));
+  backend_.CopyToDevice(plan_.data(), rows.data(), T * sizeof(int32_t));
   const kernels::ExpertWork work{&mlp, 0, T};
   kernels::ExpertFfnArgs args;
   args.out = out;
@@ -471,7 +470,7 @@ void Model::DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float*
   args.num_tokens = T;
   args.hidden_size = config_.hidden_size;
   args.experts = absl::MakeConstSpan(&work, 1);
-  args.rows = static_cast<const int32_t*>(rows_.data());
+  args.rows = static_cast<const int32_t*>(plan_.data());
   args.row_weights = row_weights;
   backend_.Zero(out, T * config_.hidden_size * sizeof(float));
   backend_.ExpertFfn(args);
@@ -499,8 +498,8 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   route.num_experts = static_cast<int>(c.num_experts);
   route.top_k = static_cast<int>(K);
   route.renormalize = c.norm_topk_prob;
-  route.weights = route_weights_.f32();
-  route.expert_ids = static_cast<int32_t*>(route_ids_.data());
+  route.weights = route_.f32();
+  route.expert_ids = reinterpret_cast<int32_t*>(route_.f32() + T * K);
   backend_.Route(route);
   if (resident_[layer].table.num_experts > 0 && trace_ == nullptr && T * K <= c.num_experts) {
     // Every expert of the layer is resident: the experts read the routing where Route left it,
@@ -516,17 +515,21 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     r.hidden_size = H;
     r.top_k = static_cast<int>(K);
     r.experts = &resident_[layer].table;
-    r.expert_ids = static_cast<const int32_t*>(route_ids_.data());
-    r.weights = route_weights_.f32();
+    r.expert_ids = route.expert_ids;
+    r.weights = route.weights;
     backend_.ExpertFfnRouted(r);
     times_.expert_compute_us += PhaseClock() - c0;
     return absl::OkStatus();
   }
   // The one host synchronisation per layer: the store must know which experts to make resident.
-  std::vector<int32_t> ids(T * K);
   std::vector<float> weights(T * K);
-  backend_.CopyToHost(ids.data(), route_ids_.data(), ids.size() * sizeof(int32_t));
-  backend_.CopyToHost(weights.data(), route_weights_.data(), weights.size() * sizeof(float));
+  std::vector<int32_t> ids(T * K);
+  {
+    std::vector<float> routed(2 * T * K);  // weights, then the ids' bits
+    backend_.CopyToHost(routed.data(), route_.data(), routed.size() * sizeof(float));
+    std::copy_n(routed.begin(), T * K, weights.begin());
+    std::memcpy(ids.data(), routed.data() + T * K, T * K * sizeof(int32_t));
+  }
 
   // Group the routed (token, weight) rows by expert, experts in ascending id.
   std::map<int32_t, std::vector<int64_t>> by_expert;
@@ -543,8 +546,13 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
       row_weights.push_back(weights[s]);
     }
   }
-  backend_.CopyToDevice(rows_.data(), rows.data(), rows.size() * sizeof(int32_t));
-  backend_.CopyToDevice(row_weights_.data(), row_weights.data(), row_weights.size() * sizeof(float));
+  const int64_t R = static_cast<int64_t>(rows.size());
+  {
+    std::vector<int32_t> plan(2 * R);  // rows, then the weights' bits
+    std::copy(rows.begin(), rows.end(), plan.begin());
+    std::memcpy(plan.data() + R, row_weights.data(), R * sizeof(float));
+    backend_.CopyToDevice(plan_.data(), plan.data(), plan.size() * sizeof(int32_t));
+  }
   times_.routing_us += PhaseClock() - t0;
 
   if (trace_ != nullptr) trace_->Append(trace_step_, static_cast<int32_t>(layer), needed);
@@ -558,8 +566,8 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   args.x = h_.f32();
   args.num_tokens = T;
   args.hidden_size = H;
-  args.rows = static_cast<const int32_t*>(rows_.data());
-  args.row_weights = row_weights_.f32();
+  args.rows = static_cast<const int32_t*>(plan_.data());
+  args.row_weights = reinterpret_cast<const float*>(static_cast<const int32_t*>(plan_.data()) + R);
   // Resident experts run first; then each miss as its load completes. The order of the sum over
   // experts therefore follows residency: results may differ between budgets in the last bits.
   std::vector<size_t> ready, pending;
@@ -604,11 +612,11 @@ void Model::PrefetchNextLayer(int64_t layer, int64_t T) {
   route.num_experts = static_cast<int>(config_.num_experts);
   route.top_k = static_cast<int>(K);
   route.renormalize = config_.norm_topk_prob;
-  route.weights = route_weights_.f32();
-  route.expert_ids = static_cast<int32_t*>(route_ids_.data());
+  route.weights = route_.f32();
+  route.expert_ids = reinterpret_cast<int32_t*>(route_.f32() + T * K);
   backend_.Route(route);
   std::vector<int32_t> ids(T * K);
-  backend_.CopyToHost(ids.data(), route_ids_.data(), ids.size() * sizeof(int32_t));
+  backend_.CopyToHost(ids.data(), route.expert_ids, ids.size() * sizeof(int32_t));
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
   store_->Prefetch(static_cast<int32_t>(next), ids);

@@ -210,8 +210,11 @@ class Model {
 
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;
-  kernels::Buffer x_, h_, q_, k_, v_, attn_, mlp_out_, router_logits_, route_weights_, route_ids_,
-      rows_, row_weights_, ones_, gate_, logits_, positions_;
+  kernels::Buffer x_, h_, q_, k_, v_, attn_, mlp_out_, router_logits_, ones_, gate_, logits_,
+      positions_;
+  // Route's output for T tokens: weights [T, K], then expert ids [T, K] right after them; and the
+  // expert plan: rows [R], then their weights [R]. Each pair crosses host<->device in one copy.
+  kernels::Buffer route_, plan_;
   kernels::Buffer inv_freq_;  // rope_.inv_freq in backend memory
 };
 
