@@ -23,7 +23,8 @@ namespace {
 
 constexpr int kQRows = 16, kRowsPerWarp = 4, kAttnThreads = 128, kKeys = 32;
 constexpr int kChunk = 8;  // K/V elements a source loads at once (LoadChunk)
-constexpr int64_t kMaxSplits = 1024;  // the combine kernel keeps one weight per split in shared memory
+// The combine kernel keeps one weight per split in shared memory.
+constexpr int64_t kMaxSplits = 1024;
 
 // One sequence of a call (device memory). Its tokens are rows token_offset.. of q and out; its
 // query tiles are blocks tile_begin.. of grid.x; its block table starts at table_offset.
@@ -467,12 +468,35 @@ struct PagedGeom {
 
 // K/V source of AttentionKernel over paged tiles. fp8 elements come back as scale · E4M3(code)
 // (the CPU multiplies the scale after the dot product: a different rounding, within fp32).
-template <bool kFp8>
-struct PagedKvSource {
-  PagedGeom g;
-  __device__ __forceinline__ PagedKvSource ForSeq(int32_t table_offset) const {
-    return {g.ForTable(table_offset)};
+// Load and LoadChunk of a paged source (AttentionKernel's K/V interface) from its per-tile
+// Element and Chunk: position s is slot s % block_size of its block's K tile, V right after.
+template <typename Source>
+struct PagedLoads {
+  __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
+    const Source& src = static_cast<const Source&>(*this);
+    const int slot = static_cast<int>(s % src.g.block_size);
+    const uint8_t* kt = src.g.Tile(s, kvh, 0);
+    kv = src.Element(kt, slot, d);
+    vv = src.Element(kt + src.g.tile_bytes, slot, d);
   }
+  __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
+                                            float (&vv)[kChunk]) const {
+    const Source& src = static_cast<const Source&>(*this);
+    const int slot = static_cast<int>(s % src.g.block_size);
+    const uint8_t* kt = src.g.Tile(s, kvh, 0);
+    src.Chunk(kt, slot, d0, kv);
+    src.Chunk(kt + src.g.tile_bytes, slot, d0, vv);
+  }
+  __device__ __forceinline__ Source ForSeq(int32_t table_offset) const {
+    Source r = static_cast<const Source&>(*this);
+    r.g = r.g.ForTable(table_offset);
+    return r;
+  }
+};
+
+template <bool kFp8>
+struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
+  PagedGeom g;
   __device__ __forceinline__ void Prepare() const {}
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
     const int D = g.head_dim;
@@ -484,16 +508,10 @@ struct PagedKvSource {
       return __uint_as_float(uint32_t{h} << 16);
     }
   }
-  __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
-    const int slot = static_cast<int>(s % g.block_size);
-    const uint8_t* kt = g.Tile(s, kvh, 0);
-    kv = Element(kt, slot, d);
-    vv = Element(kt + g.tile_bytes, slot, d);
-  }
   // Every chunk's load aligned (bf16: 16 bytes, fp8: 8 bytes; head_dim a multiple of 8).
   __device__ __forceinline__ bool ChunksAligned() const {
-    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
-                         static_cast<uint64_t>(g.tile_bytes);
+    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) |
+                         static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
     return (any & (kFp8 ? 7 : 15)) == 0;
   }
   // Elements d0 .. d0 + 7 of one vector: one 16-byte (bf16) or 8-byte (fp8) load.
@@ -517,13 +535,6 @@ struct PagedKvSource {
         out[e] = __uint_as_float(e % 2 == 0 ? w[e / 2] << 16 : w[e / 2] & 0xffff0000u);
       }
     }
-  }
-  __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
-                                            float (&vv)[kChunk]) const {
-    const int slot = static_cast<int>(s % g.block_size);
-    const uint8_t* kt = g.Tile(s, kvh, 0);
-    Chunk(kt, slot, d0, kv);
-    Chunk(kt + g.tile_bytes, slot, d0, vv);
   }
 };
 
@@ -774,12 +785,9 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
 }
 
 // K/V source over TurboQuant tiles, in the rotated frame: element d of slot = s · C[idx_d].
-struct TqKvSource {
+struct TqKvSource : PagedLoads<TqKvSource> {
   PagedGeom g;
   TqTables tb;
-  __device__ __forceinline__ TqKvSource ForSeq(int32_t table_offset) const {
-    return {g.ForTable(table_offset), tb};
-  }
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
     const int b = tb.bits, index_bytes = g.head_dim * b / 8;
     const uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
@@ -792,12 +800,6 @@ struct TqKvSource {
     const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(sp[0] | sp[1] << 8)));
     return s * tb.centroids[c];
   }
-  __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
-    const int slot = static_cast<int>(s % g.block_size);
-    const uint8_t* kt = g.Tile(s, kvh, 0);
-    kv = Element(kt, slot, d);
-    vv = Element(kt + g.tile_bytes, slot, d);
-  }
   // The codebook in shared memory (Prepare, before the kernel's first barrier).
   __device__ __forceinline__ float* Centroids() const {
     __shared__ float centroids[256];
@@ -809,8 +811,8 @@ struct TqKvSource {
   // Tiles 4-byte aligned: b = 4 codes are one 32-bit load, b = 2 one 16-bit load, the fp16
   // scale one 16-bit load (head_dim a multiple of 8).
   __device__ __forceinline__ bool ChunksAligned() const {
-    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
-                         static_cast<uint64_t>(g.tile_bytes);
+    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) |
+                         static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
     return (any & 3) == 0;
   }
   // Elements d0 .. d0 + 7: their 8 b-bit codes are the b bytes at b · d0 / 8 (byte aligned).
@@ -832,13 +834,6 @@ struct TqKvSource {
     const float* c = Centroids();
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
-  }
-  __device__ __forceinline__ void LoadChunk(int64_t s, int kvh, int d0, float (&kv)[kChunk],
-                                            float (&vv)[kChunk]) const {
-    const int slot = static_cast<int>(s % g.block_size);
-    const uint8_t* kt = g.Tile(s, kvh, 0);
-    Chunk(kt, slot, d0, kv);
-    Chunk(kt + g.tile_bytes, slot, d0, vv);
   }
 };
 
@@ -1037,12 +1032,14 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   c.scale = a.scale;
   c.sliding_window = a.sliding_window;
   auto reserve = [this](size_t bytes) { return Reserve(work_, bytes); };
-  auto stage = [this](const void* host, size_t bytes) { return StageHostArgs(args2_, host, bytes); };
+  auto stage = [this](const void* host, size_t bytes) {
+    return StageHostArgs(args2_, host, bytes);
+  };
   if (path == cuda::PagedPath::kFp8) {
-    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<true>{g}, num_sms_, reserve, stage,
-                       stream_);
+    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<true>{{}, g}, num_sms_, reserve,
+                       stage, stream_);
   } else if (path == cuda::PagedPath::kBf16) {
-    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<false>{g}, num_sms_, reserve,
+    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<false>{{}, g}, num_sms_, reserve,
                        stage, stream_);
   } else {
     // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc.
@@ -1063,8 +1060,8 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     MOE_CUDA_CHECK(cudaGetLastError());
     c.q = q_rot;
     c.out = o_rot;
-    cuda::RunAttention(c, std::move(seqs), cuda::TqKvSource{g, tb}, num_sms_, reserve, stage,
-                       stream_);
+    cuda::RunAttention(c, std::move(seqs), cuda::TqKvSource{{}, g, tb}, num_sms_, reserve,
+                       stage, stream_);
     cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
         a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
     MOE_CUDA_CHECK(cudaGetLastError());
