@@ -169,6 +169,69 @@ TEST(CpuBackendTest, PagedAttentionMatchesContiguousAndStagedDefaults) {
   }
 }
 
+// The routing read where Route left it gives bit for bit what the engine's host grouping (experts
+// in ascending id, rows in token order) gives through ExpertFfn.
+TEST(CpuBackendTest, ExpertFfnRoutedEqualsTheHostGrouping) {
+  const int64_t T = 5, H = 24, I = 10;
+  const int E = 6, K = 3;
+  std::vector<std::vector<float>> mats;
+  std::vector<ExpertWeights> views;
+  for (int e = 0; e < E; ++e) {
+    for (int m = 0; m < 3; ++m) mats.push_back(Random(I * H, 100 + 3 * e + m));
+  }
+  std::vector<const void*> ptrs(3 * E);
+  for (int e = 0; e < E; ++e) {
+    views.push_back({View(mats[3 * e].data(), DType::kF32, {I, H}),
+                     View(mats[3 * e + 1].data(), DType::kF32, {I, H}),
+                     View(mats[3 * e + 2].data(), DType::kF32, {H, I})});
+    ptrs[e] = views[e].gate.data;
+    ptrs[E + e] = views[e].up.data;
+    ptrs[2 * E + e] = views[e].down.data;
+  }
+  const std::vector<int32_t> ids = {4, 0, 2, 0, 5, 1, 2, 4, 3, 1, 0, 5, 3, 2, 4};  // [T, K]
+  const std::vector<float> weights = Random(T * K, 7);
+  const std::vector<float> x = Random(T * H, 8), out0 = Random(T * H, 9);
+  CpuBackend cpu(2);
+
+  const ResidentExperts table{views.data(), ptrs.data(), ptrs.data() + E, ptrs.data() + 2 * E, E};
+  ExpertFfnRoutedArgs r;
+  std::vector<float> routed = out0;
+  r.out = routed.data();
+  r.x = x.data();
+  r.num_tokens = T;
+  r.hidden_size = H;
+  r.top_k = K;
+  r.experts = &table;
+  r.expert_ids = ids.data();
+  r.weights = weights.data();
+  cpu.ExpertFfnRouted(r);
+
+  std::vector<ExpertWork> work;
+  std::vector<int32_t> rows;
+  std::vector<float> row_weights;
+  for (int e = 0; e < E; ++e) {
+    const int64_t begin = static_cast<int64_t>(rows.size());
+    for (int64_t i = 0; i < T * K; ++i) {
+      if (ids[i] != e) continue;
+      rows.push_back(static_cast<int32_t>(i / K));
+      row_weights.push_back(weights[i]);
+    }
+    work.push_back({&views[e], begin, static_cast<int64_t>(rows.size()) - begin});
+  }
+  std::vector<float> grouped = out0;
+  ExpertFfnArgs f;
+  f.out = grouped.data();
+  f.x = x.data();
+  f.num_tokens = T;
+  f.hidden_size = H;
+  f.experts = work;
+  f.rows = rows.data();
+  f.row_weights = row_weights.data();
+  cpu.ExpertFfn(f);
+  EXPECT_EQ(routed, grouped);
+  EXPECT_NE(routed, out0);
+}
+
 TEST(TensorTest, HalfConversionsRoundTrip) {
   for (float f : {0.f, -0.f, 1.f, -2.5f, 65504.f, 6.1035156e-05f, 5.9604645e-08f}) {
     EXPECT_EQ(F16ToF32(F32ToF16(f)), f) << f;
