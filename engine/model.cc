@@ -242,10 +242,12 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
   ++trace_step_;  // before any layer: a step that fails half-way keeps its number
 
+  // h = input_layernorm(x): for the first layer here, for the others fused with the residual
+  // add that ends the layer before (AddRmsNorm).
+  backend_.RmsNorm(h_.f32(), x_.f32(), T, weights_.layers[0].input_layernorm.view, c.rms_norm_eps);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     int64_t t0 = PhaseClock();
-    backend_.RmsNorm(h_.f32(), x_.f32(), T, L.input_layernorm.view, c.rms_norm_eps);
     kernels::RopeArgs rope;
     rope.positions = static_cast<const int32_t*>(positions_.data());
     rope.num_tokens = T;
@@ -271,21 +273,24 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
     backend_.Rope(rope);
     MOE_RETURN_IF_ERROR(Attention(l, batch, T));
     backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
-    backend_.Add(x_.f32(), h_.f32(), T * H);
-    backend_.RmsNorm(h_.f32(), x_.f32(), T, L.post_attention_layernorm.view, c.rms_norm_eps);
+    backend_.AddRmsNorm(x_.f32(), h_.f32(), h_.f32(), T, L.post_attention_layernorm.view,
+                        c.rms_norm_eps);
     times_.attention_us += PhaseClock() - t0;
 
     if (L.sparse) {
       MOE_RETURN_IF_ERROR(MoeBlock(l, T));
       t0 = PhaseClock();
-      backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
-      times_.expert_compute_us += PhaseClock() - t0;
     } else {
       t0 = PhaseClock();
       DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, ones_.f32());
-      backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
-      times_.dense_us += PhaseClock() - t0;
     }
+    if (l + 1 < c.num_hidden_layers) {
+      backend_.AddRmsNorm(x_.f32(), mlp_out_.f32(), h_.f32(), T,
+                          weights_.layers[l + 1].input_layernorm.view, c.rms_norm_eps);
+    } else {
+      backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
+    }
+    (L.sparse ? times_.expert_compute_us : times_.dense_us) += PhaseClock() - t0;
   }
 
   // Final norm and lm_head over the rows whose logits are wanted.

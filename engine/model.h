@@ -101,7 +101,7 @@ struct ForwardItem {
 // Time spent per phase over the model's lifetime, in microseconds (the --timings breakdown).
 // attention: norms, projections, q/k norm, RoPE, KV write, attention, residual add; routing:
 // router, top-k, the host copy of the choice, grouping; expert compute: the expert launches and
-// the residual add. On a backend that queues work (CUDA) these are host times unless
+// the residual add (fused with the next layer's input norm). On a backend that queues work (CUDA) these are host times unless
 // set_exact_timings is on: then the phase that synchronizes (routing) absorbs the device time of
 // the phases before it.
 struct PhaseTimes {

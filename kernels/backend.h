@@ -241,6 +241,13 @@ class Backend {
   // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for `rows` rows of length weight.numel().
   virtual void RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
                        float eps) = 0;
+  // The residual add and the next norm in one pass: x[r] += residual[r], then out[r] =
+  // RmsNorm(x[r]). out may alias residual (not x). The default is Add, then RmsNorm.
+  virtual void AddRmsNorm(float* x, const float* residual, float* out, int64_t rows,
+                          const TensorView& weight, float eps) {
+    Add(x, residual, rows * weight.numel());
+    RmsNorm(out, x, rows, weight, eps);
+  }
   virtual void Rope(const RopeArgs& args) = 0;
   virtual void Attention(const AttentionArgs& args) = 0;
   // Paged KV cache ops over a batch of sequences (a step's items), with the result of one call

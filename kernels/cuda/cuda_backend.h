@@ -48,6 +48,8 @@ class CudaBackend final : public Backend {
   void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) override;
   void MatMul(float* out, const float* x, int64_t T, const TensorView& w,
               const TensorView* bias) override;
+  void AddRmsNorm(float* x, const float* residual, float* out, int64_t rows,
+                  const TensorView& weight, float eps) override;
   void RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
                float eps) override;
   void Rope(const RopeArgs& args) override;

@@ -124,6 +124,30 @@ INSTANTIATE_TEST_SUITE_P(Cases, RmsNormParity,
                                            NormCase{1, 1, DType::kF32},
                                            NormCase{64, 128, DType::kF32}));  // q/k norm
 
+// AddRmsNorm: x += residual, out = RmsNorm(x); both x (in place) and out compared, out written
+// over the residual as the engine does.
+class AddRmsNormParity : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(AddRmsNormParity, MatchesCpu) {
+  const NormCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.rows * 71 + c.H));
+  std::vector<float> x = Random(rng, c.rows * c.H, -3.f, 3.f);
+  std::vector<float> residual = Random(rng, c.rows * c.H, -3.f, 3.f);
+  const HostWeight w = MakeWeight(Random(rng, c.H, 0.5f, 1.5f), c.dtype, {c.H});
+  const float eps = 1e-6f;
+  DeviceArray<float> dx(x), dres(residual);
+  Cpu().AddRmsNorm(x.data(), residual.data(), residual.data(), c.rows, w.cpu, eps);
+  Gpu().AddRmsNorm(dx.get(), dres.get(), dres.get(), c.rows, w.gpu.view, eps);
+  const std::string name = Name("rows", c.rows, "H", c.H, DTypeName(c.dtype));
+  ExpectClose("AddRmsNorm x", name, dx.Read(), x, kTolF32);
+  ExpectClose("AddRmsNorm out", name, dres.Read(), residual, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, AddRmsNormParity,
+                         ::testing::Values(NormCase{1, 2048, DType::kBF16},
+                                           NormCase{7, 733, DType::kF32},
+                                           NormCase{733, 2048, DType::kBF16}));
+
 // ---- Rope (in place: no poison; every element is compared) -------------------------------------
 struct RopeCase {
   int64_t T;
