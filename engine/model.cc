@@ -258,19 +258,22 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
     backend_.MatMul(q_.f32(), h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
     backend_.MatMul(k_.f32(), h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
     backend_.MatMul(v_.f32(), h_.f32(), T, L.v_proj.view, c.attention_bias ? &L.v_bias.view : nullptr);
-    if (c.arch.qk_norm == QkNorm::kPerHead) {
-      backend_.RmsNorm(q_.f32(), q_.f32(), T * c.num_attention_heads, L.q_norm.view, c.rms_norm_eps);
-      backend_.RmsNorm(k_.f32(), k_.f32(), T * c.num_key_value_heads, L.k_norm.view, c.rms_norm_eps);
-    } else if (c.arch.qk_norm == QkNorm::kWholeProj) {
-      backend_.RmsNorm(q_.f32(), q_.f32(), T, L.q_norm.view, c.rms_norm_eps);
-      backend_.RmsNorm(k_.f32(), k_.f32(), T, L.k_norm.view, c.rms_norm_eps);
+    kernels::RopeArgs rope_q = rope, rope_k = rope;
+    rope_q.x = q_.f32();
+    rope_q.num_heads = static_cast<int>(c.num_attention_heads);
+    rope_k.x = k_.f32();
+    rope_k.num_heads = static_cast<int>(c.num_key_value_heads);
+    if (c.arch.qk_norm == QkNorm::kPerHead) {  // norm and rotation in one pass per tensor
+      backend_.HeadNormRope(rope_q, L.q_norm.view, c.rms_norm_eps);
+      backend_.HeadNormRope(rope_k, L.k_norm.view, c.rms_norm_eps);
+    } else {
+      if (c.arch.qk_norm == QkNorm::kWholeProj) {
+        backend_.RmsNorm(q_.f32(), q_.f32(), T, L.q_norm.view, c.rms_norm_eps);
+        backend_.RmsNorm(k_.f32(), k_.f32(), T, L.k_norm.view, c.rms_norm_eps);
+      }
+      backend_.Rope(rope_q);
+      backend_.Rope(rope_k);
     }
-    rope.x = q_.f32();
-    rope.num_heads = static_cast<int>(c.num_attention_heads);
-    backend_.Rope(rope);
-    rope.x = k_.f32();
-    rope.num_heads = static_cast<int>(c.num_key_value_heads);
-    backend_.Rope(rope);
     MOE_RETURN_IF_ERROR(Attention(l, batch, T));
     backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
     backend_.AddRmsNorm(x_.f32(), h_.f32(), h_.f32(), T, L.post_attention_layernorm.view,

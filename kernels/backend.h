@@ -249,6 +249,12 @@ class Backend {
     RmsNorm(out, x, rows, weight, eps);
   }
   virtual void Rope(const RopeArgs& args) = 0;
+  // Qwen3's per-head q/k norm and RoPE in one pass: every head of rope.x is RmsNorm'ed with
+  // norm_weight ([head_dim]), then rotated. The default is RmsNorm, then Rope.
+  virtual void HeadNormRope(const RopeArgs& rope, const TensorView& norm_weight, float eps) {
+    RmsNorm(rope.x, rope.x, rope.num_tokens * rope.num_heads, norm_weight, eps);
+    Rope(rope);
+  }
   virtual void Attention(const AttentionArgs& args) = 0;
   // Paged KV cache ops over a batch of sequences (a step's items), with the result of one call
   // per element in order. When the elements share one layer of one cache and each one's rows of

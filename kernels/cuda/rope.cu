@@ -27,6 +27,36 @@ __global__ void RopeKernel(float* x, const int32_t* positions, const float* inv_
   v[i + half] = x1 * c + x0 * s;
 }
 
+// One block per (token, head) row, one thread per element (blockDim a multiple of 32 >= D):
+// y = x / sqrt(mean(x^2) + eps) * w in shared memory, then RopeKernel's rotation of y.
+template <typename W>
+__global__ void HeadNormRopeKernel(float* x, const W* weight, float eps, const int32_t* positions,
+                                   const float* inv_freq, int num_heads, int head_dim, int half,
+                                   float attention_factor) {
+  extern __shared__ float y[];  // [D]
+  const int64_t row = blockIdx.x;  // t * num_heads + h
+  const int d = threadIdx.x;
+  float* v = x + row * head_dim;
+  const float xd = d < head_dim ? v[d] : 0.f;
+  const float sum = BlockSum(xd * xd);
+  // The RmsNorm kernel's expression: IEEE sqrt and division.
+  const float inv = 1.f / sqrtf(sum / static_cast<float>(head_dim) + eps);
+  if (d < head_dim) y[d] = xd * inv * ToF32(weight[d]);
+  __syncthreads();
+  if (d < half) {
+    const float angle = static_cast<float>(positions[row / num_heads]) * inv_freq[d];
+    float s, c;
+    sincosf(angle, &s, &c);
+    c *= attention_factor;
+    s *= attention_factor;
+    const float x0 = y[d], x1 = y[d + half];
+    v[d] = x0 * c - x1 * s;
+    v[d + half] = x1 * c + x0 * s;
+  } else if (d >= 2 * half && d < head_dim) {
+    v[d] = y[d];  // past rotary_dim: normalized, not rotated
+  }
+}
+
 }  // namespace
 }  // namespace moe::kernels::cuda
 
@@ -42,6 +72,39 @@ void CudaBackend::Rope(const RopeArgs& a) {
   const int threads = 256;
   cuda::RopeKernel<<<static_cast<unsigned>(cuda::CeilDiv(pairs, threads)), threads, 0, stream_>>>(
       a.x, a.positions, a.inv_freq, pairs, a.num_heads, a.head_dim, half, a.attention_factor);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+void CudaBackend::HeadNormRope(const RopeArgs& a, const TensorView& w, float eps) {
+  MOE_CHECK(a.rotary_dim % 2 == 0 && a.rotary_dim <= a.head_dim && a.num_heads > 0 &&
+            w.numel() == a.head_dim && a.head_dim <= 1024)
+      << "HeadNormRope: rotary_dim " << a.rotary_dim << " head_dim " << a.head_dim << " weight "
+      << w.numel();
+  const int64_t rows = a.num_tokens * a.num_heads;
+  if (rows == 0) return;
+  MOE_CHECK(rows <= 0x7fffffff) << "HeadNormRope: " << rows << " rows";
+  const int threads = (a.head_dim + 31) / 32 * 32;
+  const size_t smem = static_cast<size_t>(a.head_dim) * sizeof(float);
+  const int half = a.rotary_dim / 2;
+  const dim3 grid(static_cast<unsigned>(rows));
+  switch (w.dtype) {
+    case DType::kF32:
+      cuda::HeadNormRopeKernel<<<grid, threads, smem, stream_>>>(
+          a.x, static_cast<const float*>(w.data), eps, a.positions, a.inv_freq, a.num_heads,
+          a.head_dim, half, a.attention_factor);
+      break;
+    case DType::kBF16:
+      cuda::HeadNormRopeKernel<<<grid, threads, smem, stream_>>>(
+          a.x, static_cast<const __nv_bfloat16*>(w.data), eps, a.positions, a.inv_freq,
+          a.num_heads, a.head_dim, half, a.attention_factor);
+      break;
+    case DType::kF16:
+      cuda::HeadNormRopeKernel<<<grid, threads, smem, stream_>>>(
+          a.x, static_cast<const __half*>(w.data), eps, a.positions, a.inv_freq, a.num_heads,
+          a.head_dim, half, a.attention_factor);
+      break;
+    default: MOE_CHECK(false) << "HeadNormRope: unsupported weight dtype " << DTypeName(w.dtype);
+  }
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -193,6 +193,40 @@ INSTANTIATE_TEST_SUITE_P(Cases, RopeParity,
                                            RopeCase{733, 16, 128, 128, 1.f},
                                            RopeCase{3, 3, 80, 40, 1.f}));
 
+// HeadNormRope: per-head RmsNorm then RoPE in one pass (CUDA) vs RmsNorm, then Rope (CPU).
+TEST_P(RopeParity, HeadNormRopeMatchesCpu) {
+  const RopeCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 23 + c.heads * 7 + c.head_dim));
+  std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim, -3.f, 3.f);
+  std::vector<int32_t> positions(c.T);
+  std::uniform_int_distribution<int32_t> pos(0, 40000);
+  for (int32_t& p : positions) p = pos(rng);
+  std::vector<float> inv_freq(c.rotary_dim / 2);
+  for (size_t i = 0; i < inv_freq.size(); ++i) {
+    inv_freq[i] = 1.f / std::pow(1e6f, 2.f * static_cast<float>(i) / c.rotary_dim);
+  }
+  const HostWeight w = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
+  DeviceArray<float> dx(x), dinv_freq(inv_freq);
+  DeviceArray<int32_t> dpositions(positions);
+  kernels::RopeArgs a;
+  a.positions = positions.data();
+  a.num_tokens = c.T;
+  a.num_heads = c.heads;
+  a.head_dim = c.head_dim;
+  a.rotary_dim = c.rotary_dim;
+  a.inv_freq = inv_freq.data();
+  a.attention_factor = c.attention_factor;
+  a.x = x.data();
+  Cpu().HeadNormRope(a, w.cpu, 1e-6f);
+  a.x = dx.get();
+  a.positions = dpositions.get();
+  a.inv_freq = dinv_freq.get();
+  Gpu().HeadNormRope(a, w.gpu.view, 1e-6f);
+  ExpectClose("HeadNormRope",
+              Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim), dx.Read(), x,
+              kTolF32);
+}
+
 // ---- Attention ---------------------------------------------------------------------------------
 struct AttnCase {
   int64_t T, start_pos;
