@@ -80,7 +80,7 @@ class CudaBackend final : public Backend {
   // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
   void* StageHostArgs(Scratch& s, const void* host, size_t bytes);
   // ExpertFfn's launches from a device table of groups (expert_ffn.cu).
-  void LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts, int64_t max_rows,
+  void LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups, int64_t max_rows,
                        int64_t total_rows, const ExpertWeights& w0, const float* x,
                        const int32_t* rows, const float* row_weights, float* out, int64_t H);
 

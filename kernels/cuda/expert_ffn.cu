@@ -94,7 +94,7 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
 
 // The grouped SwiGLU launches over `num_groups` groups in `groups` (device: gate, then up, then
 // down groups); every expert has w0's dtype and shapes.
-void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts, int64_t max_rows,
+void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups, int64_t max_rows,
                                   int64_t total_rows, const ExpertWeights& w0, const float* x,
                                   const int32_t* rows, const float* row_weights, float* out,
                                   int64_t H) {
@@ -106,7 +106,7 @@ void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts
   float* act = gate_up + total_rows * 2 * I;
 
   cuda::GemmParams p;
-  p.num_groups = num_experts;
+  p.num_groups = num_groups;
   p.max_rows = max_rows;
   p.w_dtype = dtype;
   p.group_size = w0.gate.group_size;
@@ -119,7 +119,7 @@ void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts
   p.groups = groups;  // gate
   if (max_rows <= cuda::kMatVecMaxRows) {
     // Decode: gate, up and SiLU* in one matrix-vector launch, straight into act.
-    p.up_groups = groups + num_experts;
+    p.up_groups = groups + num_groups;
     p.c = act;
     p.ldc = I;
     cuda::LaunchGroupedGemm(p, stream_);
@@ -127,15 +127,15 @@ void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_experts
     p.ldc = 2 * I;
     p.c = gate_up;
     cuda::LaunchGroupedGemm(p, stream_);
-    p.groups = groups + num_experts;  // up
+    p.groups = groups + num_groups;  // up
     p.c = gate_up + I;
     cuda::LaunchGroupedGemm(p, stream_);
     cuda::LaunchSiluMul(act, gate_up, total_rows, I, num_sms_, stream_);
   }
 
   cuda::GemmParams d;  // down, weighted scatter-add into out
-  d.groups = groups + 2 * num_experts;
-  d.num_groups = num_experts;
+  d.groups = groups + 2 * num_groups;
+  d.num_groups = num_groups;
   d.max_rows = max_rows;
   d.w_dtype = dtype;
   d.group_size = w0.down.group_size;
