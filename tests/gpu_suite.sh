@@ -25,7 +25,7 @@ run golden_gpu 120 "$bin/golden_gpu_test"
 run generate_cuda 120 "$bin/moe-generate" --backend=cuda --max_tokens=64 --seed=1 \
   --temperature=0 --ignore_eos --timings
 run store_bench 180 "$bin/moe-store-bench" --backend=cuda --dir=/tmp/moe_store_bench \
-  --experts=128 --device_slots=32 --io_threads=8,16
+  --experts=512 --device_slots=128 --io_threads=8,16
 run matvec_bench 180 "$bin/matvec_bench"
 run moe_bench 400 "$bin/moe-bench" --timings --model_dir=/tmp/moe_bench_model \
   --kv_formats=bf16,fp8_e4m3,tq4,tq3,tq2
