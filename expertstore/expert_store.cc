@@ -280,7 +280,9 @@ void ExpertStore::FillFromBelow(const BlobLocation& loc, const Target& target) {
   // No host slot to stage in: read into a buffer of its own, then copy up.
   // Plain aligned memory, not the tier allocator: that one prefaults (and, pinned, is slow to
   // allocate), which pays only for memory that stays.
-  // TODO(store): a small pool of pinned staging buffers for the CUDA backend.
+  // On CUDA this buffer is pageable, so its copy runs below pinned speed (a pool of pinned
+  // staging buffers would fix that; not built: the path is taken only when every host slot is
+  // pinned by in-flight loads, or with a zero host budget).
   absl::StatusOr<kernels::Buffer> staging = AllocateStaging(loc.length);
   if (!staging.ok()) {
     FinishTarget(target, base::Annotate(staging.status(), ExpertName(loc.layer, loc.expert)));

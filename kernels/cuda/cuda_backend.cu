@@ -124,8 +124,9 @@ void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
 
 void* CudaBackend::StageHostArgs(Scratch& s, const void* host, size_t bytes) {
   void* dst = Reserve(s, bytes);
-  // TODO(cuda): a pinned ring would keep this copy from waiting for the stream (and allow
-  // graph capture); for now the runtime stages pageable memory itself.
+  // From pageable memory: the runtime stages the bytes and the copy stays asynchronous (a pinned
+  // ring measured no faster, tests/bench/NOTES.md). CUDA-graph capture would need one; there is
+  // none yet (kernels/cuda/README.md, "Not done yet").
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
   return dst;
 }

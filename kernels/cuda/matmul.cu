@@ -192,7 +192,8 @@ void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t str
 }
 
 // ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 -----------------
-// SIMT fp32 FMA. TODO(cuda): tensor-core (wgmma) path for bf16 prefill; this one is ~fp32 peak.
+// SIMT fp32 FMA, so prefill runs near fp32 peak, far from tensor-core speed (no tensor-core path
+// yet: kernels/cuda/README.md, "Not done yet").
 
 template <typename W>
 __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const GemmParams p,
