@@ -8,8 +8,7 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
+#include "kernels/base/flags.h"
 #include "moe/v1/moe.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Frontend address");
@@ -60,11 +59,11 @@ int Fail(const char* what, const grpc::Status& st) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Talks to moe-frontend.\n"
       "  moe-client --target=127.0.0.1:50051 --user='Hello!'\n"
-      "  moe-client --list_models");
-  absl::ParseCommandLine(argc, argv);
+      "  moe-client --list_models",
+      __FILE__);
   auto stub = moe::v1::Inference::NewStub(
       grpc::CreateChannel(absl::GetFlag(FLAGS_target), grpc::InsecureChannelCredentials()));
   if (absl::GetFlag(FLAGS_list_models)) {

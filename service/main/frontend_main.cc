@@ -14,10 +14,9 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "kernels/base/clock.h"
+#include "kernels/base/flags.h"
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "service/frontend/admission.h"
@@ -178,10 +177,10 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   moe::service::BlockTerminationSignals();
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Serves the public moe.v1 gRPC API in front of moe-worker processes.\n"
-      "  moe-frontend --workers=127.0.0.1:50061,127.0.0.1:50062 --listen=0.0.0.0:50051");
-  absl::ParseCommandLine(argc, argv);
+      "  moe-frontend --workers=127.0.0.1:50061,127.0.0.1:50062 --listen=0.0.0.0:50051",
+      __FILE__);
   const absl::Status status = moe::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "moe-frontend: %s\n", std::string(status.ToString()).c_str());

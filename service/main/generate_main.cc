@@ -10,8 +10,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -21,6 +19,7 @@
 #include "engine/tokenizer/chat_template.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
+#include "kernels/base/flags.h"
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "nlohmann/json.hpp"
@@ -250,11 +249,11 @@ absl::Status Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Generates text with a Mixture-of-Experts model on this machine.\n"
       "  moe-generate                       # built-in default model, a sample chat prompt\n"
-      "  moe-generate --model=/path/to/Qwen3-30B-A3B --user='Hello' --max_tokens=128");
-  absl::ParseCommandLine(argc, argv);
+      "  moe-generate --model=/path/to/Qwen3-30B-A3B --user='Hello' --max_tokens=128",
+      __FILE__);
   const absl::Status status = moe::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "moe-generate: %s\n", std::string(status.ToString()).c_str());

@@ -10,10 +10,6 @@
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model_config.h"
@@ -21,6 +17,7 @@
 #include "expertstore/importer.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
+#include "kernels/base/flags.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
 
@@ -102,18 +99,11 @@ int Verify(const std::string& store_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Converts a Hugging Face MoE checkpoint into a model store directory.\n"
       "Usage: moe-import --model_dir=DIR --store_dir=DIR [--format=int4 --group_size=64] "
-      "[--verify]\n       moe-import --store_dir=DIR --verify");
-  // --help lists this file's flags (absl's default looks for a file named after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "import_main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+      "[--verify]\n       moe-import --store_dir=DIR --verify",
+      __FILE__);
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
   const std::string store_dir = absl::GetFlag(FLAGS_store_dir);
   if (store_dir.empty()) return Fail(absl::InvalidArgumentError("--store_dir is required"));

@@ -17,11 +17,10 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/clock.h"
+#include "kernels/base/flags.h"
 #include "moe/v1/moe.grpc.pb.h"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Frontend address");
@@ -250,11 +249,11 @@ int Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Holds N concurrent Generate streams for T seconds and reports throughput, TTFT and "
       "inter-token latency.\n"
       "  moe-loadgen --target=127.0.0.1:50051 --model=default --concurrency=32 "
-      "--duration_seconds=60");
-  absl::ParseCommandLine(argc, argv);
+      "--duration_seconds=60",
+      __FILE__);
   return moe::Run();
 }

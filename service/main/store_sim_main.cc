@@ -5,16 +5,13 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
 #include "expertstore/belady.h"
 #include "expertstore/policy.h"
 #include "expertstore/routing_trace.h"
+#include "kernels/base/flags.h"
 
 ABSL_FLAG(std::string, trace, "",
           "Routing trace file (format in expertstore/routing_trace.h); empty: a synthetic trace "
@@ -48,18 +45,11 @@ int Fail(const absl::Status& s) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Replays an expert-routing trace through each eviction policy at several cache sizes and "
       "prints hit rates next to Belady's optimum (MIN).\nUsage: moe-store-sim [--trace=FILE] "
-      "[--budgets=5,10,25] [--policies=lru,weighted_lru,lfu_aging]");
-  // --help lists this file's flags (absl's default looks for a file named after the binary).
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "store_sim_main.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+      "[--budgets=5,10,25] [--policies=lru,weighted_lru,lfu_aging]",
+      __FILE__);
   using namespace moe::store;
 
   RoutingTrace trace;

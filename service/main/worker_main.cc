@@ -12,8 +12,6 @@
 #include <thread>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
@@ -21,6 +19,7 @@
 #include "expertstore/expert_store.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
+#include "kernels/base/flags.h"
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "service/main/signals.h"
@@ -219,10 +218,10 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   moe::service::BlockTerminationSignals();
-  absl::SetProgramUsageMessage(
+  moe::base::ParseFlags(argc, argv,
       "Serves one Mixture-of-Experts model to moe-frontend (internal worker API).\n"
-      "  moe-worker --model=models/default --listen=0.0.0.0:50061 --metrics_listen=0.0.0.0:9461");
-  absl::ParseCommandLine(argc, argv);
+      "  moe-worker --model=models/default --listen=0.0.0.0:50061 --metrics_listen=0.0.0.0:9461",
+      __FILE__);
   const absl::Status status = moe::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "moe-worker: %s\n", std::string(status.ToString()).c_str());

@@ -44,7 +44,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -55,6 +54,7 @@
 #include "expertstore/expert_store.h"
 #include "expertstore/safetensors.h"
 #include "kernels/backend.h"
+#include "kernels/base/flags.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
@@ -780,7 +780,12 @@ absl::Status Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moe::base::ParseFlags(argc, argv,
+      "Times the whole forward pass on a synthetic Qwen3-30B-A3B-shaped model and prints it "
+      "next to the ceiling\n(tests/bench/moe_bench.cc's opening comment says what each figure "
+      "is).\n"
+      "  moe-bench --timings --model_dir=/tmp/moe_bench_model   # on the GPU machine",
+      __FILE__);
   const absl::Status s = moe::Run();
   if (!s.ok()) {
     std::fprintf(stderr, "moe-bench: %s\n", s.ToString().c_str());

@@ -13,10 +13,6 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
-#include "absl/flags/usage.h"
-#include "absl/flags/usage_config.h"
-#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -26,6 +22,7 @@
 #include "expertstore/importer.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
+#include "kernels/base/flags.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
 
@@ -85,15 +82,9 @@ double GBps(uint64_t bytes, double seconds) { return static_cast<double>(bytes) 
 }  // namespace
 
 int main(int argc, char** argv) {
-  absl::SetProgramUsageMessage(
-      "Measures blob-tier read throughput and store cold-load throughput.");
-  absl::FlagsUsageConfig usage;
-  usage.contains_help_flags = [](absl::string_view path) {
-    return absl::EndsWith(path, "store_bench.cc");
-  };
-  usage.contains_helpshort_flags = usage.contains_help_flags;
-  absl::SetFlagsUsageConfig(usage);
-  absl::ParseCommandLine(argc, argv);
+  moe::base::ParseFlags(argc, argv,
+      "Measures blob-tier read throughput and store cold-load throughput.",
+      __FILE__);
   const std::string dir = absl::GetFlag(FLAGS_dir);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);

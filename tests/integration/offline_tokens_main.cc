@@ -7,12 +7,12 @@
 #include <vector>
 
 #include "absl/flags/flag.h"
-#include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "engine/default_model.h"
 #include "engine/engine.h"
+#include "kernels/base/flags.h"
 #include "kernels/base/status.h"
 
 ABSL_FLAG(std::string, write_default_model, "", "Write the built-in default model here and exit");
@@ -79,7 +79,11 @@ absl::Status Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  absl::ParseCommandLine(argc, argv);
+  moe::base::ParseFlags(argc, argv,
+      "Test tool: prints the offline engine's generated token ids as JSON.\n"
+      "  moe_offline_tokens --write_default_model=DIR\n"
+      "  moe_offline_tokens --model=DIR --prompt_ids=1,2,3 --max_tokens=8",
+      __FILE__);
   const absl::Status status = moe::Run();
   if (!status.ok()) {
     std::fprintf(stderr, "moe_offline_tokens: %s\n", std::string(status.ToString()).c_str());
