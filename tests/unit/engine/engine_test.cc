@@ -2,8 +2,10 @@
 // cancels and finishes free KV at once, sessions reuse their KV, bad requests are refused.
 #include "engine/engine.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <map>
 #include <random>
 
@@ -160,6 +162,52 @@ TEST_F(EngineTest, StopStringEndsTheStreamAndIsNotEmitted) {
   auto result = RunAll(engine)["s"];
   EXPECT_EQ(result.final_event.finish, FinishReason::kStop);
   EXPECT_EQ(result.text, full.substr(0, full.find(stop)));
+}
+
+TEST_F(EngineTest, EosFromGenerationConfigStopsUnlessIgnored) {
+  constexpr int64_t kMaxTokens = 16;
+  Engine probe(*model_, *tokenizer_, {});
+  ASSERT_TRUE(probe.Add(MakeRequest("p", "The sea is", kMaxTokens)).ok());
+  const std::vector<int32_t> greedy = RunAll(probe)["p"].tokens;
+  ASSERT_EQ(static_cast<int64_t>(greedy.size()), kMaxTokens);
+  // The EOS id: the first greedy token from step 2 on that was not produced before it, so a
+  // stopping run ends exactly there (greedy decoding is deterministic).
+  size_t eos_step = 2;
+  while (eos_step < greedy.size() &&
+         std::find(greedy.begin(), greedy.begin() + eos_step, greedy[eos_step]) !=
+             greedy.begin() + eos_step) {
+    ++eos_step;
+  }
+  ASSERT_LT(eos_step + 1, greedy.size()) << "greedy output repeats itself: no fresh token";
+  const int32_t eos = greedy[eos_step];
+  ASSERT_FALSE(tokenizer_->Decode({&eos, 1})->empty());
+
+  // The same model with that id as generation_config.json's only EOS.
+  testing::TempDir dir;
+  std::filesystem::copy(dir_->path(), dir.path(), std::filesystem::copy_options::recursive);
+  dir.Write("generation_config.json", absl::StrCat("{\"eos_token_id\": [", eos, "]}"));
+  auto model = Model::Load(dir.path(), *backend_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  ASSERT_EQ((*model)->config().eos_token_ids, std::vector<int32_t>{eos});
+
+  Engine engine(**model, *tokenizer_, {});
+  Request r = MakeRequest("s", "The sea is", kMaxTokens);
+  r.stop.ignore_eos = false;
+  ASSERT_TRUE(engine.Add(r).ok());
+  const auto stopped = RunAll(engine)["s"];
+  EXPECT_EQ(stopped.final_event.finish, FinishReason::kStop);
+  // The EOS token ends the stream as a token event, its text is not emitted.
+  EXPECT_EQ(stopped.tokens, std::vector<int32_t>(greedy.begin(), greedy.begin() + eos_step + 1));
+  EXPECT_EQ(stopped.final_event.usage.completion_tokens, static_cast<int64_t>(eos_step + 1));
+  EXPECT_EQ(stopped.text, *tokenizer_->Decode({greedy.data(), eos_step}));
+
+  // ignore_eos generates through it to max_tokens.
+  Engine through(**model, *tokenizer_, {});
+  r.stop.ignore_eos = true;
+  ASSERT_TRUE(through.Add(r).ok());
+  const auto full = RunAll(through)["s"];
+  EXPECT_EQ(full.final_event.finish, FinishReason::kLength);
+  EXPECT_EQ(full.tokens, greedy);
 }
 
 TEST_F(EngineTest, BadRequestsAreRefusedWithTheField) {
