@@ -1,9 +1,15 @@
 // Model::Load errors: each names the directory and the file or tensor; Forward rejects bad input.
+// Checkpoints in other dtypes and sharded (model.safetensors.index.json) load to the same model.
 #include "engine/model.h"
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <fstream>
 
+#include "engine/default_model.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
 
 namespace moe::engine {
@@ -82,6 +88,123 @@ TEST_F(ModelLoadTest, ForwardRejectsBadInputWithoutTouchingTheCache) {
   item.tokens = {};
   EXPECT_EQ((*m)->Forward({&item, 1}, false, &logits).code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ((*kv)->length(), 0);
+}
+
+// `from`'s checkpoint rewritten into `to` as two shards in `dtype` (kF16 or kBF16) named by a
+// model.safetensors.index.json, tensors dealt alternately so every layer spans both shards.
+void WriteTwoShards(const std::string& from, const testing::TempDir& to, kernels::DType dtype) {
+  for (const char* f : {"config.json", "generation_config.json"}) {
+    fs::copy_file(from + "/" + f, to.File(f));
+  }
+  auto ckpt = store::Checkpoint::Open(from);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  const std::string shard_names[2] = {"model-00001-of-00002.safetensors",
+                                      "model-00002-of-00002.safetensors"};
+  std::vector<std::vector<uint16_t>> storage;
+  storage.reserve((*ckpt)->tensors().size());
+  std::vector<store::TensorToWrite> shards[2];
+  nlohmann::json weight_map = nlohmann::json::object();
+  uint64_t total_size = 0;
+  for (const auto& [name, info] : (*ckpt)->tensors()) {
+    auto view = (*ckpt)->Get(name);
+    ASSERT_TRUE(view.ok()) << view.status();
+    const size_t n = info.bytes / kernels::DTypeSize(info.dtype);
+    std::vector<uint16_t>& out = storage.emplace_back(n);
+    for (size_t i = 0; i < n; ++i) {
+      const float x = kernels::LoadAsF32(view->data, info.dtype, i);
+      out[i] = dtype == kernels::DType::kF16 ? kernels::F32ToF16(x) : kernels::F32ToBf16(x);
+    }
+    const size_t shard = weight_map.size() % 2;
+    shards[shard].push_back({name, dtype, info.shape, out.data()});
+    weight_map[name] = shard_names[shard];
+    total_size += n * 2;
+  }
+  for (int i = 0; i < 2; ++i) {
+    ASSERT_TRUE(store::WriteSafetensors(to.File(shard_names[i]), shards[i]).ok());
+  }
+  const nlohmann::json index = {{"metadata", {{"total_size", total_size}}},
+                                {"weight_map", weight_map}};
+  to.Write("model.safetensors.index.json", index.dump());
+}
+
+// Logits of every position of `prompt`, then `steps` greedy tokens after it.
+struct Outputs {
+  std::vector<float> logits;  // [T, V]
+  std::vector<int32_t> greedy;
+};
+
+Outputs Generate(Model& model, const std::vector<int32_t>& prompt, int steps) {
+  Outputs run;
+  const int64_t V = model.config().vocab_size;
+  auto kv = SequenceKv::Create(model.config(), model.backend(), 64);
+  EXPECT_TRUE(kv.ok()) << kv.status();
+  if (!kv.ok()) return run;
+  ForwardItem item{prompt, kv->get()};
+  EXPECT_TRUE(model.Forward({&item, 1}, /*all_positions=*/true, &run.logits).ok());
+  std::vector<float> last(run.logits.end() - V, run.logits.end());
+  for (int s = 0; s < steps; ++s) {
+    const int32_t next = static_cast<int32_t>(std::max_element(last.begin(), last.end()) -
+                                              last.begin());
+    run.greedy.push_back(next);
+    ForwardItem step{{&run.greedy.back(), 1}, kv->get()};
+    EXPECT_TRUE(model.Forward({&step, 1}, /*all_positions=*/false, &last).ok());
+  }
+  return run;
+}
+
+class ShardedCheckpointTest : public ModelLoadTest {
+ protected:
+  static void SetUpTestSuite() {
+    original_ = new testing::TempDir();
+    ASSERT_TRUE(WriteDefaultModel(original_->path()).ok());  // bf16, one model.safetensors
+  }
+  static void TearDownTestSuite() { delete original_; }
+
+  // The original's logits and greedy tokens, and those of its copy as two `dtype` shards.
+  void LoadBoth(kernels::DType dtype, Outputs* original, Outputs* sharded) {
+    testing::TempDir dir;
+    WriteTwoShards(original_->path(), dir, dtype);
+    auto a = Model::Load(original_->path(), *backend_);
+    ASSERT_TRUE(a.ok()) << a.status();
+    auto b = Model::Load(dir.path(), *backend_);
+    ASSERT_TRUE(b.ok()) << b.status();
+    const std::vector<int32_t> prompt = {1, 17, 42, 99, 250, 7, 311, 64};
+    *original = Generate(**a, prompt, kSteps);
+    *sharded = Generate(**b, prompt, kSteps);
+    ASSERT_EQ(original->logits.size(), sharded->logits.size());
+    ASSERT_EQ(original->logits.size(), prompt.size() * (*a)->config().vocab_size);
+  }
+
+  static constexpr int kSteps = 8;
+  static testing::TempDir* original_;
+};
+testing::TempDir* ShardedCheckpointTest::original_ = nullptr;
+
+TEST_F(ShardedCheckpointTest, Bf16ShardsGiveTheSameLogits) {
+  Outputs original, sharded;
+  LoadBoth(kernels::DType::kBF16, &original, &sharded);
+  EXPECT_EQ(sharded.logits, original.logits);  // the same bf16 values: bit for bit
+  EXPECT_EQ(sharded.greedy, original.greedy);
+}
+
+TEST_F(ShardedCheckpointTest, F16ShardsGiveTheLogitsWithinF16Rounding) {
+  Outputs original, sharded;
+  LoadBoth(kernels::DType::kF16, &original, &sharded);
+  // bf16 -> f16 is exact in f16's normal range; weights below 2^-14 (about 0.2% of N(0, 0.02))
+  // become subnormals with absolute error up to 2^-25. The logits move by far less than the
+  // tolerance, which is f16's own relative precision (2^-11) of the largest logit.
+  float max_abs = 0, max_err = 0;
+  size_t worst = 0;
+  for (size_t i = 0; i < original.logits.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(sharded.logits[i])) << "logit " << i;
+    max_abs = std::max(max_abs, std::fabs(original.logits[i]));
+    const float err = std::fabs(sharded.logits[i] - original.logits[i]);
+    if (err > max_err) max_err = err, worst = i;
+  }
+  EXPECT_LE(max_err, max_abs * 0x1p-11f)
+      << "worst logit " << worst << ": " << sharded.logits[worst] << " vs "
+      << original.logits[worst];
+  EXPECT_EQ(sharded.greedy, original.greedy);
 }
 
 }  // namespace
