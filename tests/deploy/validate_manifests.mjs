@@ -153,6 +153,10 @@ function envValue(container, name, objects) {
   return objects.find((o) => o.kind === "ConfigMap" && o.metadata.name === ref.name)?.data?.[ref.key];
 }
 
+// The data of the rendered moe-budgets ConfigMap (its generated name has a hash suffix).
+const budgets = (objects) =>
+  objects.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith("moe-budgets"))?.data ?? {};
+
 function flag(container, name) {
   const prefix = `--${name}=`;
   return (container.args ?? []).find((a) => a.startsWith(prefix))?.slice(prefix.length);
@@ -246,7 +250,7 @@ function checkConsistency(objects, overlay) {
       // the KV cache are RAM too. The limit must hold them plus 1 GiB for the process itself.
       // A budget is the worker's flag, or (store tiers the worker has no flag for yet) the
       // moe-budgets ConfigMap's MOE_<NAME> key.
-      const config = objects.find((o) => o.kind === "ConfigMap" && o.metadata.name.startsWith("moe-budgets"))?.data ?? {};
+      const config = budgets(objects);
       const budget = (n) => parseBytes(expand(flag(worker, n), worker, objects) ?? config[`MOE_${n.toUpperCase()}`] ?? "0");
       let ram = budget("host_budget");
       if (backend === "cpu") ram += budget("device_budget") + budget("kv_budget");
@@ -284,9 +288,15 @@ function checkConsistency(objects, overlay) {
     const svc = objects.find((o) => o.kind === "Service" && o.metadata.name === sts.spec.serviceName);
     if (!svc || svc.spec.clusterIP !== "None") fail(where(sts), `serviceName ${sts.spec.serviceName} is not a headless Service`);
   }
-  // The frontend resolves the workers' headless Service by DNS.
+  // The frontend resolves the workers' headless Service by DNS, and is ready while a worker
+  // serves the ConfigMap's model (a probe naming another model keeps every frontend unready).
   for (const { owner, pod } of templates) {
     for (const c of pod.spec.containers.filter((c) => c.command?.[0] === "moe-frontend")) {
+      const service = c.readinessProbe?.grpc?.service;
+      const model = `model/${budgets(objects).MOE_MODEL_NAME}`;
+      if (service !== undefined && service !== model) {
+        fail(where(owner, ` container ${c.name}`), `readinessProbe asks for service "${service}", not "${model}" (MOE_MODEL_NAME)`);
+      }
       const dns = flag(c, "workers_dns");
       const target = dns ?? flag(c, "workers") ?? "";
       const m = dns?.match(/^([^.:]+)\.[^:]+:(\d+)$/);
