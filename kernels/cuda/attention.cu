@@ -9,7 +9,10 @@
 // With splits > 1 every block writes an unnormalised partial (o, m, l), merged by a second kernel.
 // One launch serves a batch of sequences (PagedAttention: a step's items): grid.x runs over the
 // query tiles of all of them, and each block finds its sequence in a small device table.
+#include <cuda_fp8.h>
+
 #include <algorithm>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -262,11 +265,14 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   }
 }
 
-// out[row] = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z, M = max_z m_z; one block per row.
-// The split weights e^(m_z - M) / den are computed once, in parallel, into shared memory.
+// out[row] = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z, M = max_z m_z. Block (row, 32
+// dims): the split weights e^(m_z - M) / den computed once, in parallel, into shared memory, then
+// the 4 warps take every 4th split (lane = dim) and add up in shared memory.
+constexpr int kCombineWarps = 4;
 __global__ void AttentionCombineKernel(const AttnParams p) {
   extern __shared__ float weight[];  // [splits]
   __shared__ float red[kWarp];
+  __shared__ float acc[kCombineWarps][kWarp];
   const AttentionArgs& a = p.a;
   const int64_t row = blockIdx.x, rows = p.total_tokens * a.num_heads;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
@@ -292,13 +298,29 @@ __global__ void AttentionCombineKernel(const AttnParams p) {
   __syncthreads();
   den = 0.f;
   for (int w = 0; w < warps; ++w) den += red[w];
-  for (int d = threadIdx.x; d < a.head_dim; d += blockDim.x) {
-    float num = 0.f;
-    for (int z = 0; z < p.num_splits; ++z) {
+  const int d = blockIdx.y * kWarp + lane;
+  float num = 0.f;
+  if (d < a.head_dim) {
+#pragma unroll 4
+    for (int z = warp; z < p.num_splits; z += kCombineWarps) {
       num = fmaf(weight[z], p.part_o[(z * rows + row) * a.head_dim + d], num);
     }
+  }
+  acc[warp][lane] = num;
+  __syncthreads();
+  if (warp == 0 && d < a.head_dim) {
+    num = 0.f;
+    for (int w = 0; w < kCombineWarps; ++w) num += acc[w][lane];
     a.out[row * a.head_dim + d] = num / den;
   }
+}
+
+// The combine kernel over `p`'s partials (p.num_splits > 1).
+void LaunchCombine(const AttnParams& p, cudaStream_t stream) {
+  const dim3 grid(static_cast<unsigned>(p.total_tokens * p.a.num_heads),
+                  static_cast<unsigned>(CeilDiv(p.a.head_dim, kWarp)));
+  AttentionCombineKernel<<<grid, kCombineWarps * kWarp, p.num_splits * sizeof(float), stream>>>(p);
+  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int DMAX, typename Src>
@@ -365,9 +387,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
     LaunchAttention<256>(p, src, grid, stream);
   }
   if (p.num_splits > 1) {
-    AttentionCombineKernel<<<static_cast<unsigned>(p.total_tokens * a.num_heads), 128,
-                             p.num_splits * sizeof(float), stream>>>(p);
-    MOE_CUDA_CHECK(cudaGetLastError());
+    LaunchCombine(p, stream);
   }
 }
 
@@ -454,6 +474,10 @@ struct PagedGeom {
     return base + static_cast<int64_t>(table[pos / block_size]) * block_stride +
            (2 * kvh + role) * tile_bytes;
   }
+  // The tile of the sequence's block `index` (its block table's entry).
+  __device__ __forceinline__ const uint8_t* TileOfBlock(int32_t index, int kvh, int role) const {
+    return base + static_cast<int64_t>(table[index]) * block_stride + (2 * kvh + role) * tile_bytes;
+  }
   // The tile holding cache slot `flat` = block · block_size + slot (the write kernels' address).
   __device__ __forceinline__ uint8_t* TileOfSlot(int32_t flat, int kvh, int role) const {
     return base + static_cast<int64_t>(flat / block_size) * block_stride +
@@ -509,10 +533,40 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
     }
   }
   // Every chunk's load aligned (bf16: 16 bytes, fp8: 8 bytes; head_dim a multiple of 8).
-  __device__ __forceinline__ bool ChunksAligned() const {
+  __host__ __device__ __forceinline__ bool ChunksAligned() const {
     const uint64_t any = reinterpret_cast<uintptr_t>(g.base) |
                          static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
     return (any & (kFp8 ? 7 : 15)) == 0;
+  }
+  // DecodeAttentionKernel's interface: the raw bytes of elements d0 .. d0 + 7, those elements as
+  // bf16 pairs (exact for both formats: no low half), and the vector's scale.
+  static constexpr bool kLowHalf = false;
+  using Raw = std::conditional_t<kFp8, uint2, uint4>;
+  __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
+    const int64_t e = static_cast<int64_t>(slot) * g.head_dim + d0;
+    return *reinterpret_cast<const Raw*>(tile + e * (kFp8 ? 1 : 2));
+  }
+  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4], uint32_t (&)[4]) const {
+    if constexpr (kFp8) {
+      const uint32_t w[2] = {r.x, r.y};
+#pragma unroll
+      for (int p = 0; p < 4; ++p) {
+        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+            static_cast<__nv_fp8x2_storage_t>(w[p / 2] >> (16 * (p % 2))), __NV_E4M3);
+        const float2 f = __half22float2(__half2(h));
+        const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: 3 mantissa bits
+        hi[p] = *reinterpret_cast<const uint32_t*>(&b);
+      }
+    } else {
+      hi[0] = r.x, hi[1] = r.y, hi[2] = r.z, hi[3] = r.w;
+    }
+  }
+  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
+    if constexpr (kFp8) {
+      return LoadF32Bytes(tile + static_cast<int64_t>(g.block_size) * g.head_dim + 4 * slot);
+    } else {
+      return 1.f;
+    }
   }
   // Elements d0 .. d0 + 7 of one vector: one 16-byte (bf16) or 8-byte (fp8) load.
   __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
@@ -805,12 +859,22 @@ struct TqKvSource : PagedLoads<TqKvSource> {
     __shared__ float centroids[256];
     return centroids;
   }
+  // Each centroid as bf16 hi | lo << 16, hi + lo = the fp32 centroid to 2^-16 (DecodeAttention).
+  __device__ __forceinline__ uint32_t* CentroidHiLo() const {
+    __shared__ uint32_t hilo[256];
+    return hilo;
+  }
   __device__ __forceinline__ void Prepare() const {
-    for (int i = threadIdx.x; i < (1 << tb.bits); i += blockDim.x) Centroids()[i] = tb.centroids[i];
+    for (int i = threadIdx.x; i < (1 << tb.bits); i += blockDim.x) {
+      const float c = tb.centroids[i];
+      const uint32_t hi = F32ToBf16Bits(c);
+      Centroids()[i] = c;
+      CentroidHiLo()[i] = hi | uint32_t{F32ToBf16Bits(c - __uint_as_float(hi << 16))} << 16;
+    }
   }
   // Tiles 4-byte aligned: b = 4 codes are one 32-bit load, b = 2 one 16-bit load, the fp16
   // scale one 16-bit load (head_dim a multiple of 8).
-  __device__ __forceinline__ bool ChunksAligned() const {
+  __host__ __device__ __forceinline__ bool ChunksAligned() const {
     const uint64_t any = reinterpret_cast<uintptr_t>(g.base) |
                          static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
     return (any & 3) == 0;
@@ -834,6 +898,34 @@ struct TqKvSource : PagedLoads<TqKvSource> {
     const float* c = Centroids();
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
+  }
+  // DecodeAttentionKernel's interface: the 8 codes of d0 .. d0 + 7, the centroids they name as
+  // bf16 hi and lo pairs, and the vector's scale.
+  static constexpr bool kLowHalf = true;
+  using Raw = uint32_t;
+  __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
+    const int b = tb.bits;
+    const uint8_t* codes = tile + static_cast<int64_t>(slot) * (g.head_dim * b / 8) + b * (d0 / 8);
+    if (b == 4) return *reinterpret_cast<const uint32_t*>(codes);
+    if (b == 2) return *reinterpret_cast<const uint16_t*>(codes);
+    uint32_t w = 0;
+    for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
+    return w;
+  }
+  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4], uint32_t (&lo)[4]) const {
+    const int b = tb.bits;
+    const uint32_t mask = (1u << b) - 1u;
+    const uint32_t* c = CentroidHiLo();
+#pragma unroll
+    for (int p = 0; p < 4; ++p) {
+      const uint32_t x = c[(r >> (2 * p * b)) & mask], y = c[(r >> ((2 * p + 1) * b)) & mask];
+      hi[p] = __byte_perm(x, y, 0x5410);
+      lo[p] = __byte_perm(x, y, 0x7632);
+    }
+  }
+  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
+    return __half2float(*reinterpret_cast<const __half*>(
+        tile + static_cast<int64_t>(g.block_size) * (g.head_dim * tb.bits / 8) + 2 * slot));
   }
 };
 
@@ -877,6 +969,440 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
   tb.norm = static_cast<int>(kv.codecs[0]->norm());
   tb.alpha = static_cast<float>(part.codebook.alpha());
   return tb;
+}
+
+
+// ---- Decode attention on the tensor cores -----------------------------------------------------
+// One query token per sequence (a decode step). The G query heads of a kv head are a dimension
+// of mma.sync m16n8k16 tiles (bf16 operands, fp32 accumulation), so the score and value products
+// run on the tensor cores and the kernel can go at the speed of its loads; the SIMT kernel above
+// is latency-bound at long contexts (NOTES.md). Block (sequence, kv head, split), 4 warps; each
+// warp takes the split's 16-key tiles in turn, loading the next tile while it computes this one,
+// with an online softmax of its own; the block merges its warps at the end (and the combine
+// kernel the splits, as above).
+// Per tile, lane (g = lane / 4, t = lane % 4) loads keys g and 8 + g in 8-element chunks t, t+4,
+// ... (S = Q Kᵀ takes the dims in that order: a dot product does not care), and the values of
+// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8). S = Q Kᵀ has the query rows as M (8 of
+// its 16 rows are padding when G <= 8), Oᵀ = Vᵀ Pᵀ the dims: the score accumulators of row g are
+// then exactly the Pᵀ operand the lane must give (FlashAttention-2's trick, transposed), and no
+// accumulator is padding. Operands not exact in bf16 are split: q and P into hi + mid + lo bf16
+// (fp32's 24 bits), the TurboQuant centroids into hi + lo (16 bits; lo meets q's hi only); bf16
+// and fp8 elements are exact.
+constexpr int kDecodeWarps = 4, kTileKeys = 16;
+
+// c += A B for one m16n8k16 tile (A row-major 16 x 16, B column-major 16 x 8, bf16; c fp32).
+__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// (x, y) as bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's precision.
+__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[3]) {
+#pragma unroll
+  for (int i = 0; i < 3; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    const float2 hf = __bfloat1622float2(h);
+    out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    x -= hf.x, y -= hf.y;  // exact
+  }
+}
+
+// Words of one lane's Q fragment per k-step: a0, a2 (and a1, a3 with 16 rows), as hi, mid, lo.
+template <int kRows>
+__host__ __device__ constexpr int DecodeQWords() {
+  return 3 * kRows / 4;
+}
+
+// Q fragments [D / 16][32 lanes][words], then the merge: o [warps][kRows][D + 1], m, l.
+template <int D, int kRows>
+constexpr size_t DecodeSmemBytes() {
+  return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows>() +
+         sizeof(float) * kDecodeWarps * kRows * (D + 3);
+}
+
+// What a lane loads of one 16-key tile (see above): raw chunks of its two keys and of its four
+// values, and the scales of the four keys whose scores it holds (keys 2t, 2t+1, 8+2t, 9+2t).
+template <int D, typename Src>
+struct DecodeTile {
+  static constexpr int kKChunks = D / 32, kVChunks = D / 64;
+  typename Src::Raw k[2][kKChunks], v[4][kVChunks];
+  float k_scale[4], v_scale[4];
+
+  // Block-table entry and slot of position s0 + j, j < 16, from those of s0 (one division a
+  // tile: a 64-bit division per key cost more than the tile's math).
+  struct Place {
+    int32_t block, slot;
+  };
+  __device__ __forceinline__ static Place PlaceOf(Place p0, int j, int block_size) {
+    Place p{p0.block, p0.slot + j};
+    while (p.slot >= block_size) p.slot -= block_size, ++p.block;
+    return p;
+  }
+
+  // Keys s0 + j in [s_begin, s_end) only. s0 is a multiple of 16: with blocks of a multiple of
+  // 16 positions the tile lies in one block, one table lookup.
+  __device__ __forceinline__ void Load(const Src& src, int kvh, int64_t s0, int64_t s_begin,
+                                       int64_t s_end, int g, int t) {
+    const int bs = src.g.block_size;
+    const Place p0{static_cast<int32_t>(s0 / bs), static_cast<int32_t>(s0 % bs)};
+    const bool one_block = bs % kTileKeys == 0;
+    const uint8_t* block_tile = one_block ? src.g.TileOfBlock(p0.block, kvh, 0) : nullptr;
+    auto key_tile = [&](int j, int& slot) {
+      if (one_block) {
+        slot = p0.slot + j;
+        return block_tile;
+      }
+      const Place at = PlaceOf(p0, j, bs);
+      slot = at.slot;
+      return src.g.TileOfBlock(at.block, kvh, 0);
+    };
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int j = 8 * n + g;
+      const bool ok = s0 + j >= s_begin && s0 + j < s_end;
+      int slot = 0;
+      const uint8_t* tile = ok ? key_tile(j, slot) : nullptr;
+#pragma unroll
+      for (int i = 0; i < kKChunks; ++i) {
+        k[n][i] = ok ? src.RawChunk(tile, slot, 8 * (t + 4 * i)) : typename Src::Raw{};
+      }
+    }
+#pragma unroll
+    for (int c4 = 0; c4 < 4; ++c4) {
+      const int j = 2 * t + (c4 & 1) + 8 * (c4 >> 1);
+      const bool ok = s0 + j >= s_begin && s0 + j < s_end;
+      int slot = 0;
+      const uint8_t* ktile = ok ? key_tile(j, slot) : nullptr;
+      const uint8_t* vtile = ktile + src.g.tile_bytes;
+      k_scale[c4] = ok ? src.Scale(ktile, slot) : 0.f;
+      v_scale[c4] = ok ? src.Scale(vtile, slot) : 0.f;
+#pragma unroll
+      for (int c = 0; c < kVChunks; ++c) {
+        v[c4][c] = ok ? src.RawChunk(vtile, slot, g * (D / 8) + 8 * c) : typename Src::Raw{};
+      }
+    }
+  }
+};
+
+// kRows: 8 (G <= 8) or 16 (G <= 16) query rows per block.
+template <int D, int kRows, typename Src>
+__global__ __launch_bounds__(kDecodeWarps* kWarp) void DecodeAttentionKernel(const AttnParams p,
+                                                                             const Src all_src) {
+  constexpr int kSteps = D / 16;          // k-steps of S = Q Kᵀ
+  constexpr int kKChunks = D / 32;        // chunks a lane loads of each of its two keys
+  constexpr int kMTiles = D / 16;         // m-tiles of Oᵀ: dims g·D/8 + j and g·D/8 + D/16 + j
+  constexpr int kRowTiles = kRows / 8;    // n-tiles of Oᵀ; rows g + 8 of S are real if 2
+  extern __shared__ float dsmem[];
+  const AttentionArgs& a = p.a;
+  const SeqDesc sq = p.seqs[blockIdx.x];
+  if (sq.num_tokens == 0) return;  // block-uniform
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
+  const int kvh = blockIdx.y, split = blockIdx.z, G = p.group;
+  const Src src = all_src.ForSeq(sq.table_offset);
+  src.Prepare();
+  __syncthreads();
+  const int64_t pos = sq.start_pos;
+  const int64_t first = a.sliding_window > 0 ? Max64(0, pos - a.sliding_window + 1) : 0;
+  const int64_t s_begin = Max64(first, split * p.keys_per_split);
+  const int64_t s_end = Min64(pos + 1, (split + 1) * p.keys_per_split);
+
+  // Q as the A operand of every k-step, in shared memory (registers go to the loads in flight):
+  // a0 (row g, slots 2t, 2t+1), a1 (row g + 8, same), a2 (row g, slots 2t+8, 2t+9), a3 (row
+  // g + 8); slot pair (2t | 2t+8) + j of k-step 2i + h is dim 8 (t + 4i) + 4h + 2j, matching the
+  // key chunks. Rows g + 8 are padding with 8 rows: not stored, zero in the mma.
+  constexpr int kQWords = DecodeQWords<kRows>();
+  uint32_t* q_s = reinterpret_cast<uint32_t*>(dsmem);  // [kSteps][lane][kQWords]
+  {
+    const float* q = a.q + (sq.token_offset * a.num_heads + kvh * G) * D;
+    for (int kk = warp; kk < kSteps; kk += kDecodeWarps) {
+      uint32_t* dst = q_s + (kk * kWarp + lane) * kQWords;
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          const int row = g + 8 * r, d = 8 * (t + 4 * (kk / 2)) + 4 * (kk % 2) + 2 * j;
+          float x = 0.f, y = 0.f;
+          if (row < G) x = q[row * D + d], y = q[row * D + d + 1];
+          uint32_t parts[3];
+          SplitBf16(x, y, parts);
+#pragma unroll
+          for (int u = 0; u < 3; ++u) dst[u * 2 * kRowTiles + r + kRowTiles * j] = parts[u];
+        }
+      }
+    }
+  }
+  __syncthreads();
+
+  // Oᵀ: o[rt][j] = (dim g·D/8 + j: rows 8rt + 2t, 2t+1; dim g·D/8 + D/16 + j: the same rows).
+  float o[kRowTiles][kMTiles][4];
+#pragma unroll
+  for (int rt = 0; rt < kRowTiles; ++rt) {
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) o[rt][j][0] = o[rt][j][1] = o[rt][j][2] = o[rt][j][3] = 0.f;
+  }
+  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g, g + 8; l: this lane's share
+  // The next tile's loads go out before this tile's math when both fit the registers (the raw
+  // bytes of a bf16 tile at head_dim 256 do not).
+  constexpr bool kPrefetch = sizeof(DecodeTile<D, Src>) <= 320;
+  DecodeTile<D, Src> cur, next;
+  int64_t s0 = s_begin / kTileKeys * kTileKeys + kTileKeys * warp;  // tiles at multiples of 16
+  if (kPrefetch && s0 < s_end) cur.Load(src, kvh, s0, s_begin, s_end, g, t);
+  for (; s0 < s_end; s0 += kTileKeys * kDecodeWarps) {
+    if constexpr (kPrefetch) {
+      const int64_t s_next = s0 + kTileKeys * kDecodeWarps;
+      if (s_next < s_end) next.Load(src, kvh, s_next, s_begin, s_end, g, t);
+    } else {
+      cur.Load(src, kvh, s0, s_begin, s_end, g, t);
+    }
+
+    // S = Q Kᵀ: n-tile n holds keys s0 + 8n + (0..7); sc[n] = (row g, keys 8n+2t, 8n+2t+1),
+    // then row g + 8.
+    float sc[2][4] = {};
+#pragma unroll
+    for (int i = 0; i < kKChunks; ++i) {
+      uint32_t kh[2][4], kl[2][4];
+#pragma unroll
+      for (int n = 0; n < 2; ++n) src.Bf16Pairs(cur.k[n][i], kh[n], kl[n]);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t qw[kQWords];
+        const uint32_t* qp = q_s + ((2 * i + h) * kWarp + lane) * kQWords;
+#pragma unroll
+        for (int w = 0; w < kQWords; ++w) qw[w] = qp[w];
+        // a0..a3 of hi, mid and lo; rows g + 8 zero with 8 rows.
+        uint32_t qa[3][4];
+#pragma unroll
+        for (int u = 0; u < 3; ++u) {
+          const uint32_t* w = qw + u * 2 * kRowTiles;
+          qa[u][0] = w[0], qa[u][1] = kRowTiles == 2 ? w[1] : 0u;
+          qa[u][2] = w[kRowTiles], qa[u][3] = kRowTiles == 2 ? w[3] : 0u;
+        }
+#pragma unroll
+        for (int n = 0; n < 2; ++n) {
+#pragma unroll
+          for (int u = 0; u < 3; ++u) {
+            MmaBf16(sc[n], qa[u][0], qa[u][1], qa[u][2], qa[u][3], kh[n][2 * h], kh[n][2 * h + 1]);
+          }
+          if constexpr (Src::kLowHalf) {
+            MmaBf16(sc[n], qa[0][0], qa[0][1], qa[0][2], qa[0][3], kl[n][2 * h], kl[n][2 * h + 1]);
+          }
+        }
+      }
+    }
+
+    // Online softmax; a row's 16 scores lie on the 4 lanes of its group g. Pᵀ operand of row
+    // tile r: b0 = (keys 2t, 2t+1; row 8r + g), b1 = (keys 8+2t, 9+2t), each weight times its
+    // value's scale.
+    uint32_t pp[kRowTiles][2][3];  // [row tile][b0, b1][hi, mid, lo]
+    float corr[2];
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      float x[4], mx = -INFINITY;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int n = e / 2;
+        const int64_t key = s0 + 8 * n + 2 * t + e % 2;
+        const bool ok = key >= s_begin && key < s_end;
+        x[e] = ok ? sc[n][2 * r + e % 2] * a.scale * cur.k_scale[e] : -INFINITY;
+        mx = fmaxf(mx, x[e]);
+      }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m[r], mx);
+      corr[r] = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
+      m[r] = m_new;
+      float pe[4], sum = 0.f;
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        pe[e] = x[e] == -INFINITY ? 0.f : expf(x[e] - m_new);
+        sum += pe[e];
+      }
+      l[r] = l[r] * corr[r] + sum;
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        SplitBf16(pe[2 * n] * cur.v_scale[2 * n], pe[2 * n + 1] * cur.v_scale[2 * n + 1],
+                  pp[r][n]);
+      }
+    }
+    // Oᵀ's columns are rows 8r + 2t, 2t+1: their corrections live on lanes 8t and 8t + 4.
+#pragma unroll
+    for (int r = 0; r < kRowTiles; ++r) {
+      const float c0 = __shfl_sync(0xffffffffu, corr[r], 8 * t);
+      const float c1 = __shfl_sync(0xffffffffu, corr[r], 8 * t + 4);
+#pragma unroll
+      for (int j = 0; j < kMTiles; ++j) {
+        o[r][j][0] *= c0, o[r][j][1] *= c1, o[r][j][2] *= c0, o[r][j][3] *= c1;
+      }
+    }
+
+    // Oᵀ += Vᵀ Pᵀ. Vᵀ of m-tile j: a0 (dim j of the lane's; keys 2t, 2t+1), a1 (dim D/16 + j),
+    // a2 and a3 the same for keys 8+2t, 9+2t.
+    uint32_t vh[4][D / 16], vl[4][D / 16];  // value bf16 pairs: [key][word of the lane's dims]
+#pragma unroll
+    for (int c4 = 0; c4 < 4; ++c4) {
+#pragma unroll
+      for (int c = 0; c < D / 64; ++c) {
+        uint32_t hi[4], lo[4];
+        src.Bf16Pairs(cur.v[c4][c], hi, lo);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) vh[c4][4 * c + w] = hi[w], vl[c4][4 * c + w] = lo[w];
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+      const int lo_dim = j, hi_dim = D / 16 + j;  // the lane's dims of rows g and g + 8
+      const uint32_t s_lo = lo_dim % 2 ? 0x7632 : 0x5410, s_hi = hi_dim % 2 ? 0x7632 : 0x5410;
+      uint32_t a_h[4], a_l[4];
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {  // keys 2t, 2t+1, then 8+2t, 9+2t
+        a_h[2 * u] = __byte_perm(vh[2 * u][lo_dim / 2], vh[2 * u + 1][lo_dim / 2], s_lo);
+        a_h[2 * u + 1] = __byte_perm(vh[2 * u][hi_dim / 2], vh[2 * u + 1][hi_dim / 2], s_hi);
+        if constexpr (Src::kLowHalf) {
+          a_l[2 * u] = __byte_perm(vl[2 * u][lo_dim / 2], vl[2 * u + 1][lo_dim / 2], s_lo);
+          a_l[2 * u + 1] = __byte_perm(vl[2 * u][hi_dim / 2], vl[2 * u + 1][hi_dim / 2], s_hi);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kRowTiles; ++r) {
+#pragma unroll
+        for (int u = 0; u < 3; ++u) {
+          MmaBf16(o[r][j], a_h[0], a_h[1], a_h[2], a_h[3], pp[r][0][u], pp[r][1][u]);
+        }
+        if constexpr (Src::kLowHalf) {
+          MmaBf16(o[r][j], a_l[0], a_l[1], a_l[2], a_l[3], pp[r][0][0], pp[r][1][0]);
+        }
+      }
+    }
+    if constexpr (kPrefetch) cur = next;
+  }
+
+  // Merge the block's warps: o_s [warp][row][D + 1], m_s and l_s [warp][row].
+  float* o_s = dsmem + kSteps * kWarp * kQWords;
+  float* m_s = o_s + kDecodeWarps * kRows * (D + 1);
+  float* l_s = m_s + kDecodeWarps * kRows;
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r) {
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
+    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
+    if (t == 0) m_s[warp * kRows + 8 * r + g] = m[r], l_s[warp * kRows + 8 * r + g] = l[r];
+    float* row0 = o_s + (warp * kRows + 8 * r + 2 * t) * (D + 1) + g * (D / 8);
+    float* row1 = row0 + (D + 1);
+#pragma unroll
+    for (int j = 0; j < kMTiles; ++j) {
+      row0[j] = o[r][j][0], row1[j] = o[r][j][1];
+      row0[D / 16 + j] = o[r][j][2], row1[D / 16 + j] = o[r][j][3];
+    }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D;
+    float M = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w * kRows + r]);
+    float num = 0.f, den = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      const float mw = m_s[w * kRows + r];
+      const float e = mw == -INFINITY ? 0.f : expf(mw - M);
+      num = fmaf(e, o_s[(w * kRows + r) * (D + 1) + d], num);
+      den = fmaf(e, l_s[w * kRows + r], den);
+    }
+    const int64_t row = sq.token_offset * a.num_heads + kvh * G + r;
+    if (p.num_splits == 1) {
+      a.out[row * D + d] = num / den;  // den > 0: key pos is in the only split
+    } else {
+      const int64_t prow = split * p.total_tokens * a.num_heads + row;
+      p.part_o[prow * D + d] = num;
+      if (d == 0) p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
+    }
+  }
+}
+
+template <int D, int kRows, typename Src>
+void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
+  DecodeAttentionKernel<D, kRows, Src>
+      <<<grid, kDecodeWarps * kWarp, DecodeSmemBytes<D, kRows>(), stream>>>(p, src);
+  MOE_CUDA_CHECK(cudaGetLastError());
+}
+
+// Blocks of DecodeAttentionKernel<D, kRows> that fit on one SM (registers, shared memory).
+template <int D, int kRows, typename Src>
+int DecodeBlocksPerSm() {
+  static const int blocks = [] {
+    int n = 0;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, DecodeAttentionKernel<D, kRows, Src>, kDecodeWarps * kWarp,
+        DecodeSmemBytes<D, kRows>()));
+    return n > 0 ? n : 1;
+  }();
+  return blocks;
+}
+
+// The decode kernel's shapes: head_dim 64, 128 or 256 (dims in chunks of 8 per lane), at most
+// 16 query heads per kv head (8 with head_dim 256: the merge's shared memory), chunk loads aligned.
+template <typename Src>
+bool DecodeShapeFits(const AttentionArgs& a, const Src& src) {
+  const int G = a.num_heads / a.num_kv_heads, D = a.head_dim;
+  return (D == 64 || D == 128 || (D == 256 && G <= 8)) && G <= 16 && src.ChunksAligned();
+}
+
+// RunAttention for a batch of one-token sequences on the decode kernel; false (nothing
+// launched) when a sequence has more than one token or the shape does not fit the kernel.
+template <typename Src, typename Reserve, typename Stage>
+bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs, const Src& src,
+                        int num_sms, Reserve reserve, Stage stage, cudaStream_t stream) {
+  if (!DecodeShapeFits(a, src)) return false;
+  AttnParams p;
+  p.a = a;
+  p.group = a.num_heads / a.num_kv_heads;
+  int64_t keys = 0;
+  for (const SeqDesc& sq : seqs) {
+    if (sq.num_tokens > 1) return false;
+    p.total_tokens += sq.num_tokens;
+    keys = std::max(keys, sq.start_pos + sq.num_tokens);
+  }
+  if (p.total_tokens == 0) return true;
+  const int D = a.head_dim;
+  const bool wide = p.group > 8;
+  const int per_sm = D == 64    ? (wide ? DecodeBlocksPerSm<64, 16, Src>() : DecodeBlocksPerSm<64, 8, Src>())
+                     : D == 128 ? (wide ? DecodeBlocksPerSm<128, 16, Src>() : DecodeBlocksPerSm<128, 8, Src>())
+                                : DecodeBlocksPerSm<256, 8, Src>();
+  // Split the keys so that one wave fills the GPU, each warp at least one tile of its own.
+  const int64_t blocks = static_cast<int64_t>(seqs.size()) * a.num_kv_heads;
+  const int64_t tiles = CeilDiv(keys, kTileKeys);
+  const int64_t want = std::max<int64_t>(
+      1, std::min({CeilDiv(int64_t{per_sm} * num_sms, blocks), CeilDiv(tiles, kDecodeWarps),
+                   kMaxSplits}));
+  p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
+  p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
+  MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535)
+      << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits;
+  p.num_seqs = static_cast<int>(seqs.size());
+  p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
+  if (p.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(p.total_tokens) * a.num_heads;
+    const size_t floats = static_cast<size_t>(p.num_splits) * rows * (a.head_dim + 2);
+    p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
+    p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * a.head_dim;
+  }
+  const dim3 grid(static_cast<unsigned>(seqs.size()), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(p.num_splits));
+  if (D == 64) {
+    wide ? LaunchDecodeAttention<64, 16>(p, src, grid, stream)
+         : LaunchDecodeAttention<64, 8>(p, src, grid, stream);
+  } else if (D == 128) {
+    wide ? LaunchDecodeAttention<128, 16>(p, src, grid, stream)
+         : LaunchDecodeAttention<128, 8>(p, src, grid, stream);
+  } else {
+    LaunchDecodeAttention<256, 8>(p, src, grid, stream);
+  }
+  if (p.num_splits > 1) {
+    LaunchCombine(p, stream);
+  }
+  return true;
 }
 
 }  // namespace
@@ -965,15 +1491,30 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   } else if (path == cuda::PagedPath::kBf16) {
     cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, k, v, dev_where, kv_verdict_);
   } else {
-    const std::vector<float> host = cuda::TqHostTables(kv);
-    const float* dev = static_cast<const float*>(
-        StageHostArgs(paged_, host.data(), host.size() * sizeof(float)));
+    const float* dev = TqTablesOnDevice(kv);
     const size_t smem = kv.head_dim * (sizeof(float) + 1);
     cuda::TqWriteKernel<<<grid, threads, smem, stream_>>>(g, cuda::TqDeviceTables(kv, dev), k, v,
                                                           dev_where, kv_verdict_);
   }
   MOE_CUDA_CHECK(cudaGetLastError());
   return absl::OkStatus();  // the verdict: TakeKvWriteError
+}
+
+const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {
+  std::vector<float> host = cuda::TqHostTables(kv);
+  UploadedTables& t = tq_tables_[kv.codecs];
+  if (t.dev != nullptr && t.host == host) return static_cast<const float*>(t.dev);
+  const size_t bytes = host.size() * sizeof(float);
+  if (t.host.size() != host.size()) {
+    MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may read the old copy
+    MOE_CUDA_CHECK(cudaFree(t.dev));
+    t.dev = nullptr;
+    MOE_CUDA_CHECK(cudaMalloc(&t.dev, bytes));
+  }
+  // Pageable source: staged before cudaMemcpyAsync returns, so `host` may be moved from.
+  MOE_CUDA_CHECK(cudaMemcpyAsync(t.dev, host.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  t.host = std::move(host);
+  return static_cast<const float*>(t.dev);
 }
 
 absl::Status CudaBackend::TakeKvWriteError() {
@@ -1035,23 +1576,23 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   auto stage = [this](const void* host, size_t bytes) {
     return StageHostArgs(args2_, host, bytes);
   };
+  // Decode steps (one token per sequence) on the tensor-core kernel, the rest on the SIMT one.
+  auto run = [&](const AttentionArgs& args, const auto& src) {
+    if (!cuda::RunDecodeAttention(args, seqs, src, num_sms_, reserve, stage, stream_)) {
+      cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_);
+    }
+  };
   if (path == cuda::PagedPath::kFp8) {
-    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<true>{{}, g}, num_sms_, reserve,
-                       stage, stream_);
+    run(c, cuda::PagedKvSource<true>{{}, g});
   } else if (path == cuda::PagedPath::kBf16) {
-    cuda::RunAttention(c, std::move(seqs), cuda::PagedKvSource<false>{{}, g}, num_sms_, reserve,
-                       stage, stream_);
+    run(c, cuda::PagedKvSource<false>{{}, g});
   } else {
     // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc.
-    const std::vector<float> host = cuda::TqHostTables(kv);
     const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
     const size_t n = rows * kv.head_dim;
-    auto* dev = static_cast<float*>(Reserve(paged_, (host.size() + 2 * n) * sizeof(float)));
-    MOE_CUDA_CHECK(cudaMemcpyAsync(dev, host.data(), host.size() * sizeof(float),
-                                   cudaMemcpyHostToDevice, stream_));
-    float* q_rot = dev + host.size();
+    float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
     float* o_rot = q_rot + n;
-    const cuda::TqTables tb = cuda::TqDeviceTables(kv, dev);
+    const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
     const int group = a.num_heads / kv.num_kv_heads;
     const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
     const size_t smem = kv.head_dim * sizeof(float);
@@ -1060,8 +1601,7 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     MOE_CUDA_CHECK(cudaGetLastError());
     c.q = q_rot;
     c.out = o_rot;
-    cuda::RunAttention(c, std::move(seqs), cuda::TqKvSource{{}, g, tb}, num_sms_, reserve,
-                       stage, stream_);
+    run(c, cuda::TqKvSource{{}, g, tb});
     cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
         a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
     MOE_CUDA_CHECK(cudaGetLastError());

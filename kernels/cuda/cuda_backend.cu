@@ -36,6 +36,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_}) cudaFree(s->data);
   cudaFree(kv_verdict_);
+  for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   cudaStreamDestroy(stream_);
 }
 

@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <unordered_map>
+#include <vector>
 
 #include "kernels/backend.h"
 
@@ -84,6 +86,15 @@ class CudaBackend final : public Backend {
                        int64_t total_rows, const ExpertWeights& w0, const float* x,
                        const int32_t* rows, const float* row_weights, float* out, int64_t H);
 
+  // The TurboQuant rotation signs and codebook of a cache layer as the kernels read them
+  // (attention.cu), uploaded once per layer: keyed by the layer's codec array and uploaded again
+  // only if what the codecs hold differs from the copy kept here.
+  struct UploadedTables {
+    std::vector<float> host;
+    void* dev = nullptr;
+  };
+  const float* TqTablesOnDevice(const PagedKvLayer& kv);
+
   CUstream_st* stream_ = nullptr;
   CUstream_st* copy_stream_ = nullptr;  // CopyToDeviceOnCopyQueue
   CUevent_st* compute_done_ = nullptr;  // recorded on stream_, waited for by copy_stream_
@@ -91,10 +102,11 @@ class CudaBackend final : public Backend {
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials
-  Scratch paged_;      // TurboQuant paged ops: signs and codebook, rotated queries and outputs
+  Scratch paged_;      // TurboQuant paged attention: rotated queries and outputs
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).
   unsigned long long* kv_verdict_ = nullptr;
   bool kv_verdict_pending_ = false;
+  std::unordered_map<const void*, UploadedTables> tq_tables_;
   KvFormat kv_verdict_format_ = KvFormat::kBf16;
 };
 

@@ -9,6 +9,7 @@
 #include <cmath>
 #include <numeric>
 #include <sstream>
+#include <tuple>
 
 #include "kernels/quant.h"
 #include "tests/parity/parity_util.h"
@@ -435,20 +436,30 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{37, 500, 8, 2, 128, 16, 0, kernels::KvFormat::kTq3},
                       PagedCase{64, 1000, 4, 1, 64, 32, 256, kernels::KvFormat::kTq4},
                       PagedCase{1, 4095, 32, 4, 128, 16, 0, kernels::KvFormat::kTq2},
-                      PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq4}));
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq4},
+                      // decode kernel shapes: 16 query heads per kv head, head_dim 64 and 256
+                      PagedCase{1, 1500, 32, 2, 128, 16, 0, kBf16Kv},
+                      PagedCase{1, 900, 16, 1, 64, 16, 0, kernels::KvFormat::kTq4},
+                      PagedCase{1, 3000, 8, 2, 256, 16, 0, kFp8Kv},
+                      PagedCase{1, 1000, 8, 1, 256, 16, 300, kernels::KvFormat::kTq3},
+                      PagedCase{1, 40, 12, 1, 64, 16, 0, kFp8Kv}));
 
 // A step's sequences in one call (the engine's per-layer batch; one launch on CUDA): prefill,
 // decodes at several lengths, a split-K decode and an empty item, over one pool; every byte of
-// the pool and every output element against the CPU, which runs the elements one by one.
-class PagedKvBatchParity : public ::testing::TestWithParam<kernels::KvFormat> {};
+// the pool and every output element against the CPU, which runs the elements one by one. The
+// decode-only batch takes the tensor-core decode kernel on CUDA, the mixed one the SIMT kernel.
+class PagedKvBatchParity
+    : public ::testing::TestWithParam<std::tuple<kernels::KvFormat, bool>> {};
 
 TEST_P(PagedKvBatchParity, MatchesCpu) {
-  const kernels::KvFormat format = GetParam();
+  const auto [format, decode_only] = GetParam();
   const int D = 128, NKV = 4, NH = 32, bs = 16;
   struct Seq {
     int64_t start_pos, T;
   };
-  const std::vector<Seq> seqs = {{0, 5}, {732, 1}, {4000, 1}, {16, 1}, {10, 0}, {100, 3}};
+  const std::vector<Seq> seqs =
+      decode_only ? std::vector<Seq>{{732, 1}, {4000, 1}, {16, 1}, {10, 0}, {0, 1}, {300, 1}}
+                  : std::vector<Seq>{{0, 5}, {732, 1}, {4000, 1}, {16, 1}, {10, 0}, {100, 3}};
   std::mt19937 rng(static_cast<uint32_t>(7 + static_cast<int>(format)));
   int64_t pool_blocks = 3, tokens = 0;
   for (const Seq& q : seqs) {
@@ -536,7 +547,8 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
     ASSERT_TRUE(be.PagedKvWrite(writes).ok());
     ASSERT_TRUE(be.PagedAttention(reads).ok());
   }
-  const std::string name = Name(kernels::KvFormatName(format), "batch of", seqs.size());
+  const std::string name = Name(kernels::KvFormatName(format), decode_only ? "decode" : "mixed",
+                                "batch of", seqs.size());
   const std::vector<uint8_t> got = dpool.Read();
   ExpectEqualIds("PagedKvWrite batch bytes", name, std::vector<int32_t>(got.begin(), got.end()),
                  std::vector<int32_t>(pool.begin(), pool.end()));
@@ -544,8 +556,11 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PagedKvBatchParity,
-                         ::testing::Values(kBf16Kv, kFp8Kv, kernels::KvFormat::kTq4,
-                                           kernels::KvFormat::kTq2));
+                         ::testing::Combine(::testing::Values(kBf16Kv, kFp8Kv,
+                                                              kernels::KvFormat::kTq4,
+                                                              kernels::KvFormat::kTq3,
+                                                              kernels::KvFormat::kTq2),
+                                            ::testing::Bool()));
 
 TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
   const int D = 64, NKV = 2, bs = 16;
