@@ -542,6 +542,9 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   // bf16 pairs (exact for both formats: no low half), and the vector's scale.
   static constexpr bool kLowHalf = false;
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
+  // Occupancy asked of the decode kernel's register allocation: a bf16 tile's raw bytes need
+  // more than 128 registers a thread (4 blocks would spill), an fp8 tile's do not.
+  static constexpr int kDecodeBlocksPerSm = kFp8 ? 4 : 1;
   __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
     const int64_t e = static_cast<int64_t>(slot) * g.head_dim + d0;
     return *reinterpret_cast<const Raw*>(tile + e * (kFp8 ? 1 : 2));
@@ -903,6 +906,7 @@ struct TqKvSource : PagedLoads<TqKvSource> {
   // bf16 hi and lo pairs, and the vector's scale.
   static constexpr bool kLowHalf = true;
   using Raw = uint32_t;
+  static constexpr int kDecodeBlocksPerSm = 4;  // 128 registers: no spill at head_dim 128
   __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
     const int b = tb.bits;
     const uint8_t* codes = tile + static_cast<int64_t>(slot) * (g.head_dim * b / 8) + b * (d0 / 8);
@@ -1088,9 +1092,10 @@ struct DecodeTile {
 };
 
 // kRows: 8 (G <= 8) or 16 (G <= 16) query rows per block.
+// Occupancy: the source's ask at up to 8 rows of head_dim 128 (larger tiles would spill).
 template <int D, int kRows, typename Src>
-__global__ __launch_bounds__(kDecodeWarps* kWarp) void DecodeAttentionKernel(const AttnParams p,
-                                                                             const Src all_src) {
+__global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecodeBlocksPerSm : 1)
+    void DecodeAttentionKernel(const AttnParams p, const Src all_src) {
   constexpr int kSteps = D / 16;          // k-steps of S = Q Kᵀ
   constexpr int kKChunks = D / 32;        // chunks a lane loads of each of its two keys
   constexpr int kMTiles = D / 16;         // m-tiles of Oᵀ: dims g·D/8 + j and g·D/8 + D/16 + j
