@@ -337,6 +337,21 @@ void LaunchAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_
 
 }  // namespace
 
+// The launch's device tables, once p.num_splits and p.total_tokens are set: the sequences
+// through `stage`, and when split the partials (o, then m and l) of every split from `reserve`.
+template <typename Reserve, typename Stage>
+void StageSeqsAndPartials(AttnParams& p, const std::vector<SeqDesc>& seqs, Reserve reserve,
+                          Stage stage) {
+  p.num_seqs = static_cast<int>(seqs.size());
+  p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
+  if (p.num_splits > 1) {
+    const size_t rows = static_cast<size_t>(p.total_tokens) * p.a.num_heads;
+    const size_t floats = static_cast<size_t>(p.num_splits) * rows * (p.a.head_dim + 2);
+    p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
+    p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * p.a.head_dim;
+  }
+}
+
 // Plans the tiles of `seqs` (host memory; start_pos, num_tokens, token_offset and table_offset
 // filled) and the split, copies the plan to the device through `stage`, reserves partials through
 // `reserve`, launches the flash kernel reading `src` and, when split, the combine kernel. Shared
@@ -369,14 +384,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
   MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
       << "Attention: grid " << tiles << " x " << p.num_splits;
-  p.num_seqs = static_cast<int>(seqs.size());
-  p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
-  if (p.num_splits > 1) {
-    const size_t rows = static_cast<size_t>(p.total_tokens) * a.num_heads;
-    const size_t floats = static_cast<size_t>(p.num_splits) * rows * (a.head_dim + 2);
-    p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
-    p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * a.head_dim;
-  }
+  StageSeqsAndPartials(p, seqs, reserve, stage);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(p.num_splits));
   if (a.head_dim <= 64) {
@@ -1385,14 +1393,7 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
   MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535)
       << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits;
-  p.num_seqs = static_cast<int>(seqs.size());
-  p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
-  if (p.num_splits > 1) {
-    const size_t rows = static_cast<size_t>(p.total_tokens) * a.num_heads;
-    const size_t floats = static_cast<size_t>(p.num_splits) * rows * (a.head_dim + 2);
-    p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
-    p.part_ml = p.part_o + static_cast<size_t>(p.num_splits) * rows * a.head_dim;
-  }
+  StageSeqsAndPartials(p, seqs, reserve, stage);
   const dim3 grid(static_cast<unsigned>(seqs.size()), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(p.num_splits));
   if (D == 64) {
