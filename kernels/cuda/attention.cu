@@ -1044,7 +1044,7 @@ struct DecodeTile {
   float k_scale[4], v_scale[4];
 
   // Block-table entry and slot of position s0 + j, j < 16, from those of s0 (one division a
-  // tile: a 64-bit division per key cost more than the tile's math).
+  // tile, not one per key).
   struct Place {
     int32_t block, slot;
   };
@@ -1088,7 +1088,7 @@ struct DecodeTile {
       const bool ok = s0 + j >= s_begin && s0 + j < s_end;
       int slot = 0;
       const uint8_t* ktile = ok ? key_tile(j, slot) : nullptr;
-      const uint8_t* vtile = ktile + src.g.tile_bytes;
+      const uint8_t* vtile = ok ? ktile + src.g.tile_bytes : nullptr;
       k_scale[c4] = ok ? src.Scale(ktile, slot) : 0.f;
       v_scale[c4] = ok ? src.Scale(vtile, slot) : 0.f;
 #pragma unroll
