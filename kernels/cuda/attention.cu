@@ -850,11 +850,13 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
 }
 
 // K/V source over TurboQuant tiles, in the rotated frame: element d of slot = s · C[idx_d].
-struct TqKvSource : PagedLoads<TqKvSource> {
+template <int kBits>  // the index width b, 1..4: shifts and loads fixed at compile time
+struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   PagedGeom g;
   TqTables tb;
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
-    const int b = tb.bits, index_bytes = g.head_dim * b / 8;
+    constexpr int b = kBits;
+    const int index_bytes = g.head_dim * b / 8;
     const uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
     const int bit = d * b;
     // An index spans at most two bytes (b <= 4... up to 8 within a 16-bit window).
@@ -876,7 +878,7 @@ struct TqKvSource : PagedLoads<TqKvSource> {
     return hilo;
   }
   __device__ __forceinline__ void Prepare() const {
-    for (int i = threadIdx.x; i < (1 << tb.bits); i += blockDim.x) {
+    for (int i = threadIdx.x; i < (1 << kBits); i += blockDim.x) {
       const float c = tb.centroids[i];
       const uint32_t hi = F32ToBf16Bits(c);
       Centroids()[i] = c;
@@ -893,12 +895,13 @@ struct TqKvSource : PagedLoads<TqKvSource> {
   // Elements d0 .. d0 + 7: their 8 b-bit codes are the b bytes at b · d0 / 8 (byte aligned).
   __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
                                         float (&out)[kChunk]) const {
-    const int b = tb.bits, index_bytes = g.head_dim * b / 8;
+    constexpr int b = kBits;
+    const int index_bytes = g.head_dim * b / 8;
     const uint8_t* codes = tile + static_cast<int64_t>(slot) * index_bytes + b * (d0 / 8);
     uint32_t w = 0;
-    if (b == 4) {
+    if constexpr (b == 4) {
       w = *reinterpret_cast<const uint32_t*>(codes);
-    } else if (b == 2) {
+    } else if constexpr (b == 2) {
       w = *reinterpret_cast<const uint16_t*>(codes);
     } else {
       for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
@@ -916,16 +919,20 @@ struct TqKvSource : PagedLoads<TqKvSource> {
   using Raw = uint32_t;
   static constexpr int kDecodeBlocksPerSm = 4;  // 128 registers: no spill at head_dim 128
   __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
-    const int b = tb.bits;
+    constexpr int b = kBits;
     const uint8_t* codes = tile + static_cast<int64_t>(slot) * (g.head_dim * b / 8) + b * (d0 / 8);
-    if (b == 4) return *reinterpret_cast<const uint32_t*>(codes);
-    if (b == 2) return *reinterpret_cast<const uint16_t*>(codes);
-    uint32_t w = 0;
-    for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
-    return w;
+    if constexpr (b == 4) {
+      return *reinterpret_cast<const uint32_t*>(codes);
+    } else if constexpr (b == 2) {
+      return *reinterpret_cast<const uint16_t*>(codes);
+    } else {
+      uint32_t w = 0;
+      for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
+      return w;
+    }
   }
   __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4], uint32_t (&lo)[4]) const {
-    const int b = tb.bits;
+    constexpr int b = kBits;
     const uint32_t mask = (1u << b) - 1u;
     const uint32_t* c = CentroidHiLo();
 #pragma unroll
@@ -937,7 +944,7 @@ struct TqKvSource : PagedLoads<TqKvSource> {
   }
   __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
     return __half2float(*reinterpret_cast<const __half*>(
-        tile + static_cast<int64_t>(g.block_size) * (g.head_dim * tb.bits / 8) + 2 * slot));
+        tile + static_cast<int64_t>(g.block_size) * (g.head_dim * kBits / 8) + 2 * slot));
   }
 };
 
@@ -1607,7 +1614,13 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     MOE_CUDA_CHECK(cudaGetLastError());
     c.q = q_rot;
     c.out = o_rot;
-    run(c, cuda::TqKvSource{{}, g, tb});
+    switch (tb.bits) {  // ChoosePath: tq1 .. tq4
+      case 1: run(c, cuda::TqKvSource<1>{{}, g, tb}); break;
+      case 2: run(c, cuda::TqKvSource<2>{{}, g, tb}); break;
+      case 3: run(c, cuda::TqKvSource<3>{{}, g, tb}); break;
+      case 4: run(c, cuda::TqKvSource<4>{{}, g, tb}); break;
+      default: MOE_CHECK(false) << "PagedAttention: TurboQuant with " << tb.bits << " bits";
+    }
     cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
         a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
     MOE_CUDA_CHECK(cudaGetLastError());
