@@ -572,6 +572,11 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
       hi[0] = r.x, hi[1] = r.y, hi[2] = r.z, hi[3] = r.w;
     }
   }
+  // Queries and outputs are in the cache's frame already.
+  template <int D>
+  __device__ __forceinline__ void RotateQuery(float*, int, int) const {}
+  template <int D>
+  __device__ __forceinline__ void RotateOutput(float*, int, int) const {}
   __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
     if constexpr (kFp8) {
       return LoadF32Bytes(tile + static_cast<int64_t>(g.block_size) * g.head_dim + 4 * slot);
@@ -706,14 +711,15 @@ struct TqTables {
   }
 };
 
-// Fwht of kv_rotation.cc on y[n] in shared memory, blockDim.x >= n / 2: every butterfly is the
-// same two roundings as on the CPU (the order of independent butterflies does not matter).
+// Fwht of kv_rotation.cc on y[n] in shared memory (n a power of two), by the whole block: every
+// butterfly is the same two roundings as on the CPU (the order of independent butterflies does
+// not matter).
 __device__ __forceinline__ void BlockFwht(float* y, int n) {
-  for (int h = 1; h < n; h <<= 1) {
+  const int half = n / 2;
+  for (int h = 1, log_h = 0; h < n; h <<= 1, ++log_h) {
     __syncthreads();
-    const int t = threadIdx.x;
-    if (t < n / 2) {
-      const int j = (t / h) * 2 * h + t % h;
+    for (int t = threadIdx.x; t < half; t += blockDim.x) {
+      const int j = ((t >> log_h) << (log_h + 1)) + (t & (h - 1));
       const float a = y[j], b = y[j + h];
       y[j] = __fadd_rn(a, b);
       y[j + h] = __fsub_rn(a, b);
@@ -740,6 +746,63 @@ __device__ __forceinline__ void BlockRht2(float* v, int n, const float* d1, cons
     for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] = __fmul_rn(v[i], __fmul_rn(d1[i], inv_n));
   }
   __syncthreads();
+}
+
+// BlockRht2 of one vector row[D] in shared memory by one warp, with no barrier: lane holds
+// elements lane + 32k; butterflies across lanes by shuffles, across k in registers. The same
+// roundings as BlockRht2 (each butterfly is a + b and a - b of the same pair).
+template <int D>
+__device__ __forceinline__ void WarpRht2(float* row, const float* d1, const float* d2,
+                                         bool forward) {
+  constexpr int kPer = D / kWarp;
+  static_assert(D % kWarp == 0 && (D & (D - 1)) == 0);
+  const int lane = threadIdx.x % kWarp;
+  float x[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) x[k] = row[lane + kWarp * k];
+  auto fwht = [&] {
+#pragma unroll
+    for (int h = 1; h < kWarp; h <<= 1) {
+      const bool upper = lane & h;
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        const float other = __shfl_xor_sync(0xffffffffu, x[k], h);
+        x[k] = upper ? __fsub_rn(other, x[k]) : __fadd_rn(x[k], other);
+      }
+    }
+#pragma unroll
+    for (int hk = 1; hk < kPer; hk <<= 1) {
+#pragma unroll
+      for (int k = 0; k < kPer; ++k) {
+        if (k & hk) continue;
+        const float a = x[k], b = x[k + hk];
+        x[k] = __fadd_rn(a, b);
+        x[k + hk] = __fsub_rn(a, b);
+      }
+    }
+  };
+  const float inv_n = 1.f / static_cast<float>(D);
+  if (forward) {
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(d1[lane + kWarp * k], x[k]);
+    fwht();
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], d2[lane + kWarp * k]);
+    fwht();
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], inv_n);
+  } else {
+    fwht();
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], d2[lane + kWarp * k]);
+    fwht();
+#pragma unroll
+    for (int k = 0; k < kPer; ++k) {
+      x[k] = __fmul_rn(x[k], __fmul_rn(d1[lane + kWarp * k], inv_n));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) row[lane + kWarp * k] = x[k];
 }
 
 // F32ToF16 of kernels/tensor.cc (round to nearest even, overflow to inf).
@@ -780,20 +843,23 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
   const int h = blockIdx.y, role = blockIdx.z;
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * D;
   bool finite = true;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) finite = finite && isfinite(x[j]);
+  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+    y[j] = x[j];
+    finite = finite && isfinite(y[j]);
+  }
   if (!__syncthreads_and(finite)) {
     if (threadIdx.x == 0) atomicMin(bad, KvBadCode(where[t].y, h, role));
     return;
   }
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // one thread: the CPU's order of additions, from shared memory
     float n2 = 0.f;
-    for (int j = 0; j < D; ++j) n2 = __fadd_rn(n2, __fmul_rn(x[j], x[j]));
+    for (int j = 0; j < D; ++j) n2 = __fadd_rn(n2, __fmul_rn(y[j], y[j]));
     norm_s = __fsqrt_rn(n2);
   }
   __syncthreads();
   const float n = norm_s;
   for (int j = threadIdx.x; j < D; j += blockDim.x) {
-    y[j] = n == 0.f ? 0.f : __fdiv_rn(x[j], n);
+    y[j] = n == 0.f ? 0.f : __fdiv_rn(y[j], n);
   }
   if (n != 0.f) BlockRht2(y, D, tb.D1(h, role, D), tb.D2(h, role, D), true);
   const int levels = 1 << b;
@@ -942,6 +1008,20 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
       lo[p] = __byte_perm(x, y, 0x7632);
     }
   }
+  // q' = Π_K q before the products and out = Πᵀ_V acc after them, on `rows` vectors v[r · D ..]
+  // in shared memory (query heads of kv head kvh), one warp a vector; the caller syncs after.
+  template <int D>
+  __device__ __forceinline__ void RotateQuery(float* v, int rows, int kvh) const {
+    for (int r = threadIdx.x / kWarp; r < rows; r += blockDim.x / kWarp) {
+      WarpRht2<D>(v + r * D, tb.D1(kvh, 0, D), tb.D2(kvh, 0, D), true);
+    }
+  }
+  template <int D>
+  __device__ __forceinline__ void RotateOutput(float* v, int rows, int kvh) const {
+    for (int r = threadIdx.x / kWarp; r < rows; r += blockDim.x / kWarp) {
+      WarpRht2<D>(v + r * D, tb.D1(kvh, 1, D), tb.D2(kvh, 1, D), false);
+    }
+  }
   __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
     return __half2float(*reinterpret_cast<const __half*>(
         tile + static_cast<int64_t>(g.block_size) * (g.head_dim * kBits / 8) + 2 * slot));
@@ -1035,11 +1115,12 @@ __host__ __device__ constexpr int DecodeQWords() {
   return 3 * kRows / 4;
 }
 
-// Q fragments [D / 16][32 lanes][words], then the merge: o [warps][kRows][D + 1], m, l.
+// Q fragments [D / 16][32 lanes][words], the merge: o [warps][kRows][D + 1], m, l, then the
+// block's rows [kRows][D] (its queries, later its outputs).
 template <int D, int kRows>
 constexpr size_t DecodeSmemBytes() {
   return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows>() +
-         sizeof(float) * kDecodeWarps * kRows * (D + 3);
+         sizeof(float) * kDecodeWarps * kRows * (D + 3) + sizeof(float) * kRows * D;
 }
 
 // What a lane loads of one 16-key tile (see above): raw chunks of its two keys and of its four
@@ -1135,8 +1216,16 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
   // key chunks. Rows g + 8 are padding with 8 rows: not stored, zero in the mma.
   constexpr int kQWords = DecodeQWords<kRows>();
   uint32_t* q_s = reinterpret_cast<uint32_t*>(dsmem);  // [kSteps][lane][kQWords]
+  float* o_s = dsmem + kSteps * kWarp * kQWords;       // the merge: [warp][row][D + 1]
+  float* m_s = o_s + kDecodeWarps * kRows * (D + 1);   // [warp][row]
+  float* l_s = m_s + kDecodeWarps * kRows;
+  float* rows_s = l_s + kDecodeWarps * kRows;          // [G][D]
   {
     const float* q = a.q + (sq.token_offset * a.num_heads + kvh * G) * D;
+    for (int i = threadIdx.x; i < G * D; i += blockDim.x) rows_s[i] = q[i];
+    __syncthreads();
+    src.template RotateQuery<D>(rows_s, G, kvh);
+    __syncthreads();
     for (int kk = warp; kk < kSteps; kk += kDecodeWarps) {
       uint32_t* dst = q_s + (kk * kWarp + lane) * kQWords;
 #pragma unroll
@@ -1145,7 +1234,7 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
         for (int j = 0; j < 2; ++j) {
           const int row = g + 8 * r, d = 8 * (t + 4 * (kk / 2)) + 4 * (kk % 2) + 2 * j;
           float x = 0.f, y = 0.f;
-          if (row < G) x = q[row * D + d], y = q[row * D + d + 1];
+          if (row < G) x = rows_s[row * D + d], y = rows_s[row * D + d + 1];
           uint32_t parts[3];
           SplitBf16(x, y, parts);
 #pragma unroll
@@ -1299,10 +1388,8 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
     if constexpr (kPrefetch) cur = next;
   }
 
-  // Merge the block's warps: o_s [warp][row][D + 1], m_s and l_s [warp][row].
-  float* o_s = dsmem + kSteps * kWarp * kQWords;
-  float* m_s = o_s + kDecodeWarps * kRows * (D + 1);
-  float* l_s = m_s + kDecodeWarps * kRows;
+  // Merge the block's warps into rows_s, rotate it back (TurboQuant: linear, so a split's
+  // unnormalised partial may be rotated before the combine), write it.
 #pragma unroll
   for (int r = 0; r < kRowTiles; ++r) {
     l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
@@ -1330,28 +1417,37 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
       num = fmaf(e, o_s[(w * kRows + r) * (D + 1) + d], num);
       den = fmaf(e, l_s[w * kRows + r], den);
     }
-    const int64_t row = sq.token_offset * a.num_heads + kvh * G + r;
     if (p.num_splits == 1) {
-      a.out[row * D + d] = num / den;  // den > 0: key pos is in the only split
+      rows_s[idx] = num / den;  // den > 0: key pos is in the only split
     } else {
-      const int64_t prow = split * p.total_tokens * a.num_heads + row;
-      p.part_o[prow * D + d] = num;
-      if (d == 0) p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
+      rows_s[idx] = num;
+      if (d == 0) {
+        const int64_t prow =
+            split * p.total_tokens * a.num_heads + sq.token_offset * a.num_heads + kvh * G + r;
+        p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
+      }
     }
   }
+  __syncthreads();
+  src.template RotateOutput<D>(rows_s, G, kvh);
+  __syncthreads();
+  float* dst = p.num_splits == 1
+                   ? a.out
+                   : p.part_o + split * p.total_tokens * a.num_heads * D;
+  dst += (sq.token_offset * a.num_heads + kvh * G) * D;
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) dst[idx] = rows_s[idx];
 }
 
-template <int D, int kRows, typename Src>
-void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
-  DecodeAttentionKernel<D, kRows, Src>
-      <<<grid, kDecodeWarps * kWarp, DecodeSmemBytes<D, kRows>(), stream>>>(p, src);
-  MOE_CUDA_CHECK(cudaGetLastError());
-}
-
-// Blocks of DecodeAttentionKernel<D, kRows> that fit on one SM (registers, shared memory).
+// Blocks of DecodeAttentionKernel<D, kRows> that fit on one SM (registers, shared memory); the
+// first call also lets the kernel have more than 48 KiB of shared memory where it needs it.
 template <int D, int kRows, typename Src>
 int DecodeBlocksPerSm() {
   static const int blocks = [] {
+    if (DecodeSmemBytes<D, kRows>() > 48 * 1024) {
+      MOE_CUDA_CHECK(cudaFuncSetAttribute(DecodeAttentionKernel<D, kRows, Src>,
+                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                          static_cast<int>(DecodeSmemBytes<D, kRows>())));
+    }
     int n = 0;
     MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &n, DecodeAttentionKernel<D, kRows, Src>, kDecodeWarps * kWarp,
@@ -1359,6 +1455,14 @@ int DecodeBlocksPerSm() {
     return n > 0 ? n : 1;
   }();
   return blocks;
+}
+
+template <int D, int kRows, typename Src>
+void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
+  DecodeBlocksPerSm<D, kRows, Src>();  // the shared-memory attribute, once
+  DecodeAttentionKernel<D, kRows, Src>
+      <<<grid, kDecodeWarps * kWarp, DecodeSmemBytes<D, kRows>(), stream>>>(p, src);
+  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 // The decode kernel's shapes: head_dim 64, 128 or 256 (dims in chunks of 8 per lane), at most
@@ -1600,30 +1704,36 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   } else if (path == cuda::PagedPath::kBf16) {
     run(c, cuda::PagedKvSource<false>{{}, g});
   } else {
-    // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc.
-    const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
-    const size_t n = rows * kv.head_dim;
-    float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
-    float* o_rot = q_rot + n;
+    // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc. The decode kernel
+    // rotates in shared memory itself; otherwise two rotation kernels bracket the SIMT one.
     const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
-    const int group = a.num_heads / kv.num_kv_heads;
-    const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
-    const size_t smem = kv.head_dim * sizeof(float);
-    cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
-        q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
-    MOE_CUDA_CHECK(cudaGetLastError());
-    c.q = q_rot;
-    c.out = o_rot;
+    auto run_tq = [&](const auto& src) {
+      if (cuda::RunDecodeAttention(c, seqs, src, num_sms_, reserve, stage, stream_)) return;
+      const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
+      const size_t n = rows * kv.head_dim;
+      float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
+      float* o_rot = q_rot + n;
+      const int group = a.num_heads / kv.num_kv_heads;
+      const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
+      const size_t smem = kv.head_dim * sizeof(float);
+      cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
+          q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
+      MOE_CUDA_CHECK(cudaGetLastError());
+      AttentionArgs rotated = c;
+      rotated.q = q_rot;
+      rotated.out = o_rot;
+      cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_);
+      cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
+          a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
+      MOE_CUDA_CHECK(cudaGetLastError());
+    };
     switch (tb.bits) {  // ChoosePath: tq1 .. tq4
-      case 1: run(c, cuda::TqKvSource<1>{{}, g, tb}); break;
-      case 2: run(c, cuda::TqKvSource<2>{{}, g, tb}); break;
-      case 3: run(c, cuda::TqKvSource<3>{{}, g, tb}); break;
-      case 4: run(c, cuda::TqKvSource<4>{{}, g, tb}); break;
+      case 1: run_tq(cuda::TqKvSource<1>{{}, g, tb}); break;
+      case 2: run_tq(cuda::TqKvSource<2>{{}, g, tb}); break;
+      case 3: run_tq(cuda::TqKvSource<3>{{}, g, tb}); break;
+      case 4: run_tq(cuda::TqKvSource<4>{{}, g, tb}); break;
       default: MOE_CHECK(false) << "PagedAttention: TurboQuant with " << tb.bits << " bits";
     }
-    cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
-        a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
-    MOE_CUDA_CHECK(cudaGetLastError());
   }
   return absl::OkStatus();
 }
