@@ -829,13 +829,15 @@ __device__ __forceinline__ uint16_t F32ToF16Bits(float f) {
   return static_cast<uint16_t>(half);
 }
 
-// KvCodec::Quantize for a single-part MSE format, one block per (token, kv-head, K|V), D threads:
+// KvCodec::Quantize for a single-part MSE format, one block per (token, kv-head, K|V), D threads
+// (the rotation by the first warp alone: no barriers):
 // n = sqrt(Σ x_j² ascending) by one thread, u = x / n, y = Π u, idx = #boundaries <= y, scale,
 // fp16 scale; indices packed b bits each, little-endian; scale plane after the index plane.
+template <int D>  // g.head_dim
 __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const float* v,
                               const int2* where, unsigned long long* bad) {
   extern __shared__ float tq_smem[];
-  const int D = g.head_dim, b = tb.bits;
+  const int b = tb.bits;
   float* y = tq_smem;                                   // [D]
   uint8_t* idx = reinterpret_cast<uint8_t*>(y + D);     // [D]
   __shared__ float norm_s, scale_s;
@@ -861,7 +863,11 @@ __global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const fl
   for (int j = threadIdx.x; j < D; j += blockDim.x) {
     y[j] = n == 0.f ? 0.f : __fdiv_rn(y[j], n);
   }
-  if (n != 0.f) BlockRht2(y, D, tb.D1(h, role, D), tb.D2(h, role, D), true);
+  __syncthreads();
+  if (n != 0.f) {  // block-uniform
+    if (threadIdx.x < kWarp) WarpRht2<D>(y, tb.D1(h, role, D), tb.D2(h, role, D), true);
+    __syncthreads();
+  }
   const int levels = 1 << b;
   for (int j = threadIdx.x; j < D; j += blockDim.x) {
     int c = 0;
@@ -1610,8 +1616,17 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   } else {
     const float* dev = TqTablesOnDevice(kv);
     const size_t smem = kv.head_dim * (sizeof(float) + 1);
-    cuda::TqWriteKernel<<<grid, threads, smem, stream_>>>(g, cuda::TqDeviceTables(kv, dev), k, v,
-                                                          dev_where, kv_verdict_);
+    const cuda::TqTables tb = cuda::TqDeviceTables(kv, dev);
+    auto launch = [&](auto kernel) {
+      kernel<<<grid, threads, smem, stream_>>>(g, tb, k, v, dev_where, kv_verdict_);
+    };
+    switch (kv.head_dim) {  // ChoosePath: a power of two, 32 .. 256
+      case 32: launch(cuda::TqWriteKernel<32>); break;
+      case 64: launch(cuda::TqWriteKernel<64>); break;
+      case 128: launch(cuda::TqWriteKernel<128>); break;
+      case 256: launch(cuda::TqWriteKernel<256>); break;
+      default: MOE_CHECK(false) << "PagedKvWrite: TurboQuant head_dim " << kv.head_dim;
+    }
   }
   MOE_CUDA_CHECK(cudaGetLastError());
   return absl::OkStatus();  // the verdict: TakeKvWriteError
