@@ -1092,7 +1092,9 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
 // then exactly the Pᵀ operand the lane must give (FlashAttention-2's trick, transposed), and no
 // accumulator is padding. Operands not exact in bf16 are split: q and P into hi + mid + lo bf16
 // (fp32's 24 bits), the TurboQuant centroids into hi + lo (16 bits; lo meets q's hi only); bf16
-// and fp8 elements are exact.
+// and fp8 elements are exact. TurboQuant: the block rotates its queries into the cache's frame
+// and its (partial) outputs back, one warp a vector; the rotation is linear, so the combine of
+// rotated partials is the rotated combine.
 constexpr int kDecodeWarps = 4, kTileKeys = 16;
 
 // c += A B for one m16n8k16 tile (A row-major 16 x 16, B column-major 16 x 8, bf16; c fp32).
