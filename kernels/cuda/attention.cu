@@ -557,7 +557,8 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
     const int64_t e = static_cast<int64_t>(slot) * g.head_dim + d0;
     return *reinterpret_cast<const Raw*>(tile + e * (kFp8 ? 1 : 2));
   }
-  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4], uint32_t (&)[4]) const {
+  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4],
+                                            uint32_t (&)[4]) const {
     if constexpr (kFp8) {
       const uint32_t w[2] = {r.x, r.y};
 #pragma unroll
@@ -1003,7 +1004,8 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
       return w;
     }
   }
-  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4], uint32_t (&lo)[4]) const {
+  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4],
+                                            uint32_t (&lo)[4]) const {
     constexpr int b = kBits;
     const uint32_t mask = (1u << b) - 1u;
     const uint32_t* c = CentroidHiLo();
@@ -1498,10 +1500,22 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs
   }
   if (p.total_tokens == 0) return true;
   const int D = a.head_dim;
-  const bool wide = p.group > 8;
-  const int per_sm = D == 64    ? (wide ? DecodeBlocksPerSm<64, 16, Src>() : DecodeBlocksPerSm<64, 8, Src>())
-                     : D == 128 ? (wide ? DecodeBlocksPerSm<128, 16, Src>() : DecodeBlocksPerSm<128, 8, Src>())
-                                : DecodeBlocksPerSm<256, 8, Src>();
+  // f(head_dim, rows) with both as std::integral_constant: the kernel instance for this call.
+  auto with_shape = [D, wide = p.group > 8](auto&& f) {
+    using std::integral_constant;
+    if (D == 64) {
+      return wide ? f(integral_constant<int, 64>{}, integral_constant<int, 16>{})
+                  : f(integral_constant<int, 64>{}, integral_constant<int, 8>{});
+    }
+    if (D == 128) {
+      return wide ? f(integral_constant<int, 128>{}, integral_constant<int, 16>{})
+                  : f(integral_constant<int, 128>{}, integral_constant<int, 8>{});
+    }
+    return f(integral_constant<int, 256>{}, integral_constant<int, 8>{});
+  };
+  const int per_sm = with_shape([](auto d, auto rows) {
+    return DecodeBlocksPerSm<decltype(d)::value, decltype(rows)::value, Src>();
+  });
   // Split the keys so that one wave fills the GPU, each warp at least one tile of its own.
   const int64_t blocks = static_cast<int64_t>(seqs.size()) * a.num_kv_heads;
   const int64_t tiles = CeilDiv(keys, kTileKeys);
@@ -1515,15 +1529,9 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs
   StageSeqsAndPartials(p, seqs, reserve, stage);
   const dim3 grid(static_cast<unsigned>(seqs.size()), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(p.num_splits));
-  if (D == 64) {
-    wide ? LaunchDecodeAttention<64, 16>(p, src, grid, stream)
-         : LaunchDecodeAttention<64, 8>(p, src, grid, stream);
-  } else if (D == 128) {
-    wide ? LaunchDecodeAttention<128, 16>(p, src, grid, stream)
-         : LaunchDecodeAttention<128, 8>(p, src, grid, stream);
-  } else {
-    LaunchDecodeAttention<256, 8>(p, src, grid, stream);
-  }
+  with_shape([&](auto d, auto rows) {
+    LaunchDecodeAttention<decltype(d)::value, decltype(rows)::value>(p, src, grid, stream);
+  });
   if (p.num_splits > 1) {
     LaunchCombine(p, stream);
   }
