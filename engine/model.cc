@@ -127,6 +127,15 @@ absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v
   return absl::OkStatus();
 }
 
+absl::StatusOr<std::unique_ptr<store::RoutingTraceWriter>> Model::RecordRoutingTrace(
+    const std::string& path) {
+  MOE_ASSIGN_OR_RETURN(auto trace, store::RoutingTraceWriter::Create(
+                                       path, static_cast<int32_t>(config_.num_hidden_layers),
+                                       static_cast<int32_t>(config_.num_experts)));
+  set_routing_trace(trace.get());
+  return trace;
+}
+
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    kernels::Backend& backend,
                                                    const store::StoreOptions& store) {

@@ -161,6 +161,10 @@ class Model {
     trace_ = trace;
     trace_step_ = -1;
   }
+  // A writer at `path` sized for this model, already set as the routing trace (above); the
+  // caller keeps it alive while the model runs.
+  absl::StatusOr<std::unique_ptr<store::RoutingTraceWriter>> RecordRoutingTrace(
+      const std::string& path);
 
   // Prefetch of the next layer's likely experts. When on and the experts come from the tiered
   // ExpertStore (expert_store() non-null; otherwise it does nothing), each MoE layer, once its

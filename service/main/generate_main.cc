@@ -134,10 +134,7 @@ absl::Status Run() {
   }
   std::unique_ptr<store::RoutingTraceWriter> trace;
   if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
-    MOE_ASSIGN_OR_RETURN(trace, store::RoutingTraceWriter::Create(
-                                    path, static_cast<int32_t>(model->config().num_hidden_layers),
-                                    static_cast<int32_t>(model->config().num_experts)));
-    model->set_routing_trace(trace.get());
+    MOE_ASSIGN_OR_RETURN(trace, model->RecordRoutingTrace(path));
   }
   MOE_LOG(INFO) << "loaded " << dir << " (" << model->config().arch.model_type << ", "
                 << model->config().num_hidden_layers << " layers, " << model->config().num_experts

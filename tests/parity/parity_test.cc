@@ -157,10 +157,10 @@ struct RopeCase {
 };
 class RopeParity : public ::testing::TestWithParam<RopeCase> {};
 
-TEST_P(RopeParity, MatchesCpu) {
-  const RopeCase c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.T * 17 + c.heads * 5 + c.head_dim));
-  std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim);
+// Runs op(backend, args, on_gpu) on the CPU over x and on the GPU over a copy of it, with the same
+// random positions and frequencies; x then holds the CPU's result, and the GPU's is returned.
+template <typename Op>
+std::vector<float> RopeOnBoth(const RopeCase& c, std::vector<float>& x, std::mt19937& rng, Op op) {
   std::vector<int32_t> positions(c.T);
   std::uniform_int_distribution<int32_t> pos(0, 40000);
   for (int32_t& p : positions) p = pos(rng);
@@ -179,13 +179,22 @@ TEST_P(RopeParity, MatchesCpu) {
   a.inv_freq = inv_freq.data();
   a.attention_factor = c.attention_factor;
   a.x = x.data();
-  Cpu().Rope(a);
+  op(Cpu(), a, false);
   a.x = dx.get();
   a.positions = dpositions.get();
   a.inv_freq = dinv_freq.get();
-  Gpu().Rope(a);
-  ExpectClose("Rope", Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim),
-              dx.Read(), x, kTolF32);
+  op(Gpu(), a, true);
+  return dx.Read();
+}
+
+TEST_P(RopeParity, MatchesCpu) {
+  const RopeCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.T * 17 + c.heads * 5 + c.head_dim));
+  std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim);
+  const std::vector<float> got =
+      RopeOnBoth(c, x, rng, [](Backend& be, const kernels::RopeArgs& a, bool) { be.Rope(a); });
+  ExpectClose("Rope", Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim), got,
+              x, kTolF32);
 }
 
 INSTANTIATE_TEST_SUITE_P(Cases, RopeParity,
@@ -199,32 +208,13 @@ TEST_P(RopeParity, HeadNormRopeMatchesCpu) {
   const RopeCase c = GetParam();
   std::mt19937 rng(static_cast<uint32_t>(c.T * 23 + c.heads * 7 + c.head_dim));
   std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim, -3.f, 3.f);
-  std::vector<int32_t> positions(c.T);
-  std::uniform_int_distribution<int32_t> pos(0, 40000);
-  for (int32_t& p : positions) p = pos(rng);
-  std::vector<float> inv_freq(c.rotary_dim / 2);
-  for (size_t i = 0; i < inv_freq.size(); ++i) {
-    inv_freq[i] = 1.f / std::pow(1e6f, 2.f * static_cast<float>(i) / c.rotary_dim);
-  }
   const HostWeight w = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
-  DeviceArray<float> dx(x), dinv_freq(inv_freq);
-  DeviceArray<int32_t> dpositions(positions);
-  kernels::RopeArgs a;
-  a.positions = positions.data();
-  a.num_tokens = c.T;
-  a.num_heads = c.heads;
-  a.head_dim = c.head_dim;
-  a.rotary_dim = c.rotary_dim;
-  a.inv_freq = inv_freq.data();
-  a.attention_factor = c.attention_factor;
-  a.x = x.data();
-  Cpu().HeadNormRope(a, w.cpu, 1e-6f);
-  a.x = dx.get();
-  a.positions = dpositions.get();
-  a.inv_freq = dinv_freq.get();
-  Gpu().HeadNormRope(a, w.gpu.view, 1e-6f);
+  const std::vector<float> got =
+      RopeOnBoth(c, x, rng, [&](Backend& be, const kernels::RopeArgs& a, bool on_gpu) {
+        be.HeadNormRope(a, on_gpu ? w.gpu.view : w.cpu, 1e-6f);
+      });
   ExpectClose("HeadNormRope",
-              Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim), dx.Read(), x,
+              Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim), got, x,
               kTolF32);
 }
 

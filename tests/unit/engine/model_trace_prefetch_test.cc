@@ -132,10 +132,8 @@ TEST_F(ModelTracePrefetchTest, TraceHoldsWhatTheModelAcquiredAndReplays) {
     const ModelConfig& c = (*model)->config();
 
     const std::string path = out.File("trace" + std::to_string(run) + ".txt");
-    auto writer = store::RoutingTraceWriter::Create(path, static_cast<int32_t>(c.num_hidden_layers),
-                                                    static_cast<int32_t>(c.num_experts));
+    auto writer = (*model)->RecordRoutingTrace(path);
     ASSERT_TRUE(writer.ok()) << writer.status();
-    (*model)->set_routing_trace(writer->get());
     int64_t steps = 0;
     Generate(**model, &steps);
     (*model)->set_routing_trace(nullptr);
