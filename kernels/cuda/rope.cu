@@ -5,6 +5,19 @@
 namespace moe::kernels::cuda {
 namespace {
 
+// Element pair (x0, x1) of one rotary frequency turned by position · inv_freq, scaled: the fp32
+// angle as transformers computes it, full-precision sincosf (no fast-math intrinsics).
+__device__ __forceinline__ void RotatePair(int32_t position, float inv_freq, float attention_factor,
+                                           float x0, float x1, float& out0, float& out1) {
+  const float angle = static_cast<float>(position) * inv_freq;
+  float s, c;
+  sincosf(angle, &s, &c);
+  c *= attention_factor;
+  s *= attention_factor;
+  out0 = x0 * c - x1 * s;
+  out1 = x1 * c + x0 * s;
+}
+
 // For pair i < rot/2 of head h of token t, angle = positions[t] * inv_freq[i]:
 //   (x0, x1) = (x[i], x[i + rot/2]) -> (x0 c - x1 s, x1 c + x0 s), c, s scaled by attention_factor
 __global__ void RopeKernel(float* x, const int32_t* positions, const float* inv_freq,
@@ -16,15 +29,7 @@ __global__ void RopeKernel(float* x, const int32_t* positions, const float* inv_
   const int64_t th = idx / half;  // t * num_heads + h
   const int64_t t = th / num_heads;
   float* v = x + th * head_dim;  // [D]
-  // fp32 angle as transformers computes it; full-precision sincosf (no fast-math intrinsics).
-  const float angle = static_cast<float>(positions[t]) * inv_freq[i];
-  float s, c;
-  sincosf(angle, &s, &c);
-  c *= attention_factor;
-  s *= attention_factor;
-  const float x0 = v[i], x1 = v[i + half];
-  v[i] = x0 * c - x1 * s;
-  v[i + half] = x1 * c + x0 * s;
+  RotatePair(positions[t], inv_freq[i], attention_factor, v[i], v[i + half], v[i], v[i + half]);
 }
 
 // One block per (token, head) row, one thread per element (blockDim a multiple of 32 >= D):
@@ -44,14 +49,8 @@ __global__ void HeadNormRopeKernel(float* x, const W* weight, float eps, const i
   if (d < head_dim) y[d] = xd * inv * ToF32(weight[d]);
   __syncthreads();
   if (d < half) {
-    const float angle = static_cast<float>(positions[row / num_heads]) * inv_freq[d];
-    float s, c;
-    sincosf(angle, &s, &c);
-    c *= attention_factor;
-    s *= attention_factor;
-    const float x0 = y[d], x1 = y[d + half];
-    v[d] = x0 * c - x1 * s;
-    v[d + half] = x1 * c + x0 * s;
+    RotatePair(positions[row / num_heads], inv_freq[d], attention_factor, y[d], y[d + half], v[d],
+               v[d + half]);
   } else if (d >= 2 * half && d < head_dim) {
     v[d] = y[d];  // past rotary_dim: normalized, not rotated
   }
