@@ -546,31 +546,27 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
                          static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
     return (any & (kFp8 ? 7 : 15)) == 0;
   }
-  // DecodeAttentionKernel's interface: the raw bytes of elements d0 .. d0 + 7, those elements as
-  // bf16 pairs (exact for both formats: no low half), and the vector's scale.
+  // DecodeAttentionKernel's interface: the raw bytes of elements d0 .. d0 + 7, elements d0 + 2p
+  // and d0 + 2p + 1 as a bf16 pair (exact for both formats: no low half), and the vector's scale.
   static constexpr bool kLowHalf = false;
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
-  // Occupancy asked of the decode kernel's register allocation: a bf16 tile's raw bytes need
-  // more than 128 registers a thread (4 blocks would spill), an fp8 tile's do not.
-  static constexpr int kDecodeBlocksPerSm = kFp8 ? 4 : 1;
+  // Warps of a decode block (one block per SM): a bf16 tile's raw bytes need more than 128
+  // registers a thread, so 4 warps; an fp8 tile's fit 128, so 16 warps share one block's splits.
+  static constexpr int kDecodeWarps = kFp8 ? 16 : 4;
   __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
     const int64_t e = static_cast<int64_t>(slot) * g.head_dim + d0;
     return *reinterpret_cast<const Raw*>(tile + e * (kFp8 ? 1 : 2));
   }
-  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4],
-                                            uint32_t (&)[4]) const {
+  __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t&) const {
     if constexpr (kFp8) {
-      const uint32_t w[2] = {r.x, r.y};
-#pragma unroll
-      for (int p = 0; p < 4; ++p) {
-        const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
-            static_cast<__nv_fp8x2_storage_t>(w[p / 2] >> (16 * (p % 2))), __NV_E4M3);
-        const float2 f = __half22float2(__half2(h));
-        const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: 3 mantissa bits
-        hi[p] = *reinterpret_cast<const uint32_t*>(&b);
-      }
+      const uint32_t w = p < 2 ? r.x : r.y;
+      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+          static_cast<__nv_fp8x2_storage_t>(w >> (16 * (p % 2))), __NV_E4M3);
+      const float2 f = __half22float2(__half2(h));
+      const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);  // exact: 3 mantissa bits
+      hi = *reinterpret_cast<const uint32_t*>(&b);
     } else {
-      hi[0] = r.x, hi[1] = r.y, hi[2] = r.z, hi[3] = r.w;
+      hi = p == 0 ? r.x : p == 1 ? r.y : p == 2 ? r.z : r.w;
     }
   }
   // Queries and outputs are in the cache's frame already.
@@ -749,18 +745,16 @@ __device__ __forceinline__ void BlockRht2(float* v, int n, const float* d1, cons
   __syncthreads();
 }
 
-// BlockRht2 of one vector row[D] in shared memory by one warp, with no barrier: lane holds
-// elements lane + 32k; butterflies across lanes by shuffles, across k in registers. The same
-// roundings as BlockRht2 (each butterfly is a + b and a - b of the same pair).
+// BlockRht2 of one vector by one warp, with no barrier, on registers: lane holds elements
+// x[k] = v[lane + 32k] and their signs d1[k], d2[k]; butterflies across lanes by shuffles, across
+// k in registers. The same roundings as BlockRht2 (each butterfly is a + b and a - b of the same
+// pair).
 template <int D>
-__device__ __forceinline__ void WarpRht2(float* row, const float* d1, const float* d2,
-                                         bool forward) {
+__device__ __forceinline__ void WarpRht2(float (&x)[D / kWarp], const float (&d1)[D / kWarp],
+                                         const float (&d2)[D / kWarp], bool forward) {
   constexpr int kPer = D / kWarp;
   static_assert(D % kWarp == 0 && (D & (D - 1)) == 0);
   const int lane = threadIdx.x % kWarp;
-  float x[kPer];
-#pragma unroll
-  for (int k = 0; k < kPer; ++k) x[k] = row[lane + kWarp * k];
   auto fwht = [&] {
 #pragma unroll
     for (int h = 1; h < kWarp; h <<= 1) {
@@ -785,23 +779,35 @@ __device__ __forceinline__ void WarpRht2(float* row, const float* d1, const floa
   const float inv_n = 1.f / static_cast<float>(D);
   if (forward) {
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(d1[lane + kWarp * k], x[k]);
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(d1[k], x[k]);
     fwht();
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], d2[lane + kWarp * k]);
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], d2[k]);
     fwht();
 #pragma unroll
     for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], inv_n);
   } else {
     fwht();
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], d2[lane + kWarp * k]);
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], d2[k]);
     fwht();
 #pragma unroll
-    for (int k = 0; k < kPer; ++k) {
-      x[k] = __fmul_rn(x[k], __fmul_rn(d1[lane + kWarp * k], inv_n));
-    }
+    for (int k = 0; k < kPer; ++k) x[k] = __fmul_rn(x[k], __fmul_rn(d1[k], inv_n));
   }
+}
+
+// The same on row[D] in shared memory, the signs from d1[D], d2[D].
+template <int D>
+__device__ __forceinline__ void WarpRht2(float* row, const float* d1, const float* d2,
+                                         bool forward) {
+  constexpr int kPer = D / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  float x[kPer], s1[kPer], s2[kPer];
+#pragma unroll
+  for (int k = 0; k < kPer; ++k) {
+    x[k] = row[lane + kWarp * k], s1[k] = d1[lane + kWarp * k], s2[k] = d2[lane + kWarp * k];
+  }
+  WarpRht2<D>(x, s1, s2, forward);
 #pragma unroll
   for (int k = 0; k < kPer; ++k) row[lane + kWarp * k] = x[k];
 }
@@ -830,93 +836,104 @@ __device__ __forceinline__ uint16_t F32ToF16Bits(float f) {
   return static_cast<uint16_t>(half);
 }
 
-// KvCodec::Quantize for a single-part MSE format, one block per (token, kv-head, K|V), D threads
-// (the rotation by the first warp alone: no barriers):
-// n = sqrt(Σ x_j² ascending) by one thread, u = x / n, y = Π u, idx = #boundaries <= y, scale,
-// fp16 scale; indices packed b bits each, little-endian; scale plane after the index plane.
-template <int D>  // g.head_dim
-__global__ void TqWriteKernel(PagedGeom g, TqTables tb, const float* k, const float* v,
-                              const int2* where, unsigned long long* bad) {
-  extern __shared__ float tq_smem[];
-  const int b = tb.bits;
-  float* y = tq_smem;                                   // [D]
-  uint8_t* idx = reinterpret_cast<uint8_t*>(y + D);     // [D]
-  __shared__ float norm_s, scale_s;
+// KvCodec::Quantize for a single-part MSE format, one warp per (token, kv-head, K|V): n =
+// sqrt(Σ x_j² ascending), u = x / n, y = Π u, idx = #boundaries <= y, scale, fp16 scale; indices
+// packed b bits each, little-endian; scale plane after the index plane. Lane holds elements
+// lane + 32k; everything it reads is loaded up front; the sum of squares is one lane's, in the
+// CPU's order. (One block of D threads with block barriers between the steps, a run-time b and
+// one thread summing from shared memory took 5.5 us for one token's 8 vectors, H200.)
+template <int D, int kBits>  // g.head_dim, tb.bits
+__global__ __launch_bounds__(kWarp) void TqWriteKernel(PagedGeom g, TqTables tb, const float* k,
+                                                       const float* v, const int2* where,
+                                                       unsigned long long* bad) {
+  constexpr int b = kBits, kPer = D / kWarp, kLevels = 1 << kBits, kIndexBytes = D * kBits / 8;
+  __shared__ __align__(16) float squares[D];
+  __shared__ uint8_t idx[D];
   const int64_t t = blockIdx.x;
-  const int h = blockIdx.y, role = blockIdx.z;
+  const int h = blockIdx.y, role = blockIdx.z, lane = threadIdx.x;
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * D;
-  bool finite = true;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) {
-    y[j] = x[j];
-    finite = finite && isfinite(y[j]);
+  const int2 at = where[t];
+  float y[kPer], d1[kPer], d2[kPer], bounds[kLevels - 1];
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    y[e] = x[lane + kWarp * e];
+    d1[e] = tb.D1(h, role, D)[lane + kWarp * e];
+    d2[e] = tb.D2(h, role, D)[lane + kWarp * e];
   }
-  if (!__syncthreads_and(finite)) {
-    if (threadIdx.x == 0) atomicMin(bad, KvBadCode(where[t].y, h, role));
+#pragma unroll
+  for (int i = 0; i < kLevels - 1; ++i) bounds[i] = tb.boundaries[i];
+  bool finite = true;
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
+    finite = finite && isfinite(y[e]);
+    squares[lane + kWarp * e] = __fmul_rn(y[e], y[e]);
+  }
+  if (!__all_sync(0xffffffffu, finite)) {
+    if (lane == 0) atomicMin(bad, KvBadCode(at.y, h, role));
     return;
   }
-  if (threadIdx.x == 0) {  // one thread: the CPU's order of additions, from shared memory
+  __syncwarp();
+  float n = 0.f;
+  if (lane == 0) {
+    const float4* sq4 = reinterpret_cast<const float4*>(squares);
     float n2 = 0.f;
-    for (int j = 0; j < D; ++j) n2 = __fadd_rn(n2, __fmul_rn(y[j], y[j]));
-    norm_s = __fsqrt_rn(n2);
+#pragma unroll
+    for (int i = 0; i < D / 4; ++i) {
+      const float4 q = sq4[i];
+      n2 = __fadd_rn(__fadd_rn(__fadd_rn(__fadd_rn(n2, q.x), q.y), q.z), q.w);
+    }
+    n = __fsqrt_rn(n2);
   }
-  __syncthreads();
-  const float n = norm_s;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) {
-    y[j] = n == 0.f ? 0.f : __fdiv_rn(y[j], n);
+  n = __shfl_sync(0xffffffffu, n, 0);
+  if (n != 0.f) {  // warp-uniform; n == 0: zero indices and scale
+#pragma unroll
+    for (int e = 0; e < kPer; ++e) y[e] = __fdiv_rn(y[e], n);
+    WarpRht2<D>(y, d1, d2, true);
   }
-  __syncthreads();
-  if (n != 0.f) {  // block-uniform
-    if (threadIdx.x < kWarp) WarpRht2<D>(y, tb.D1(h, role, D), tb.D2(h, role, D), true);
-    __syncthreads();
-  }
-  const int levels = 1 << b;
-  for (int j = threadIdx.x; j < D; j += blockDim.x) {
+#pragma unroll
+  for (int e = 0; e < kPer; ++e) {
     int c = 0;
     if (n != 0.f) {
-      for (int i = 0; i < levels - 1; ++i) c += tb.boundaries[i] <= y[j] ? 1 : 0;
+#pragma unroll
+      for (int i = 0; i < kLevels - 1; ++i) c += bounds[i] <= y[e] ? 1 : 0;
     }
-    idx[j] = static_cast<uint8_t>(c);
+    idx[lane + kWarp * e] = static_cast<uint8_t>(c);
   }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float s = 0.f;
-    if (n != 0.f) {
-      if (tb.norm == static_cast<int>(TqNorm::kPlain)) {
-        s = n;
-      } else if (tb.norm == static_cast<int>(TqNorm::kDebiased)) {
-        s = __fdiv_rn(n, tb.alpha);
-      } else {
-        float e = 0.f;
-        for (int j = 0; j < D; ++j) {
-          const float c = tb.centroids[idx[j]];
-          e = __fadd_rn(e, __fmul_rn(c, c));
-        }
-        s = e > 0.f ? __fdiv_rn(n, __fsqrt_rn(e)) : 0.f;
+  __syncwarp();
+  float s = 0.f;
+  if (lane == 0 && n != 0.f) {
+    if (tb.norm == static_cast<int>(TqNorm::kPlain)) {
+      s = n;
+    } else if (tb.norm == static_cast<int>(TqNorm::kDebiased)) {
+      s = __fdiv_rn(n, tb.alpha);
+    } else {
+      float e2 = 0.f;
+      for (int i = 0; i < D; ++i) {
+        const float c = tb.centroids[idx[i]];
+        e2 = __fadd_rn(e2, __fmul_rn(c, c));
       }
+      s = e2 > 0.f ? __fdiv_rn(n, __fsqrt_rn(e2)) : 0.f;
     }
-    scale_s = s;
   }
-  __syncthreads();
-  const float s = scale_s;
+  s = __shfl_sync(0xffffffffu, s, 0);
   if (!(s <= 65504.f)) {
-    if (threadIdx.x == 0) atomicMin(bad, KvBadCode(where[t].y, h, role));
+    if (lane == 0) atomicMin(bad, KvBadCode(at.y, h, role));
     return;
   }
-  const int slot = where[t].x % g.block_size;
-  uint8_t* tile = g.TileOfSlot(where[t].x, h, role);
-  const int index_bytes = D * b / 8;
-  uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
-  for (int byte = threadIdx.x; byte < index_bytes; byte += blockDim.x) {
+  const int slot = at.x % g.block_size;
+  uint8_t* tile = g.TileOfSlot(at.x, h, role);
+  for (int j = lane; j < kIndexBytes; j += kWarp) {
     uint32_t out = 0;
+#pragma unroll
     for (int i = 0; i < 8; ++i) {
-      const int bit = byte * 8 + i;
+      const int bit = j * 8 + i;
       out |= ((static_cast<uint32_t>(idx[bit / b]) >> (bit % b)) & 1u) << i;
     }
-    plane[byte] = static_cast<uint8_t>(out);
+    tile[static_cast<int64_t>(slot) * kIndexBytes + j] = static_cast<uint8_t>(out);
   }
-  if (threadIdx.x == 0) {
+  if (lane == 0) {
     const uint16_t hb = F32ToF16Bits(s);
-    uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot;
+    uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * kIndexBytes + 2 * slot;
     sp[0] = static_cast<uint8_t>(hb & 0xff);
     sp[1] = static_cast<uint8_t>(hb >> 8);
   }
@@ -946,8 +963,12 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
     return centroids;
   }
   // Each centroid as bf16 hi | lo << 16, hi + lo = the fp32 centroid to 2^-16 (DecodeAttention).
+  // Aligned to its size, so that an entry's shared address is the base OR its byte offset: one
+  // LOP3 both extracts a code and addresses its entry (an add is one instruction more per code).
+  // (A table of code pairs, one 8-byte load per two codes and no byte permutes, ran slower: its
+  // 64 and 256 entries for 3 and 4 bits conflict on the shared-memory banks; NOTES.md.)
   __device__ __forceinline__ uint32_t* CentroidHiLo() const {
-    __shared__ uint32_t hilo[256];
+    __shared__ __align__(4 << kBits) uint32_t hilo[1 << kBits];
     return hilo;
   }
   __device__ __forceinline__ void Prepare() const {
@@ -986,11 +1007,11 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
   }
-  // DecodeAttentionKernel's interface: the 8 codes of d0 .. d0 + 7, the centroids they name as
-  // bf16 hi and lo pairs, and the vector's scale.
+  // DecodeAttentionKernel's interface: the 8 codes of d0 .. d0 + 7, the centroids of codes 2p
+  // and 2p + 1 as a bf16 pair of high parts and one of low parts, and the vector's scale.
   static constexpr bool kLowHalf = true;
   using Raw = uint32_t;
-  static constexpr int kDecodeBlocksPerSm = 4;  // 128 registers: no spill at head_dim 128
+  static constexpr int kDecodeWarps = 16;  // 128 registers: no spill at head_dim 128
   __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
     constexpr int b = kBits;
     const uint8_t* codes = tile + static_cast<int64_t>(slot) * (g.head_dim * b / 8) + b * (d0 / 8);
@@ -1004,17 +1025,19 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
       return w;
     }
   }
-  __device__ __forceinline__ void Bf16Pairs(const Raw& r, uint32_t (&hi)[4],
-                                            uint32_t (&lo)[4]) const {
+  __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t& lo) const {
     constexpr int b = kBits;
-    const uint32_t mask = (1u << b) - 1u;
-    const uint32_t* c = CentroidHiLo();
+    constexpr uint32_t kOffsetMask = ((1u << b) - 1u) << 2;  // a code's entry, in bytes
+    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(CentroidHiLo()));
+    uint32_t entry[2];
 #pragma unroll
-    for (int p = 0; p < 4; ++p) {
-      const uint32_t x = c[(r >> (2 * p * b)) & mask], y = c[(r >> ((2 * p + 1) * b)) & mask];
-      hi[p] = __byte_perm(x, y, 0x5410);
-      lo[p] = __byte_perm(x, y, 0x7632);
+    for (int e = 0; e < 2; ++e) {  // code 2p + e: bits (2p + e) b .. of r, at base | code << 2
+      const int shift = (2 * p + e) * b - 2;  // compile-time after unrolling
+      const uint32_t offset = (shift >= 0 ? r >> shift : r << -shift) & kOffsetMask;
+      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(entry[e]) : "r"(base | offset));
     }
+    hi = __byte_perm(entry[0], entry[1], 0x5410);
+    lo = __byte_perm(entry[0], entry[1], 0x7632);
   }
   // q' = Π_K q before the products and out = Πᵀ_V acc after them, on `rows` vectors v[r · D ..]
   // in shared memory (query heads of kv head kvh), one warp a vector; the caller syncs after.
@@ -1086,18 +1109,26 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
 // is latency-bound at long contexts (NOTES.md). Block (sequence, kv head, split), 4 warps; each
 // warp takes the split's 16-key tiles in turn, loading the next tile while it computes this one,
 // with an online softmax of its own; the block merges its warps at the end (and the combine
-// kernel the splits, as above).
+// kernel the splits, as above). One block per SM: the more warps a block has, the fewer splits
+// the combine kernel reads (it went 5.9 -> 8.2 us a layer at 32k from 33 splits to 132).
 // Per tile, lane (g = lane / 4, t = lane % 4) loads keys g and 8 + g in 8-element chunks t, t+4,
-// ... (S = Q Kᵀ takes the dims in that order: a dot product does not care), and the values of
-// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8). S = Q Kᵀ has the query rows as M (8 of
-// its 16 rows are padding when G <= 8), Oᵀ = Vᵀ Pᵀ the dims: the score accumulators of row g are
-// then exactly the Pᵀ operand the lane must give (FlashAttention-2's trick, transposed), and no
-// accumulator is padding. Operands not exact in bf16 are split: q and P into hi + mid + lo bf16
+// ... (Sᵀ = K Qᵀ takes the dims in that order: a dot product does not care), and the values of
+// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8). Sᵀ = K Qᵀ has the 16 keys as M and the
+// query rows as N, Oᵀ = Vᵀ Pᵀ the dims as M and the rows as N, so no operand is padding (with
+// S = Q Kᵀ, 8 of 16 rows were, and assembling them cost more instructions than the products);
+// the lane's weights become the Pᵀ operand by one movmatrix transpose per 8 x 8. Operands not exact in bf16 are split: q and P into hi + mid + lo bf16
 // (fp32's 24 bits), the TurboQuant centroids into hi + lo (16 bits; lo meets q's hi only); bf16
 // and fp8 elements are exact. TurboQuant: the block rotates its queries into the cache's frame
 // and its (partial) outputs back, one warp a vector; the rotation is linear, so the combine of
 // rotated partials is the rotated combine.
-constexpr int kDecodeWarps = 4, kTileKeys = 16;
+constexpr int kTileKeys = 16;
+
+// Warps of DecodeAttentionKernel<D, kRows, Src>: the source's number where its registers fit
+// 128 a thread (up to 8 rows of head_dim 128); 4 with up to 255 registers for larger tiles.
+template <int D, int kRows, typename Src>
+__host__ __device__ constexpr int DecodeWarps() {
+  return D * kRows <= 1024 ? Src::kDecodeWarps : 4;
+}
 
 // c += A B for one m16n8k16 tile (A row-major 16 x 16, B column-major 16 x 8, bf16; c fp32).
 __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
@@ -1106,6 +1137,14 @@ __device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1,
       "{%8,%9}, {%0,%1,%2,%3};\n"
       : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
       : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The transpose of an 8 x 8 bf16 matrix held as mma fragments (lane: row lane / 4, columns
+// 2 (lane % 4) and + 1): the same lane's fragment of the transposed matrix.
+__device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {
+  uint32_t y;
+  asm("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
 }
 
 // (x, y) as bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's precision.
@@ -1119,7 +1158,7 @@ __device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[3]) 
   }
 }
 
-// Words of one lane's Q fragment per k-step: a0, a2 (and a1, a3 with 16 rows), as hi, mid, lo.
+// Words of one lane's Qᵀ fragment per k-step: b0, b1 of each 8-row tile, as hi, mid, lo.
 template <int kRows>
 __host__ __device__ constexpr int DecodeQWords() {
   return 3 * kRows / 4;
@@ -1127,19 +1166,19 @@ __host__ __device__ constexpr int DecodeQWords() {
 
 // Q fragments [D / 16][32 lanes][words], the merge: o [warps][kRows][D + 1], m, l, then the
 // block's rows [kRows][D] (its queries, later its outputs).
-template <int D, int kRows>
+template <int D, int kRows, int kWarps>
 constexpr size_t DecodeSmemBytes() {
   return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows>() +
-         sizeof(float) * kDecodeWarps * kRows * (D + 3) + sizeof(float) * kRows * D;
+         sizeof(float) * kWarps * kRows * (D + 3) + sizeof(float) * kRows * D;
 }
 
 // What a lane loads of one 16-key tile (see above): raw chunks of its two keys and of its four
-// values, and the scales of the four keys whose scores it holds (keys 2t, 2t+1, 8+2t, 9+2t).
+// values, and the key and value scales of its two keys (g and 8 + g: their scores are its own).
 template <int D, typename Src>
 struct DecodeTile {
   static constexpr int kKChunks = D / 32, kVChunks = D / 64;
   typename Src::Raw k[2][kKChunks], v[4][kVChunks];
-  float k_scale[4], v_scale[4];
+  float k_scale[2], v_scale[2];
 
   // Block-table entry and slot of position s0 + j, j < 16, from those of s0 (one division a
   // tile, not one per key).
@@ -1179,16 +1218,15 @@ struct DecodeTile {
       for (int i = 0; i < kKChunks; ++i) {
         k[n][i] = ok ? src.RawChunk(tile, slot, 8 * (t + 4 * i)) : typename Src::Raw{};
       }
+      k_scale[n] = ok ? src.Scale(tile, slot) : 0.f;
+      v_scale[n] = ok ? src.Scale(tile + src.g.tile_bytes, slot) : 0.f;
     }
 #pragma unroll
     for (int c4 = 0; c4 < 4; ++c4) {
       const int j = 2 * t + (c4 & 1) + 8 * (c4 >> 1);
       const bool ok = s0 + j >= s_begin && s0 + j < s_end;
       int slot = 0;
-      const uint8_t* ktile = ok ? key_tile(j, slot) : nullptr;
-      const uint8_t* vtile = ok ? ktile + src.g.tile_bytes : nullptr;
-      k_scale[c4] = ok ? src.Scale(ktile, slot) : 0.f;
-      v_scale[c4] = ok ? src.Scale(vtile, slot) : 0.f;
+      const uint8_t* vtile = ok ? key_tile(j, slot) + src.g.tile_bytes : nullptr;
 #pragma unroll
       for (int c = 0; c < kVChunks; ++c) {
         v[c4][c] = ok ? src.RawChunk(vtile, slot, g * (D / 8) + 8 * c) : typename Src::Raw{};
@@ -1198,10 +1236,10 @@ struct DecodeTile {
 };
 
 // kRows: 8 (G <= 8) or 16 (G <= 16) query rows per block.
-// Occupancy: the source's ask at up to 8 rows of head_dim 128 (larger tiles would spill).
 template <int D, int kRows, typename Src>
-__global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecodeBlocksPerSm : 1)
+__global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     void DecodeAttentionKernel(const AttnParams p, const Src all_src) {
+  constexpr int kDecodeWarps = DecodeWarps<D, kRows, Src>();
   constexpr int kSteps = D / 16;          // k-steps of S = Q Kᵀ
   constexpr int kKChunks = D / 32;        // chunks a lane loads of each of its two keys
   constexpr int kMTiles = D / 16;         // m-tiles of Oᵀ: dims g·D/8 + j and g·D/8 + D/16 + j
@@ -1220,10 +1258,9 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
   const int64_t s_begin = Max64(first, split * p.keys_per_split);
   const int64_t s_end = Min64(pos + 1, (split + 1) * p.keys_per_split);
 
-  // Q as the A operand of every k-step, in shared memory (registers go to the loads in flight):
-  // a0 (row g, slots 2t, 2t+1), a1 (row g + 8, same), a2 (row g, slots 2t+8, 2t+9), a3 (row
-  // g + 8); slot pair (2t | 2t+8) + j of k-step 2i + h is dim 8 (t + 4i) + 4h + 2j, matching the
-  // key chunks. Rows g + 8 are padding with 8 rows: not stored, zero in the mma.
+  // Qᵀ as the B operand of every k-step, in shared memory (registers go to the loads in flight):
+  // row tile r's b0 (slots 2t, 2t+1 of row 8r + g) and b1 (slots 2t+8, 2t+9); slot pair
+  // (2t | 2t+8) + j of k-step 2i + h is dim 8 (t + 4i) + 4h + 2j, matching the key chunks.
   constexpr int kQWords = DecodeQWords<kRows>();
   uint32_t* q_s = reinterpret_cast<uint32_t*>(dsmem);  // [kSteps][lane][kQWords]
   float* o_s = dsmem + kSteps * kWarp * kQWords;       // the merge: [warp][row][D + 1]
@@ -1262,7 +1299,10 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
 #pragma unroll
     for (int j = 0; j < kMTiles; ++j) o[rt][j][0] = o[rt][j][1] = o[rt][j][2] = o[rt][j][3] = 0.f;
   }
-  float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};  // rows g, g + 8; l: this lane's share
+  // Running max and denominator of rows 8r + 2t + i (l: this lane's keys' share).
+  float m[kRowTiles][2], l[kRowTiles][2];
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.f;
   // The next tile's loads go out before this tile's math when both fit the registers (the raw
   // bytes of a bf16 tile at head_dim 256 do not).
   constexpr bool kPrefetch = sizeof(DecodeTile<D, Src>) <= 320;
@@ -1277,121 +1317,128 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
       cur.Load(src, kvh, s0, s_begin, s_end, g, t);
     }
 
-    // S = Q Kᵀ: n-tile n holds keys s0 + 8n + (0..7); sc[n] = (row g, keys 8n+2t, 8n+2t+1),
-    // then row g + 8.
-    float sc[2][4] = {};
+    // Sᵀ = K Qᵀ: the tile's 16 keys are M, the query rows N (n-tile r: rows 8r .. 8r + 7), so no
+    // operand is padding. st[r] = (key g: rows 8r+2t, 8r+2t+1; key 8+g: the same rows).
+    float st[kRowTiles][4] = {};
 #pragma unroll
     for (int i = 0; i < kKChunks; ++i) {
       uint32_t kh[2][4], kl[2][4];
 #pragma unroll
-      for (int n = 0; n < 2; ++n) src.Bf16Pairs(cur.k[n][i], kh[n], kl[n]);
+      for (int n = 0; n < 2; ++n) {
+#pragma unroll
+        for (int p = 0; p < 4; ++p) src.Bf16Pair(cur.k[n][i], p, kh[n][p], kl[n][p]);
+      }
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        uint32_t qw[kQWords];
+        uint32_t qw[kQWords];  // b0, b1 of each row tile, as hi, mid, lo
         const uint32_t* qp = q_s + ((2 * i + h) * kWarp + lane) * kQWords;
 #pragma unroll
         for (int w = 0; w < kQWords; ++w) qw[w] = qp[w];
-        // a0..a3 of hi, mid and lo; rows g + 8 zero with 8 rows.
-        uint32_t qa[3][4];
 #pragma unroll
-        for (int u = 0; u < 3; ++u) {
-          const uint32_t* w = qw + u * 2 * kRowTiles;
-          qa[u][0] = w[0], qa[u][1] = kRowTiles == 2 ? w[1] : 0u;
-          qa[u][2] = w[kRowTiles], qa[u][3] = kRowTiles == 2 ? w[3] : 0u;
-        }
-#pragma unroll
-        for (int n = 0; n < 2; ++n) {
+        for (int r = 0; r < kRowTiles; ++r) {
 #pragma unroll
           for (int u = 0; u < 3; ++u) {
-            MmaBf16(sc[n], qa[u][0], qa[u][1], qa[u][2], qa[u][3], kh[n][2 * h], kh[n][2 * h + 1]);
+            MmaBf16(st[r], kh[0][2 * h], kh[1][2 * h], kh[0][2 * h + 1], kh[1][2 * h + 1],
+                    qw[u * 2 * kRowTiles + r], qw[u * 2 * kRowTiles + r + kRowTiles]);
           }
           if constexpr (Src::kLowHalf) {
-            MmaBf16(sc[n], qa[0][0], qa[0][1], qa[0][2], qa[0][3], kl[n][2 * h], kl[n][2 * h + 1]);
+            MmaBf16(st[r], kl[0][2 * h], kl[1][2 * h], kl[0][2 * h + 1], kl[1][2 * h + 1],
+                    qw[r], qw[r + kRowTiles]);
           }
         }
       }
     }
 
-    // Online softmax; a row's 16 scores lie on the 4 lanes of its group g. Pᵀ operand of row
-    // tile r: b0 = (keys 2t, 2t+1; row 8r + g), b1 = (keys 8+2t, 9+2t), each weight times its
-    // value's scale.
+    // Online softmax; row R's 16 scores lie on the 8 lanes with t = (R % 8) / 2. Pᵀ operand of
+    // row tile r (b0 = keys 2t, 2t+1 of row 8r + g; b1 = keys 8+2t, 9+2t) is the transpose of
+    // the lane's (key, row pair) weights, each times its value's scale: movmatrix.
     uint32_t pp[kRowTiles][2][3];  // [row tile][b0, b1][hi, mid, lo]
-    float corr[2];
+    float corr[kRowTiles][2];
+    bool key_ok[2];
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      const int64_t key = s0 + 8 * n + g;
+      key_ok[n] = key >= s_begin && key < s_end;
+    }
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      float x[4], mx = -INFINITY;
+      float pe[2][2];  // [key g, 8 + g][rows 8r + 2t, + 1]
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int n = e / 2;
-        const int64_t key = s0 + 8 * n + 2 * t + e % 2;
-        const bool ok = key >= s_begin && key < s_end;
-        x[e] = ok ? sc[n][2 * r + e % 2] * a.scale * cur.k_scale[e] : -INFINITY;
-        mx = fmaxf(mx, x[e]);
-      }
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const float m_new = fmaxf(m[r], mx);
-      corr[r] = m_new == -INFINITY ? 1.f : expf(m[r] - m_new);
-      m[r] = m_new;
-      float pe[4], sum = 0.f;
+      for (int i = 0; i < 2; ++i) {
+        float x[2];
 #pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        pe[e] = x[e] == -INFINITY ? 0.f : expf(x[e] - m_new);
-        sum += pe[e];
+        for (int n = 0; n < 2; ++n) {
+          x[n] = key_ok[n] ? st[r][2 * n + i] * a.scale * cur.k_scale[n] : -INFINITY;
+        }
+        float mx = fmaxf(x[0], x[1]);
+#pragma unroll
+        for (int lane_bit = 4; lane_bit < kWarp; lane_bit <<= 1) {
+          mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, lane_bit));
+        }
+        const float m_new = fmaxf(m[r][i], mx);
+        corr[r][i] = m_new == -INFINITY ? 1.f : expf(m[r][i] - m_new);
+        m[r][i] = m_new;
+#pragma unroll
+        for (int n = 0; n < 2; ++n) pe[n][i] = x[n] == -INFINITY ? 0.f : expf(x[n] - m_new);
+        l[r][i] = l[r][i] * corr[r][i] + pe[0][i] + pe[1][i];
       }
-      l[r] = l[r] * corr[r] + sum;
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
-        SplitBf16(pe[2 * n] * cur.v_scale[2 * n], pe[2 * n + 1] * cur.v_scale[2 * n + 1],
-                  pp[r][n]);
+        uint32_t parts[3];
+        SplitBf16(pe[n][0] * cur.v_scale[n], pe[n][1] * cur.v_scale[n], parts);
+#pragma unroll
+        for (int u = 0; u < 3; ++u) pp[r][n][u] = TransposeBf16x8x8(parts[u]);
       }
     }
-    // Oᵀ's columns are rows 8r + 2t, 2t+1: their corrections live on lanes 8t and 8t + 4.
+    // Oᵀ's columns are rows 8r + 2t, 8r + 2t + 1: the lane's own rows.
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
-      const float c0 = __shfl_sync(0xffffffffu, corr[r], 8 * t);
-      const float c1 = __shfl_sync(0xffffffffu, corr[r], 8 * t + 4);
 #pragma unroll
       for (int j = 0; j < kMTiles; ++j) {
-        o[r][j][0] *= c0, o[r][j][1] *= c1, o[r][j][2] *= c0, o[r][j][3] *= c1;
+        o[r][j][0] *= corr[r][0], o[r][j][1] *= corr[r][1];
+        o[r][j][2] *= corr[r][0], o[r][j][3] *= corr[r][1];
       }
     }
 
     // Oᵀ += Vᵀ Pᵀ. Vᵀ of m-tile j: a0 (dim j of the lane's; keys 2t, 2t+1), a1 (dim D/16 + j),
-    // a2 and a3 the same for keys 8+2t, 9+2t.
-    uint32_t vh[4][D / 16], vl[4][D / 16];  // value bf16 pairs: [key][word of the lane's dims]
+    // a2 and a3 the same for keys 8+2t, 9+2t. Word w of the lane's dims (a bf16 pair of dims)
+    // serves m-tiles 2w and 2w + 1, word D/32 + w their high dims: decoded as they are needed,
+    // for the registers.
 #pragma unroll
-    for (int c4 = 0; c4 < 4; ++c4) {
+    for (int w = 0; w < D / 32; ++w) {
+      uint32_t vh[2][4], vl[2][4];  // [low, high word][key 2t, 2t+1, 8+2t, 9+2t]
 #pragma unroll
-      for (int c = 0; c < D / 64; ++c) {
-        uint32_t hi[4], lo[4];
-        src.Bf16Pairs(cur.v[c4][c], hi, lo);
+      for (int c4 = 0; c4 < 4; ++c4) {
 #pragma unroll
-        for (int w = 0; w < 4; ++w) vh[c4][4 * c + w] = hi[w], vl[c4][4 * c + w] = lo[w];
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < kMTiles; ++j) {
-      const int lo_dim = j, hi_dim = D / 16 + j;  // the lane's dims of rows g and g + 8
-      const uint32_t s_lo = lo_dim % 2 ? 0x7632 : 0x5410, s_hi = hi_dim % 2 ? 0x7632 : 0x5410;
-      uint32_t a_h[4], a_l[4];
-#pragma unroll
-      for (int u = 0; u < 2; ++u) {  // keys 2t, 2t+1, then 8+2t, 9+2t
-        a_h[2 * u] = __byte_perm(vh[2 * u][lo_dim / 2], vh[2 * u + 1][lo_dim / 2], s_lo);
-        a_h[2 * u + 1] = __byte_perm(vh[2 * u][hi_dim / 2], vh[2 * u + 1][hi_dim / 2], s_hi);
-        if constexpr (Src::kLowHalf) {
-          a_l[2 * u] = __byte_perm(vl[2 * u][lo_dim / 2], vl[2 * u + 1][lo_dim / 2], s_lo);
-          a_l[2 * u + 1] = __byte_perm(vl[2 * u][hi_dim / 2], vl[2 * u + 1][hi_dim / 2], s_hi);
+        for (int half = 0; half < 2; ++half) {
+          const int word = w + half * (D / 32);
+          src.Bf16Pair(cur.v[c4][word / 4], word % 4, vh[half][c4], vl[half][c4]);
         }
       }
 #pragma unroll
-      for (int r = 0; r < kRowTiles; ++r) {
+      for (int jj = 0; jj < 2; ++jj) {
+        const int j = 2 * w + jj;
+        const uint32_t sel = jj ? 0x7632 : 0x5410;  // dim j is the low or high half of word w
+        uint32_t a_h[4], a_l[4];
 #pragma unroll
-        for (int u = 0; u < 3; ++u) {
-          MmaBf16(o[r][j], a_h[0], a_h[1], a_h[2], a_h[3], pp[r][0][u], pp[r][1][u]);
+        for (int u = 0; u < 2; ++u) {  // keys 2t, 2t+1, then 8+2t, 9+2t
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {
+            a_h[2 * u + half] = __byte_perm(vh[half][2 * u], vh[half][2 * u + 1], sel);
+            if constexpr (Src::kLowHalf) {
+              a_l[2 * u + half] = __byte_perm(vl[half][2 * u], vl[half][2 * u + 1], sel);
+            }
+          }
         }
-        if constexpr (Src::kLowHalf) {
-          MmaBf16(o[r][j], a_l[0], a_l[1], a_l[2], a_l[3], pp[r][0][0], pp[r][1][0]);
+#pragma unroll
+        for (int r = 0; r < kRowTiles; ++r) {
+#pragma unroll
+          for (int u = 0; u < 3; ++u) {
+            MmaBf16(o[r][j], a_h[0], a_h[1], a_h[2], a_h[3], pp[r][0][u], pp[r][1][u]);
+          }
+          if constexpr (Src::kLowHalf) {
+            MmaBf16(o[r][j], a_l[0], a_l[1], a_l[2], a_l[3], pp[r][0][0], pp[r][1][0]);
+          }
         }
       }
     }
@@ -1402,9 +1449,15 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
   // unnormalised partial may be rotated before the combine), write it.
 #pragma unroll
   for (int r = 0; r < kRowTiles; ++r) {
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 1);
-    l[r] += __shfl_xor_sync(0xffffffffu, l[r], 2);
-    if (t == 0) m_s[warp * kRows + 8 * r + g] = m[r], l_s[warp * kRows + 8 * r + g] = l[r];
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+#pragma unroll
+      for (int lane_bit = 4; lane_bit < kWarp; lane_bit <<= 1) {
+        l[r][i] += __shfl_xor_sync(0xffffffffu, l[r][i], lane_bit);
+      }
+      if (g == 0) m_s[warp * kRows + 8 * r + 2 * t + i] = m[r][i];
+      if (g == 0) l_s[warp * kRows + 8 * r + 2 * t + i] = l[r][i];
+    }
     float* row0 = o_s + (warp * kRows + 8 * r + 2 * t) * (D + 1) + g * (D / 8);
     float* row1 = row0 + (D + 1);
 #pragma unroll
@@ -1448,20 +1501,21 @@ __global__ __launch_bounds__(kDecodeWarps* kWarp, D* kRows <= 1024 ? Src::kDecod
   for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) dst[idx] = rows_s[idx];
 }
 
-// Blocks of DecodeAttentionKernel<D, kRows> that fit on one SM (registers, shared memory); the
-// first call also lets the kernel have more than 48 KiB of shared memory where it needs it.
+// Blocks of DecodeAttentionKernel<D, kRows, Src> that fit on one SM (registers, shared memory);
+// the first call also lets the kernel have more than 48 KiB of shared memory where it needs it.
 template <int D, int kRows, typename Src>
 int DecodeBlocksPerSm() {
+  constexpr int kWarps = DecodeWarps<D, kRows, Src>();
+  constexpr size_t kSmem = DecodeSmemBytes<D, kRows, kWarps>();
   static const int blocks = [] {
-    if (DecodeSmemBytes<D, kRows>() > 48 * 1024) {
+    if (kSmem > 48 * 1024) {
       MOE_CUDA_CHECK(cudaFuncSetAttribute(DecodeAttentionKernel<D, kRows, Src>,
                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(DecodeSmemBytes<D, kRows>())));
+                                          static_cast<int>(kSmem)));
     }
     int n = 0;
     MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, DecodeAttentionKernel<D, kRows, Src>, kDecodeWarps * kWarp,
-        DecodeSmemBytes<D, kRows>()));
+        &n, DecodeAttentionKernel<D, kRows, Src>, kWarps * kWarp, kSmem));
     return n > 0 ? n : 1;
   }();
   return blocks;
@@ -1469,9 +1523,10 @@ int DecodeBlocksPerSm() {
 
 template <int D, int kRows, typename Src>
 void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
+  constexpr int kWarps = DecodeWarps<D, kRows, Src>();
   DecodeBlocksPerSm<D, kRows, Src>();  // the shared-memory attribute, once
   DecodeAttentionKernel<D, kRows, Src>
-      <<<grid, kDecodeWarps * kWarp, DecodeSmemBytes<D, kRows>(), stream>>>(p, src);
+      <<<grid, kWarps * kWarp, DecodeSmemBytes<D, kRows, kWarps>(), stream>>>(p, src);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1513,14 +1568,16 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs
     }
     return f(integral_constant<int, 256>{}, integral_constant<int, 8>{});
   };
-  const int per_sm = with_shape([](auto d, auto rows) {
-    return DecodeBlocksPerSm<decltype(d)::value, decltype(rows)::value, Src>();
+  int per_sm = 0, warps = 0;  // blocks per SM, warps per block
+  with_shape([&](auto d, auto rows) {
+    per_sm = DecodeBlocksPerSm<decltype(d)::value, decltype(rows)::value, Src>();
+    warps = DecodeWarps<decltype(d)::value, decltype(rows)::value, Src>();
   });
   // Split the keys so that one wave fills the GPU, each warp at least one tile of its own.
   const int64_t blocks = static_cast<int64_t>(seqs.size()) * a.num_kv_heads;
   const int64_t tiles = CeilDiv(keys, kTileKeys);
   const int64_t want = std::max<int64_t>(
-      1, std::min({CeilDiv(int64_t{per_sm} * num_sms, blocks), CeilDiv(tiles, kDecodeWarps),
+      1, std::min({CeilDiv(int64_t{per_sm} * num_sms, blocks), CeilDiv(tiles, warps),
                    kMaxSplits}));
   p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
@@ -1624,17 +1681,26 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   } else if (path == cuda::PagedPath::kBf16) {
     cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, k, v, dev_where, kv_verdict_);
   } else {
-    const float* dev = TqTablesOnDevice(kv);
-    const size_t smem = kv.head_dim * (sizeof(float) + 1);
-    const cuda::TqTables tb = cuda::TqDeviceTables(kv, dev);
-    auto launch = [&](auto kernel) {
-      kernel<<<grid, threads, smem, stream_>>>(g, tb, k, v, dev_where, kv_verdict_);
+    const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
+    // TqWriteKernel<D, b> for this layer (ChoosePath: D a power of two 32 .. 256, b 1 .. 4).
+    auto with_bits = [&](auto d) {
+      constexpr int D = decltype(d)::value;
+      auto launch = [&](auto kernel) {
+        kernel<<<grid, cuda::kWarp, 0, stream_>>>(g, tb, k, v, dev_where, kv_verdict_);
+      };
+      switch (tb.bits) {
+        case 1: launch(cuda::TqWriteKernel<D, 1>); break;
+        case 2: launch(cuda::TqWriteKernel<D, 2>); break;
+        case 3: launch(cuda::TqWriteKernel<D, 3>); break;
+        case 4: launch(cuda::TqWriteKernel<D, 4>); break;
+        default: MOE_CHECK(false) << "PagedKvWrite: TurboQuant with " << tb.bits << " bits";
+      }
     };
-    switch (kv.head_dim) {  // ChoosePath: a power of two, 32 .. 256
-      case 32: launch(cuda::TqWriteKernel<32>); break;
-      case 64: launch(cuda::TqWriteKernel<64>); break;
-      case 128: launch(cuda::TqWriteKernel<128>); break;
-      case 256: launch(cuda::TqWriteKernel<256>); break;
+    switch (kv.head_dim) {
+      case 32: with_bits(std::integral_constant<int, 32>{}); break;
+      case 64: with_bits(std::integral_constant<int, 64>{}); break;
+      case 128: with_bits(std::integral_constant<int, 128>{}); break;
+      case 256: with_bits(std::integral_constant<int, 256>{}); break;
       default: MOE_CHECK(false) << "PagedKvWrite: TurboQuant head_dim " << kv.head_dim;
     }
   }
