@@ -553,9 +553,27 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   // Warps of a decode block (one block per SM): a bf16 tile's raw bytes need more than 128
   // registers a thread, so 4 warps; an fp8 tile's fit 128, so 16 warps share one block's splits.
   static constexpr int kDecodeWarps = kFp8 ? 16 : 4;
-  __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
+  static constexpr int kChunkBytes = kFp8 ? 8 : 16;
+  // The decode kernel's loads (up to 16 bytes) aligned: pool, blocks and tiles on 16 bytes.
+  __host__ __device__ __forceinline__ bool DecodeAligned() const {
+    return ((reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
+             static_cast<uint64_t>(g.tile_bytes)) & 15) == 0;
+  }
+  __device__ __forceinline__ const uint8_t* ChunkPtr(const uint8_t* tile, int slot, int d0) const {
     const int64_t e = static_cast<int64_t>(slot) * g.head_dim + d0;
-    return *reinterpret_cast<const Raw*>(tile + e * (kFp8 ? 1 : 2));
+    return tile + e * (kFp8 ? 1 : 2);
+  }
+  // Chunks of the little-endian words w (LoadBytes).
+  template <int N>
+  __device__ __forceinline__ static void SplitChunks(const uint32_t* w, Raw (&out)[N]) {
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+      if constexpr (kFp8) {
+        out[c] = make_uint2(w[2 * c], w[2 * c + 1]);
+      } else {
+        out[c] = make_uint4(w[4 * c], w[4 * c + 1], w[4 * c + 2], w[4 * c + 3]);
+      }
+    }
   }
   __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t&) const {
     if constexpr (kFp8) {
@@ -1012,17 +1030,25 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   static constexpr bool kLowHalf = true;
   using Raw = uint32_t;
   static constexpr int kDecodeWarps = 16;  // 128 registers: no spill at head_dim 128
-  __device__ __forceinline__ Raw RawChunk(const uint8_t* tile, int slot, int d0) const {
-    constexpr int b = kBits;
-    const uint8_t* codes = tile + static_cast<int64_t>(slot) * (g.head_dim * b / 8) + b * (d0 / 8);
-    if constexpr (b == 4) {
-      return *reinterpret_cast<const uint32_t*>(codes);
-    } else if constexpr (b == 2) {
-      return *reinterpret_cast<const uint16_t*>(codes);
-    } else {
-      uint32_t w = 0;
-      for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
-      return w;
+  static constexpr int kChunkBytes = kBits;  // 8 codes of b bits
+  // The decode kernel's loads (up to 16 bytes) aligned: pool, blocks and tiles on 16 bytes.
+  __host__ __device__ __forceinline__ bool DecodeAligned() const {
+    return ((reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
+             static_cast<uint64_t>(g.tile_bytes)) & 15) == 0;
+  }
+  __device__ __forceinline__ const uint8_t* ChunkPtr(const uint8_t* tile, int slot, int d0) const {
+    return tile + static_cast<int64_t>(slot) * (g.head_dim * kBits / 8) + kBits * (d0 / 8);
+  }
+  // Chunks of the little-endian words w (LoadBytes): chunk c is bits 8bc .. 8b(c + 1) - 1.
+  template <int N>
+  __device__ __forceinline__ static void SplitChunks(const uint32_t* w, Raw (&out)[N]) {
+    constexpr int kChunkBits = 8 * kBits;
+#pragma unroll
+    for (int c = 0; c < N; ++c) {
+      const int bit = kChunkBits * c, k = bit / 32, shift = bit % 32;  // compile-time
+      uint32_t x = w[k] >> shift;
+      if (shift + kChunkBits > 32) x |= w[k + 1] << (32 - shift);
+      out[c] = kChunkBits == 32 ? x : x & ((1u << kChunkBits) - 1u);
     }
   }
   __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t& lo) const {
@@ -1111,9 +1137,9 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
 // with an online softmax of its own; the block merges its warps at the end (and the combine
 // kernel the splits, as above). One block per SM: the more warps a block has, the fewer splits
 // the combine kernel reads (it went 5.9 -> 8.2 us a layer at 32k from 33 splits to 132).
-// Per tile, lane (g = lane / 4, t = lane % 4) loads keys g and 8 + g in 8-element chunks t, t+4,
-// ... (Sᵀ = K Qᵀ takes the dims in that order: a dot product does not care), and the values of
-// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8). Sᵀ = K Qᵀ has the 16 keys as M and the
+// Per tile, lane (g = lane / 4, t = lane % 4) loads keys g and 8 + g at dims [t D/4, (t+1) D/4)
+// (Sᵀ = K Qᵀ takes the dims in that order: a dot product does not care), and the values of
+// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8), each in the widest loads its bytes allow. Sᵀ = K Qᵀ has the 16 keys as M and the
 // query rows as N, Oᵀ = Vᵀ Pᵀ the dims as M and the rows as N, so no operand is padding (with
 // S = Q Kᵀ, 8 of 16 rows were, and assembling them cost more instructions than the products);
 // the lane's weights become the Pᵀ operand by one movmatrix transpose per 8 x 8. Operands not exact in bf16 are split: q and P into hi + mid + lo bf16
@@ -1172,11 +1198,43 @@ constexpr size_t DecodeSmemBytes() {
          sizeof(float) * kWarps * kRows * (D + 3) + sizeof(float) * kRows * D;
 }
 
+// The kBytes bytes at p as little-endian words (w zero beyond them), in the widest loads that
+// kBytes allows (p aligned to them: DecodeAligned).
+template <int kBytes>
+__device__ __forceinline__ void LoadBytes(const uint8_t* p, uint32_t (&w)[(kBytes + 3) / 4]) {
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 16; ++i) {
+      const uint4 x = reinterpret_cast<const uint4*>(p)[i];
+      w[4 * i] = x.x, w[4 * i + 1] = x.y, w[4 * i + 2] = x.z, w[4 * i + 3] = x.w;
+    }
+  } else if constexpr (kBytes % 8 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 8; ++i) {
+      const uint2 x = reinterpret_cast<const uint2*>(p)[i];
+      w[2 * i] = x.x, w[2 * i + 1] = x.y;
+    }
+  } else if constexpr (kBytes % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 4; ++i) w[i] = reinterpret_cast<const uint32_t*>(p)[i];
+  } else if constexpr (kBytes % 2 == 0) {
+#pragma unroll
+    for (int i = 0; i < kBytes / 2; ++i) {
+      w[i / 2] |= uint32_t{reinterpret_cast<const uint16_t*>(p)[i]} << (16 * (i % 2));
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < kBytes; ++i) w[i / 4] |= uint32_t{p[i]} << (8 * (i % 4));
+  }
+}
+
 // What a lane loads of one 16-key tile (see above): raw chunks of its two keys and of its four
 // values, and the key and value scales of its two keys (g and 8 + g: their scores are its own).
 template <int D, typename Src>
 struct DecodeTile {
   static constexpr int kKChunks = D / 32, kVChunks = D / 64;
+  static constexpr int kKBytes = kKChunks * Src::kChunkBytes, kVBytes = kVChunks * Src::kChunkBytes;
+  static constexpr int kKWords = (kKBytes + 3) / 4, kVWords = (kVBytes + 3) / 4;
   typename Src::Raw k[2][kKChunks], v[4][kVChunks];
   float k_scale[2], v_scale[2];
 
@@ -1214,10 +1272,9 @@ struct DecodeTile {
       const bool ok = s0 + j >= s_begin && s0 + j < s_end;
       int slot = 0;
       const uint8_t* tile = ok ? key_tile(j, slot) : nullptr;
-#pragma unroll
-      for (int i = 0; i < kKChunks; ++i) {
-        k[n][i] = ok ? src.RawChunk(tile, slot, 8 * (t + 4 * i)) : typename Src::Raw{};
-      }
+      uint32_t w[kKWords] = {};
+      if (ok) LoadBytes<kKBytes>(src.ChunkPtr(tile, slot, t * (D / 4)), w);
+      Src::SplitChunks(w, k[n]);
       k_scale[n] = ok ? src.Scale(tile, slot) : 0.f;
       v_scale[n] = ok ? src.Scale(tile + src.g.tile_bytes, slot) : 0.f;
     }
@@ -1227,10 +1284,9 @@ struct DecodeTile {
       const bool ok = s0 + j >= s_begin && s0 + j < s_end;
       int slot = 0;
       const uint8_t* vtile = ok ? key_tile(j, slot) + src.g.tile_bytes : nullptr;
-#pragma unroll
-      for (int c = 0; c < kVChunks; ++c) {
-        v[c4][c] = ok ? src.RawChunk(vtile, slot, g * (D / 8) + 8 * c) : typename Src::Raw{};
-      }
+      uint32_t w[kVWords] = {};
+      if (ok) LoadBytes<kVBytes>(src.ChunkPtr(vtile, slot, g * (D / 8)), w);
+      Src::SplitChunks(w, v[c4]);
     }
   }
 };
@@ -1260,7 +1316,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
 
   // Qᵀ as the B operand of every k-step, in shared memory (registers go to the loads in flight):
   // row tile r's b0 (slots 2t, 2t+1 of row 8r + g) and b1 (slots 2t+8, 2t+9); slot pair
-  // (2t | 2t+8) + j of k-step 2i + h is dim 8 (t + 4i) + 4h + 2j, matching the key chunks.
+  // (2t | 2t+8) + j of k-step 2i + h is dim 8 (t D/32 + i) + 4h + 2j, matching the key chunks.
   constexpr int kQWords = DecodeQWords<kRows>();
   uint32_t* q_s = reinterpret_cast<uint32_t*>(dsmem);  // [kSteps][lane][kQWords]
   float* o_s = dsmem + kSteps * kWarp * kQWords;       // the merge: [warp][row][D + 1]
@@ -1279,7 +1335,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       for (int r = 0; r < kRowTiles; ++r) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int row = g + 8 * r, d = 8 * (t + 4 * (kk / 2)) + 4 * (kk % 2) + 2 * j;
+          const int row = g + 8 * r, d = 8 * (t * (D / 32) + kk / 2) + 4 * (kk % 2) + 2 * j;
           float x = 0.f, y = 0.f;
           if (row < G) x = rows_s[row * D + d], y = rows_s[row * D + d + 1];
           uint32_t parts[3];
@@ -1535,7 +1591,7 @@ void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaS
 template <typename Src>
 bool DecodeShapeFits(const AttentionArgs& a, const Src& src) {
   const int G = a.num_heads / a.num_kv_heads, D = a.head_dim;
-  return (D == 64 || D == 128 || (D == 256 && G <= 8)) && G <= 16 && src.ChunksAligned();
+  return (D == 64 || D == 128 || (D == 256 && G <= 8)) && G <= 16 && src.DecodeAligned();
 }
 
 // RunAttention for a batch of one-token sequences on the decode kernel; false (nothing
