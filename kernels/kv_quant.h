@@ -149,6 +149,9 @@ class KvCodec {
     int64_t scale_plane = 0;
   };
   const std::vector<Part>& parts() const { return parts_; }
+  // Identity of what this codec holds, unique per Create (a copy keeps it; codecs are immutable):
+  // a backend may key device copies of the tables by it.
+  uint64_t id() const { return id_; }
 
  private:
   explicit KvCodec(const KvCodecOptions& options) : options_(options) {}
@@ -162,6 +165,7 @@ class KvCodec {
   std::vector<float> qjl_;
   int64_t gamma_plane_ = 0;
   int64_t sign_plane_ = 0;
+  uint64_t id_ = 0;
 };
 
 // OCP E4M3FN: bias 7, max ±448, no infinities; round to nearest even, saturating (what

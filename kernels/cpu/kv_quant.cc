@@ -3,6 +3,7 @@
 #include "kernels/kv_quant.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numbers>
@@ -196,6 +197,8 @@ absl::StatusOr<KvCodec> KvCodec::Create(const KvCodecOptions& options) {
                                                    ", which has no split"));
   }
   KvCodec codec(options);
+  static std::atomic<uint64_t> next_id{1};
+  codec.id_ = next_id.fetch_add(1, std::memory_order_relaxed);
   codec.plane_bytes_ = std::move(planes);
   auto make_part = [&](std::vector<int> channels, int bits, absl::string_view seed_suffix,
                        int64_t index_plane, int64_t scale_plane) -> absl::Status {

@@ -1191,11 +1191,11 @@ __host__ __device__ constexpr int DecodeQWords() {
 }
 
 // Q fragments [D / 16][32 lanes][words], the merge: o [warps][kRows][D + 1], m, l, then the
-// block's rows [kRows][D] (its queries, later its outputs).
+// block's rows [kRows][D] (its queries, later its outputs) and their merge denominators [kRows].
 template <int D, int kRows, int kWarps>
 constexpr size_t DecodeSmemBytes() {
   return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows>() +
-         sizeof(float) * kWarps * kRows * (D + 3) + sizeof(float) * kRows * D;
+         sizeof(float) * kWarps * kRows * (D + 3) + sizeof(float) * kRows * (D + 1);
 }
 
 // The kBytes bytes at p as little-endian words (w zero beyond them), in the widest loads that
@@ -1323,6 +1323,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   float* m_s = o_s + kDecodeWarps * kRows * (D + 1);   // [warp][row]
   float* l_s = m_s + kDecodeWarps * kRows;
   float* rows_s = l_s + kDecodeWarps * kRows;          // [G][D]
+  float* row_den_s = rows_s + kRows * D;               // [row]: the merge's denominator
   {
     const float* q = a.q + (sq.token_offset * a.num_heads + kvh * G) * D;
     for (int i = threadIdx.x; i < G * D; i += blockDim.x) rows_s[i] = q[i];
@@ -1523,29 +1524,37 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
-    const int r = idx / D, d = idx % D;
-    float M = -INFINITY;
+  // Each row's max M, its warps' weights e^(m_w - M) (in place of m_w) and denominator, once a
+  // row (once an element, the 16 warps' exponentials were the epilogue's largest cost).
+  if (threadIdx.x < G) {
+    const int r = threadIdx.x;
+    float M = -INFINITY, den = 0.f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) M = fmaxf(M, m_s[w * kRows + r]);
-    float num = 0.f, den = 0.f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
       const float mw = m_s[w * kRows + r];
       const float e = mw == -INFINITY ? 0.f : expf(mw - M);
-      num = fmaf(e, o_s[(w * kRows + r) * (D + 1) + d], num);
+      m_s[w * kRows + r] = e;
       den = fmaf(e, l_s[w * kRows + r], den);
     }
-    if (p.num_splits == 1) {
-      rows_s[idx] = num / den;  // den > 0: key pos is in the only split
-    } else {
-      rows_s[idx] = num;
-      if (d == 0) {
-        const int64_t prow =
-            split * p.total_tokens * a.num_heads + sq.token_offset * a.num_heads + kvh * G + r;
-        p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
-      }
+    row_den_s[r] = den;
+    if (p.num_splits > 1) {
+      const int64_t prow =
+          split * p.total_tokens * a.num_heads + sq.token_offset * a.num_heads + kvh * G + r;
+      p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
     }
+  }
+  __syncthreads();
+  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+    const int r = idx / D, d = idx % D;
+    float num = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDecodeWarps; ++w) {
+      num = fmaf(m_s[w * kRows + r], o_s[(w * kRows + r) * (D + 1) + d], num);
+    }
+    // den > 0 with one split: key pos is in it.
+    rows_s[idx] = p.num_splits == 1 ? num / row_den_s[r] : num;
   }
   __syncthreads();
   src.template RotateOutput<D>(rows_s, G, kvh);
@@ -1765,19 +1774,24 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
 }
 
 const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {
-  std::vector<float> host = cuda::TqHostTables(kv);
   UploadedTables& t = tq_tables_[kv.codecs];
-  if (t.dev != nullptr && t.host == host) return static_cast<const float*>(t.dev);
+  const int n = 2 * kv.num_kv_heads;
+  bool same = t.dev != nullptr && static_cast<int>(t.codec_ids.size()) == n;
+  for (int i = 0; same && i < n; ++i) same = kv.codecs[i]->id() == t.codec_ids[i];
+  if (same) return static_cast<const float*>(t.dev);
+  const std::vector<float> host = cuda::TqHostTables(kv);
   const size_t bytes = host.size() * sizeof(float);
-  if (t.host.size() != host.size()) {
+  if (t.bytes != bytes) {
     MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may read the old copy
     MOE_CUDA_CHECK(cudaFree(t.dev));
     t.dev = nullptr;
     MOE_CUDA_CHECK(cudaMalloc(&t.dev, bytes));
+    t.bytes = bytes;
   }
-  // Pageable source: staged before cudaMemcpyAsync returns, so `host` may be moved from.
+  // Pageable source: staged before cudaMemcpyAsync returns, so `host` may go.
   MOE_CUDA_CHECK(cudaMemcpyAsync(t.dev, host.data(), bytes, cudaMemcpyHostToDevice, stream_));
-  t.host = std::move(host);
+  t.codec_ids.resize(n);
+  for (int i = 0; i < n; ++i) t.codec_ids[i] = kv.codecs[i]->id();
   return static_cast<const float*>(t.dev);
 }
 

@@ -88,9 +88,12 @@ class CudaBackend final : public Backend {
 
   // The TurboQuant rotation signs and codebook of a cache layer as the kernels read them
   // (attention.cu), uploaded once per layer: keyed by the layer's codec array and uploaded again
-  // only if what the codecs hold differs from the copy kept here.
+  // only if its codecs are not the ones uploaded (KvCodec::id; a new cache may reuse an array's
+  // address). Checking ids costs nothing; rebuilding the tables on the host to compare them cost
+  // ~2 us twice a layer.
   struct UploadedTables {
-    std::vector<float> host;
+    std::vector<uint64_t> codec_ids;
+    size_t bytes = 0;
     void* dev = nullptr;
   };
   const float* TqTablesOnDevice(const PagedKvLayer& kv);
