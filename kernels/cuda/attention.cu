@@ -526,6 +526,40 @@ struct PagedLoads {
   }
 };
 
+// DecodeAttentionKernel's Vᵀ operands of m-tiles 2w and 2w + 1 (a_h: bf16 high parts, a_l: low
+// parts): [m-tile][a0..a3] = (dim j, keys 2t, 2t+1), (dim D/16 + j, the same keys), then the same
+// for keys 8+2t, 9+2t, with j = 2w + jj the lane's dim (of its D/8) and v the lane's raw chunks of
+// those four keys. From words: word w and D/32 + w of each key as bf16 pairs of dims, regrouped
+// by key (byte permutes).
+template <int D, typename Src>
+__device__ __forceinline__ void ValueOperandsOfWords(const Src& src,
+                                                     const typename Src::Raw (&v)[4][D / 64], int w,
+                                                     uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) {
+  uint32_t vh[2][4], vl[2][4];  // [low, high word][key 2t, 2t+1, 8+2t, 9+2t]
+#pragma unroll
+  for (int c4 = 0; c4 < 4; ++c4) {
+#pragma unroll
+    for (int half = 0; half < 2; ++half) {
+      const int word = w + half * (D / 32);
+      src.Bf16Pair(v[c4][word / 4], word % 4, vh[half][c4], vl[half][c4]);
+    }
+  }
+#pragma unroll
+  for (int jj = 0; jj < 2; ++jj) {
+    const uint32_t sel = jj ? 0x7632 : 0x5410;  // dim 2w + jj is the low or high half of word w
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        a_h[jj][2 * u + half] = __byte_perm(vh[half][2 * u], vh[half][2 * u + 1], sel);
+        if constexpr (Src::kLowHalf) {
+          a_l[jj][2 * u + half] = __byte_perm(vl[half][2 * u], vl[half][2 * u + 1], sel);
+        }
+      }
+    }
+  }
+}
+
 template <bool kFp8>
 struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   PagedGeom g;
@@ -586,6 +620,11 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
     } else {
       hi = p == 0 ? r.x : p == 1 ? r.y : p == 2 ? r.z : r.w;
     }
+  }
+  template <int D>
+  __device__ __forceinline__ void ValueOperands(const Raw (&v)[4][D / 64], int w,
+                                                uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) const {
+    ValueOperandsOfWords<D>(*this, v, w, a_h, a_l);
   }
   // Queries and outputs are in the cache's frame already.
   template <int D>
@@ -1051,19 +1090,41 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
       out[c] = kChunkBits == 32 ? x : x & ((1u << kChunkBits) - 1u);
     }
   }
-  __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t& lo) const {
-    constexpr int b = kBits;
-    constexpr uint32_t kOffsetMask = ((1u << b) - 1u) << 2;  // a code's entry, in bytes
+  // CentroidHiLo's entry for code e of chunk r (bits e b .. e b + b - 1): at base | code << 2.
+  __device__ __forceinline__ uint32_t Entry(const Raw& r, int e) const {
+    constexpr uint32_t kOffsetMask = ((1u << kBits) - 1u) << 2;  // a code's entry, in bytes
     const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(CentroidHiLo()));
-    uint32_t entry[2];
+    const int shift = e * kBits - 2;  // compile-time after unrolling
+    const uint32_t offset = (shift >= 0 ? r >> shift : r << -shift) & kOffsetMask;
+    uint32_t entry;
+    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(entry) : "r"(base | offset));
+    return entry;
+  }
+  __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t& lo) const {
+    const uint32_t x = Entry(r, 2 * p), y = Entry(r, 2 * p + 1);
+    hi = __byte_perm(x, y, 0x5410);
+    lo = __byte_perm(x, y, 0x7632);
+  }
+  // The Vᵀ operands of m-tiles 2w and 2w + 1 (see ValueOperandsOfWords): each pair of keys at
+  // one dim straight from two lookups (decoding a key's dims in pairs first, then regrouping
+  // them by key, took twice the byte permutes).
+  template <int D>
+  __device__ __forceinline__ void ValueOperands(const Raw (&v)[4][D / 64], int w,
+                                                uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) const {
 #pragma unroll
-    for (int e = 0; e < 2; ++e) {  // code 2p + e: bits (2p + e) b .. of r, at base | code << 2
-      const int shift = (2 * p + e) * b - 2;  // compile-time after unrolling
-      const uint32_t offset = (shift >= 0 ? r >> shift : r << -shift) & kOffsetMask;
-      asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(entry[e]) : "r"(base | offset));
+    for (int jj = 0; jj < 2; ++jj) {
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int elem = 2 * w + jj + half * (D / 16);  // of the lane's D / 8 dims
+          const uint32_t x = Entry(v[2 * u][elem / 8], elem % 8);
+          const uint32_t y = Entry(v[2 * u + 1][elem / 8], elem % 8);
+          a_h[jj][2 * u + half] = __byte_perm(x, y, 0x5410);
+          a_l[jj][2 * u + half] = __byte_perm(x, y, 0x7632);
+        }
+      }
     }
-    hi = __byte_perm(entry[0], entry[1], 0x5410);
-    lo = __byte_perm(entry[0], entry[1], 0x7632);
   }
   // q' = Π_K q before the products and out = Πᵀ_V acc after them, on `rows` vectors v[r · D ..]
   // in shared memory (query heads of kv head kvh), one warp a vector; the caller syncs after.
@@ -1458,43 +1519,25 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     }
 
     // Oᵀ += Vᵀ Pᵀ. Vᵀ of m-tile j: a0 (dim j of the lane's; keys 2t, 2t+1), a1 (dim D/16 + j),
-    // a2 and a3 the same for keys 8+2t, 9+2t. Word w of the lane's dims (a bf16 pair of dims)
-    // serves m-tiles 2w and 2w + 1, word D/32 + w their high dims: decoded as they are needed,
-    // for the registers.
+    // a2 and a3 the same for keys 8+2t, 9+2t; made two m-tiles at a time, as the products need
+    // them (registers).
 #pragma unroll
     for (int w = 0; w < D / 32; ++w) {
-      uint32_t vh[2][4], vl[2][4];  // [low, high word][key 2t, 2t+1, 8+2t, 9+2t]
-#pragma unroll
-      for (int c4 = 0; c4 < 4; ++c4) {
-#pragma unroll
-        for (int half = 0; half < 2; ++half) {
-          const int word = w + half * (D / 32);
-          src.Bf16Pair(cur.v[c4][word / 4], word % 4, vh[half][c4], vl[half][c4]);
-        }
-      }
+      uint32_t a_h[2][4], a_l[2][4];
+      src.template ValueOperands<D>(cur.v, w, a_h, a_l);
 #pragma unroll
       for (int jj = 0; jj < 2; ++jj) {
         const int j = 2 * w + jj;
-        const uint32_t sel = jj ? 0x7632 : 0x5410;  // dim j is the low or high half of word w
-        uint32_t a_h[4], a_l[4];
-#pragma unroll
-        for (int u = 0; u < 2; ++u) {  // keys 2t, 2t+1, then 8+2t, 9+2t
-#pragma unroll
-          for (int half = 0; half < 2; ++half) {
-            a_h[2 * u + half] = __byte_perm(vh[half][2 * u], vh[half][2 * u + 1], sel);
-            if constexpr (Src::kLowHalf) {
-              a_l[2 * u + half] = __byte_perm(vl[half][2 * u], vl[half][2 * u + 1], sel);
-            }
-          }
-        }
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
 #pragma unroll
           for (int u = 0; u < 3; ++u) {
-            MmaBf16(o[r][j], a_h[0], a_h[1], a_h[2], a_h[3], pp[r][0][u], pp[r][1][u]);
+            MmaBf16(o[r][j], a_h[jj][0], a_h[jj][1], a_h[jj][2], a_h[jj][3], pp[r][0][u],
+                    pp[r][1][u]);
           }
           if constexpr (Src::kLowHalf) {
-            MmaBf16(o[r][j], a_l[0], a_l[1], a_l[2], a_l[3], pp[r][0][0], pp[r][1][0]);
+            MmaBf16(o[r][j], a_l[jj][0], a_l[jj][1], a_l[jj][2], a_l[jj][3], pp[r][0][0],
+                    pp[r][1][0]);
           }
         }
       }
