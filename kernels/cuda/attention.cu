@@ -1357,10 +1357,10 @@ template <int D, int kRows, typename Src>
 __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     void DecodeAttentionKernel(const AttnParams p, const Src all_src) {
   constexpr int kDecodeWarps = DecodeWarps<D, kRows, Src>();
-  constexpr int kSteps = D / 16;          // k-steps of S = Q Kᵀ
+  constexpr int kSteps = D / 16;          // k-steps of Sᵀ = K Qᵀ
   constexpr int kKChunks = D / 32;        // chunks a lane loads of each of its two keys
   constexpr int kMTiles = D / 16;         // m-tiles of Oᵀ: dims g·D/8 + j and g·D/8 + D/16 + j
-  constexpr int kRowTiles = kRows / 8;    // n-tiles of Oᵀ; rows g + 8 of S are real if 2
+  constexpr int kRowTiles = kRows / 8;    // n-tiles of Sᵀ and Oᵀ: 8 query rows each
   extern __shared__ float dsmem[];
   const AttentionArgs& a = p.a;
   const SeqDesc sq = p.seqs[blockIdx.x];
