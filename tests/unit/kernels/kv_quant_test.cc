@@ -303,6 +303,20 @@ TEST(KvQuantTest, T10StorageAccounting) {
   EXPECT_EQ(ParseKvFormat("int4").status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// The identity a backend keys its device tables by (CudaBackend::TqTablesOnDevice): distinct for
+// every Create, even of equal options; kept by copies, which hold the same tables.
+TEST(KvQuantTest, IdIsUniquePerCreateAndKeptByCopies) {
+  const KvCodec a = MakeCodec(KvFormat::kTq4);
+  const KvCodec b = MakeCodec(KvFormat::kTq4);
+  EXPECT_NE(a.id(), 0u);
+  EXPECT_NE(a.id(), b.id());
+  const KvCodec copy = a;
+  EXPECT_EQ(copy.id(), a.id());
+  KvCodec assigned = b;
+  assigned = a;
+  EXPECT_EQ(assigned.id(), a.id());
+}
+
 const KvFormat kAllFormats[] = {KvFormat::kBf16,    KvFormat::kFp8E4m3, KvFormat::kTq4,
                                 KvFormat::kTq3,     KvFormat::kTq2,     KvFormat::kTq1,
                                 KvFormat::kTq3p5,   KvFormat::kTq2p5,   KvFormat::kTqProd4,
