@@ -496,6 +496,12 @@ struct PagedGeom {
     r.table += offset;
     return r;
   }
+  // Pool, blocks and tiles all start on multiples of `bytes` (a power of two).
+  __host__ __device__ __forceinline__ bool AlignedTo(int bytes) const {
+    const uint64_t any = reinterpret_cast<uintptr_t>(base) | static_cast<uint64_t>(block_stride) |
+                         static_cast<uint64_t>(tile_bytes);
+    return (any & static_cast<uint64_t>(bytes - 1)) == 0;
+  }
 };
 
 // K/V source of AttentionKernel over paged tiles. fp8 elements come back as scale · E4M3(code)
@@ -524,41 +530,11 @@ struct PagedLoads {
     r.g = r.g.ForTable(table_offset);
     return r;
   }
+  // The decode kernel's loads (up to 16 bytes, LoadBytes) aligned.
+  __host__ __device__ __forceinline__ bool DecodeAligned() const {
+    return static_cast<const Source&>(*this).g.AlignedTo(16);
+  }
 };
-
-// DecodeAttentionKernel's Vᵀ operands of m-tiles 2w and 2w + 1 (a_h: bf16 high parts, a_l: low
-// parts): [m-tile][a0..a3] = (dim j, keys 2t, 2t+1), (dim D/16 + j, the same keys), then the same
-// for keys 8+2t, 9+2t, with j = 2w + jj the lane's dim (of its D/8) and v the lane's raw chunks of
-// those four keys. From words: word w and D/32 + w of each key as bf16 pairs of dims, regrouped
-// by key (byte permutes).
-template <int D, typename Src>
-__device__ __forceinline__ void ValueOperandsOfWords(const Src& src,
-                                                     const typename Src::Raw (&v)[4][D / 64], int w,
-                                                     uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) {
-  uint32_t vh[2][4], vl[2][4];  // [low, high word][key 2t, 2t+1, 8+2t, 9+2t]
-#pragma unroll
-  for (int c4 = 0; c4 < 4; ++c4) {
-#pragma unroll
-    for (int half = 0; half < 2; ++half) {
-      const int word = w + half * (D / 32);
-      src.Bf16Pair(v[c4][word / 4], word % 4, vh[half][c4], vl[half][c4]);
-    }
-  }
-#pragma unroll
-  for (int jj = 0; jj < 2; ++jj) {
-    const uint32_t sel = jj ? 0x7632 : 0x5410;  // dim 2w + jj is the low or high half of word w
-#pragma unroll
-    for (int u = 0; u < 2; ++u) {
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        a_h[jj][2 * u + half] = __byte_perm(vh[half][2 * u], vh[half][2 * u + 1], sel);
-        if constexpr (Src::kLowHalf) {
-          a_l[jj][2 * u + half] = __byte_perm(vl[half][2 * u], vl[half][2 * u + 1], sel);
-        }
-      }
-    }
-  }
-}
 
 template <bool kFp8>
 struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
@@ -576,23 +552,17 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   }
   // Every chunk's load aligned (bf16: 16 bytes, fp8: 8 bytes; head_dim a multiple of 8).
   __host__ __device__ __forceinline__ bool ChunksAligned() const {
-    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) |
-                         static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
-    return (any & (kFp8 ? 7 : 15)) == 0;
+    return g.AlignedTo(kFp8 ? 8 : 16);
   }
-  // DecodeAttentionKernel's interface: the raw bytes of elements d0 .. d0 + 7, elements d0 + 2p
-  // and d0 + 2p + 1 as a bf16 pair (exact for both formats: no low half), and the vector's scale.
+  // DecodeAttentionKernel's interface: raw chunks of 8 elements (ChunkPtr, SplitChunks), elements
+  // 2p and 2p + 1 of a chunk as a bf16 pair (Bf16Pair; exact for both formats: no low half), the
+  // Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = false;
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
   // Warps of a decode block (one block per SM): a bf16 tile's raw bytes need more than 128
   // registers a thread, so 4 warps; an fp8 tile's fit 128, so 16 warps share one block's splits.
   static constexpr int kDecodeWarps = kFp8 ? 16 : 4;
   static constexpr int kChunkBytes = kFp8 ? 8 : 16;
-  // The decode kernel's loads (up to 16 bytes) aligned: pool, blocks and tiles on 16 bytes.
-  __host__ __device__ __forceinline__ bool DecodeAligned() const {
-    return ((reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
-             static_cast<uint64_t>(g.tile_bytes)) & 15) == 0;
-  }
   __device__ __forceinline__ const uint8_t* ChunkPtr(const uint8_t* tile, int slot, int d0) const {
     const int64_t e = static_cast<int64_t>(slot) * g.head_dim + d0;
     return tile + e * (kFp8 ? 1 : 2);
@@ -621,10 +591,33 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
       hi = p == 0 ? r.x : p == 1 ? r.y : p == 2 ? r.z : r.w;
     }
   }
+  // The Vᵀ operands of m-tiles 2w and 2w + 1: [m-tile][a0..a3] = (dim j, keys 2t, 2t+1), (dim
+  // D/16 + j, the same keys), then the same for keys 8+2t, 9+2t, with j = 2w + jj the lane's dim
+  // (of its D/8) and v the lane's raw chunks of those four keys: words w and D/32 + w of each key
+  // as bf16 pairs of dims, regrouped by key. No low parts (a_l is not read).
   template <int D>
   __device__ __forceinline__ void ValueOperands(const Raw (&v)[4][D / 64], int w,
-                                                uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) const {
-    ValueOperandsOfWords<D>(*this, v, w, a_h, a_l);
+                                                uint32_t (&a_h)[2][4], uint32_t (&)[2][4]) const {
+    uint32_t words[2][4], unused;  // [low, high word][key 2t, 2t+1, 8+2t, 9+2t]
+#pragma unroll
+    for (int c4 = 0; c4 < 4; ++c4) {
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int word = w + half * (D / 32);
+        Bf16Pair(v[c4][word / 4], word % 4, words[half][c4], unused);
+      }
+    }
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const uint32_t sel = jj ? 0x7632 : 0x5410;  // dim 2w + jj: low or high half of word w
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          a_h[jj][2 * u + half] = __byte_perm(words[half][2 * u], words[half][2 * u + 1], sel);
+        }
+      }
+    }
   }
   // Queries and outputs are in the cache's frame already.
   template <int D>
@@ -1016,7 +1009,7 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   }
   // The codebook in shared memory (Prepare, before the kernel's first barrier).
   __device__ __forceinline__ float* Centroids() const {
-    __shared__ float centroids[256];
+    __shared__ float centroids[1 << kBits];
     return centroids;
   }
   // Each centroid as bf16 hi | lo << 16, hi + lo = the fp32 centroid to 2^-16 (DecodeAttention).
@@ -1038,11 +1031,7 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   }
   // Tiles 4-byte aligned: b = 4 codes are one 32-bit load, b = 2 one 16-bit load, the fp16
   // scale one 16-bit load (head_dim a multiple of 8).
-  __host__ __device__ __forceinline__ bool ChunksAligned() const {
-    const uint64_t any = reinterpret_cast<uintptr_t>(g.base) |
-                         static_cast<uint64_t>(g.block_stride) | static_cast<uint64_t>(g.tile_bytes);
-    return (any & 3) == 0;
-  }
+  __host__ __device__ __forceinline__ bool ChunksAligned() const { return g.AlignedTo(4); }
   // Elements d0 .. d0 + 7: their 8 b-bit codes are the b bytes at b · d0 / 8 (byte aligned).
   __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
                                         float (&out)[kChunk]) const {
@@ -1064,17 +1053,13 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
   }
-  // DecodeAttentionKernel's interface: the 8 codes of d0 .. d0 + 7, the centroids of codes 2p
-  // and 2p + 1 as a bf16 pair of high parts and one of low parts, and the vector's scale.
+  // DecodeAttentionKernel's interface: raw chunks of 8 codes (ChunkPtr, SplitChunks), the
+  // centroids of codes 2p and 2p + 1 of a chunk as a bf16 pair of high parts and one of low parts
+  // (Bf16Pair), the Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = true;
   using Raw = uint32_t;
-  static constexpr int kDecodeWarps = 16;  // 128 registers: no spill at head_dim 128
+  static constexpr int kDecodeWarps = 16;  // 128 registers a thread (as PagedKvSource<true>)
   static constexpr int kChunkBytes = kBits;  // 8 codes of b bits
-  // The decode kernel's loads (up to 16 bytes) aligned: pool, blocks and tiles on 16 bytes.
-  __host__ __device__ __forceinline__ bool DecodeAligned() const {
-    return ((reinterpret_cast<uintptr_t>(g.base) | static_cast<uint64_t>(g.block_stride) |
-             static_cast<uint64_t>(g.tile_bytes)) & 15) == 0;
-  }
   __device__ __forceinline__ const uint8_t* ChunkPtr(const uint8_t* tile, int slot, int d0) const {
     return tile + static_cast<int64_t>(slot) * (g.head_dim * kBits / 8) + kBits * (d0 / 8);
   }
@@ -1105,9 +1090,9 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
     hi = __byte_perm(x, y, 0x5410);
     lo = __byte_perm(x, y, 0x7632);
   }
-  // The Vᵀ operands of m-tiles 2w and 2w + 1 (see ValueOperandsOfWords): each pair of keys at
-  // one dim straight from two lookups (decoding a key's dims in pairs first, then regrouping
-  // them by key, took twice the byte permutes).
+  // The Vᵀ operands of m-tiles 2w and 2w + 1 (layout: PagedKvSource::ValueOperands), high and
+  // low parts: each pair of keys at one dim straight from two lookups (decoding a key's dims in
+  // pairs first, then regrouping them by key, took twice the byte permutes).
   template <int D>
   __device__ __forceinline__ void ValueOperands(const Raw (&v)[4][D / 64], int w,
                                                 uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) const {
