@@ -363,11 +363,20 @@ std::vector<Event> Engine::Step() {
     if (p.prefill) prefill_tokens_ += static_cast<int64_t>(p.tokens.size());
   }
 
-  // 4. Forward, 5. sample. An error fails every sequence of the step (it names the cause).
-  std::vector<float> logits;
-  const absl::Status st = model_.Forward(items, false, &logits);
-  const int64_t V = model_.config().vocab_size;
+  // 4. Forward and sample (on the backend: only token ids come back). An error fails every
+  // sequence of the step (it names the cause).
+  std::vector<kernels::SampleParams> params;
+  std::vector<kernels::PenaltyToken> penalties;
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Sequence& s = *plan[i].seq;
+    if (!plan[i].samples) continue;
+    params.push_back(s.sampler.Next(static_cast<int64_t>(i), s.req.prompt, s.output,
+                                    s.req.return_logprobs, s.req.top_logprobs, &penalties));
+  }
+  std::vector<kernels::SampledToken> sampled;
+  const absl::Status st = model_.ForwardSample(items, params, penalties, &sampled);
   std::vector<Sequence*> done;
+  size_t next_sample = 0;
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
     if (!st.ok()) {
@@ -377,11 +386,8 @@ std::vector<Event> Engine::Step() {
     }
     s.kv_len += static_cast<int64_t>(plan[i].tokens.size());
     if (!plan[i].samples) continue;
-    TokenLogprobs lp;
-    const int32_t token = s.sampler.Sample(absl::MakeSpan(logits.data() + i * V, V), s.req.prompt,
-                                           s.output, s.req.top_logprobs,
-                                           s.req.return_logprobs ? &lp : nullptr);
-    Emit(s, token, lp, &events);
+    const kernels::SampledToken& t = sampled[next_sample++];
+    Emit(s, t.id, ToLogprobs(t, s.req.top_logprobs), &events);
     if (events.back().finish != FinishReason::kNone) done.push_back(&s);
   }
   running_.erase(std::remove_if(running_.begin(), running_.end(),

@@ -205,6 +205,59 @@ absl::Status Model::Reserve(int64_t T) {
 
 absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positions,
                             std::vector<float>* logits) {
+  MOE_ASSIGN_OR_RETURN(const int64_t R, ComputeLogits(batch, all_positions));
+  const int64_t t0 = PhaseClock();
+  logits->resize(R * config_.vocab_size);
+  backend_.CopyToHost(logits->data(), logits_.data(), logits->size() * sizeof(float));
+  times_.logits_us += PhaseClock() - t0;
+  return FinishStep(batch);
+}
+
+absl::Status Model::ForwardSample(absl::Span<const ForwardItem> batch,
+                                  absl::Span<const kernels::SampleParams> params,
+                                  absl::Span<const kernels::PenaltyToken> penalties,
+                                  std::vector<kernels::SampledToken>* tokens) {
+  const int64_t V = config_.vocab_size;
+  for (const kernels::SampleParams& p : params) {
+    if (p.row < 0 || p.row >= static_cast<int64_t>(batch.size()) || p.top_logprobs < 0 ||
+        p.top_logprobs > kernels::kMaxTopLogprobs || p.penalty_begin < 0 || p.penalty_count < 0 ||
+        p.penalty_begin + int64_t{p.penalty_count} > static_cast<int64_t>(penalties.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling row ", p.row, " of ", batch.size(), " items: top_logprobs ", p.top_logprobs,
+          ", penalty entries [", p.penalty_begin, ", +", p.penalty_count, ") of ",
+          penalties.size()));
+    }
+  }
+  for (const kernels::PenaltyToken& t : penalties) {
+    if (t.id < 0 || t.id >= V) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("penalty token ", t.id, " is outside the vocabulary [0, ", V, ")"));
+    }
+  }
+  MOE_RETURN_IF_ERROR(ComputeLogits(batch, false).status());
+  const int64_t t0 = PhaseClock();
+  tokens->resize(params.size());
+  kernels::SampleArgs args;
+  args.logits = logits_.f32();
+  args.vocab_size = V;
+  args.params = params;
+  args.penalties = penalties;
+  args.out = tokens->data();
+  backend_.Sample(args);
+  times_.sampling_us += PhaseClock() - t0;
+  return FinishStep(batch);
+}
+
+absl::Status Model::FinishStep(absl::Span<const ForwardItem> batch) {
+  MOE_RETURN_IF_ERROR(backend_.TakeKvWriteError());
+  for (const ForwardItem& item : batch) {
+    if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch,
+                                             bool all_positions) {
   const ModelConfig& c = config_;
   std::vector<int32_t> ids, positions;
   for (size_t i = 0; i < batch.size(); ++i) {
@@ -324,14 +377,8 @@ absl::Status Model::Forward(absl::Span<const ForwardItem> batch, bool all_positi
   const int64_t R = static_cast<int64_t>(rows.size());
   backend_.RmsNorm(h_.f32(), h_.f32(), R, weights_.norm.view, c.rms_norm_eps);
   backend_.MatMul(logits_.f32(), h_.f32(), R, weights_.lm_head.view, nullptr);
-  logits->resize(R * c.vocab_size);
-  backend_.CopyToHost(logits->data(), logits_.data(), R * c.vocab_size * sizeof(float));
-  MOE_RETURN_IF_ERROR(backend_.TakeKvWriteError());
-  for (const ForwardItem& item : batch) {
-    if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
-  }
   times_.logits_us += PhaseClock() - t0;
-  return absl::OkStatus();
+  return R;
 }
 
 absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T) {

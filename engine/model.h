@@ -101,12 +101,14 @@ struct ForwardItem {
 // Time spent per phase over the model's lifetime, in microseconds (the --timings breakdown).
 // attention: norms, projections, q/k norm, RoPE, KV write, attention, residual add; routing:
 // router, top-k, the host copy of the choice, grouping; expert compute: the expert launches and
-// the residual add (fused with the next layer's input norm). On a backend that queues work (CUDA) these are host times unless
+// the residual add (fused with the next layer's input norm); logits: final norm, lm head (and
+// Forward's copy of the logits to the host); sampling: ForwardSample's Backend::Sample, which
+// waits for the device. On a backend that queues work (CUDA) these are host times unless
 // set_exact_timings is on: then the phase that synchronizes (routing) absorbs the device time of
 // the phases before it.
 struct PhaseTimes {
   int64_t attention_us = 0, routing_us = 0, expert_wait_us = 0, expert_compute_us = 0,
-          dense_us = 0, logits_us = 0;
+          dense_us = 0, logits_us = 0, sampling_us = 0;
   int64_t prefetch_us = 0;  // next-layer routing for Prefetch (set_prefetch_next_layer)
 };
 
@@ -138,6 +140,14 @@ class Model {
   // rejects (non-finite; names the position); the items' lengths then do not advance.
   absl::Status Forward(absl::Span<const ForwardItem> batch, bool all_positions,
                        std::vector<float>* logits);
+  // Forward for each item's last token, then the next tokens drawn where the logits are
+  // (Backend::Sample): only `tokens` ([params.size()], host) cross to the host. params[i].row
+  // names an item. InvalidArgument, before any work, for a row or penalty entry out of range, a
+  // penalty token outside the vocabulary; else Forward's errors.
+  absl::Status ForwardSample(absl::Span<const ForwardItem> batch,
+                             absl::Span<const kernels::SampleParams> params,
+                             absl::Span<const kernels::PenaltyToken> penalties,
+                             std::vector<kernels::SampledToken>* tokens);
 
   const PhaseTimes& phase_times() const { return times_; }
   // Synchronizes the backend at every phase boundary, so that each phase's time is its device
@@ -179,6 +189,10 @@ class Model {
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
+  // The layers, final norm and lm head: logits_ holds R rows (returned) of V.
+  absl::StatusOr<int64_t> ComputeLogits(absl::Span<const ForwardItem> batch, bool all_positions);
+  // The step's KV-write verdict; on success the contiguous caches' lengths advance.
+  absl::Status FinishStep(absl::Span<const ForwardItem> batch);
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   absl::Status MoeBlock(int64_t layer, int64_t T);
   void PrefetchNextLayer(int64_t layer, int64_t T);

@@ -1,9 +1,7 @@
-// Sampler: the order is penalties -> temperature -> top-k -> top-p -> min-p -> draw.
+// Sampling parameters, their validation, and each sequence's penalty tokens and draws.
 #include "engine/sampler.h"
 
-#include <algorithm>
 #include <cmath>
-#include <numeric>
 #include <unordered_map>
 
 #include "absl/strings/str_cat.h"
@@ -28,93 +26,52 @@ absl::Status SamplingParams::Validate() const {
   return absl::OkStatus();
 }
 
-int32_t Sampler::Sample(absl::Span<float> logits, absl::Span<const int32_t> prompt,
-                        absl::Span<const int32_t> generated, int top_logprobs,
-                        TokenLogprobs* logprobs) {
-  const int64_t V = static_cast<int64_t>(logits.size());
+kernels::SampleParams Sampler::Next(int64_t row, absl::Span<const int32_t> prompt,
+                                    absl::Span<const int32_t> generated, bool logprobs,
+                                    int top_logprobs,
+                                    std::vector<kernels::PenaltyToken>* penalties) {
   const SamplingParams& p = params_;
-  if (p.repetition_penalty != 1.0f) {
-    // transformers' RepetitionPenaltyLogitsProcessor: each seen token once.
-    std::vector<bool> seen(V, false);
-    for (auto ids : {prompt, generated}) {
-      for (int32_t id : ids) {
-        if (id < 0 || id >= V || seen[id]) continue;
-        seen[id] = true;
-        float& l = logits[id];
-        l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-      }
-    }
-  }
-  if (p.presence_penalty != 0 || p.frequency_penalty != 0) {
-    std::unordered_map<int32_t, int> counts;
-    for (int32_t id : generated) ++counts[id];
-    for (const auto& [id, n] : counts) {
-      if (id >= 0 && id < V) logits[id] -= p.presence_penalty + p.frequency_penalty * n;
-    }
-  }
-  const bool greedy = p.temperature == 0.0f;
-  if (!greedy) {
-    for (float& l : logits) l /= p.temperature;
-  }
+  kernels::SampleParams out;
+  out.row = row;
+  out.temperature = p.temperature;
+  out.top_k = p.top_k;
+  out.top_p = p.top_p;
+  out.min_p = p.min_p;
+  out.repetition_penalty = p.repetition_penalty;
+  out.presence_penalty = p.presence_penalty;
+  out.frequency_penalty = p.frequency_penalty;
+  out.logprobs = logprobs;
+  out.top_logprobs = top_logprobs;
+  // SplitMix64 of (seed, draw number): a stream that needs no state beyond the count.
+  uint64_t z = p.seed + ++draws_ * 0x9E3779B97F4A7C15ull;
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  out.uniform = static_cast<double>(z >> 11) * 0x1.0p-53;
 
-  // Log-softmax of the (penalised, tempered) distribution for logprobs and for sampling.
-  const float max_logit = *std::max_element(logits.begin(), logits.end());
-  double sum = 0;
-  for (float l : logits) sum += std::exp(static_cast<double>(l - max_logit));
-  const float log_norm = max_logit + static_cast<float>(std::log(sum));
-
-  int32_t chosen;
-  if (greedy) {
-    chosen = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-  } else {
-    // Candidates in descending probability, ties to the lower id (deterministic).
-    std::vector<int32_t> order(V);
-    std::iota(order.begin(), order.end(), 0);
-    int64_t keep = V;
-    if (p.top_k > 0) keep = std::min<int64_t>(keep, p.top_k);
-    auto by_logit = [&](int32_t a, int32_t b) {
-      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  out.penalty_begin = static_cast<int32_t>(penalties->size());
+  const bool repetition = p.repetition_penalty != 1.f;
+  if (repetition || p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
+    std::unordered_map<int32_t, size_t> index;  // id -> its entry
+    auto add = [&](int32_t id, int32_t occurrences) {
+      auto [it, fresh] = index.try_emplace(id, penalties->size());
+      if (fresh) penalties->push_back({id, 0});
+      (*penalties)[it->second].generated += occurrences;
     };
-    if (keep < V) {
-      std::partial_sort(order.begin(), order.begin() + keep, order.end(), by_logit);
-    } else {
-      std::sort(order.begin(), order.end(), by_logit);
+    if (repetition) {
+      for (int32_t id : prompt) add(id, 0);
     }
-    order.resize(keep);
-    std::vector<double> probs(keep);
-    for (int64_t i = 0; i < keep; ++i) probs[i] = std::exp(static_cast<double>(logits[order[i]] - log_norm));
-    if (p.top_p < 1.0f) {
-      // Smallest prefix whose mass (renormalised over the top-k survivors) reaches top_p.
-      const double total = std::accumulate(probs.begin(), probs.end(), 0.0);
-      double mass = 0;
-      int64_t n = 0;
-      while (n < keep && mass < p.top_p * total) mass += probs[n++];
-      keep = std::max<int64_t>(n, 1);
-    }
-    if (p.min_p > 0.0f) {
-      const double threshold = p.min_p * probs[0];
-      int64_t n = 0;
-      while (n < keep && probs[n] >= threshold) ++n;
-      keep = std::max<int64_t>(n, 1);
-    }
-    std::discrete_distribution<int64_t> draw(probs.begin(), probs.begin() + keep);
-    chosen = order[draw(rng_)];
+    for (int32_t id : generated) add(id, 1);
   }
+  out.penalty_count = static_cast<int32_t>(penalties->size()) - out.penalty_begin;
+  return out;
+}
 
-  if (logprobs != nullptr) {
-    logprobs->logprob = logits[chosen] - log_norm;
-    logprobs->top.clear();
-    if (top_logprobs > 0) {
-      std::vector<int32_t> order(V);
-      std::iota(order.begin(), order.end(), 0);
-      const int64_t n = std::min<int64_t>(top_logprobs, V);
-      std::partial_sort(order.begin(), order.begin() + n, order.end(), [&](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-      });
-      for (int64_t i = 0; i < n; ++i) logprobs->top.emplace_back(order[i], logits[order[i]] - log_norm);
-    }
-  }
-  return chosen;
+TokenLogprobs ToLogprobs(const kernels::SampledToken& t, int top_logprobs) {
+  TokenLogprobs lp;
+  lp.logprob = t.logprob;
+  for (int i = 0; i < top_logprobs; ++i) lp.top.emplace_back(t.top_ids[i], t.top_logprobs[i]);
+  return lp;
 }
 
 }  // namespace moe::engine

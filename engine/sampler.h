@@ -1,13 +1,13 @@
-// Sampling: penalties, temperature, top-k, top-p, min-p, and a seeded draw; greedy at
-// temperature 0. Runs on host logits of one sequence.
+// Sampling parameters and each sequence's sampling state (penalty tokens, a seeded stream of
+// uniform draws); the sampling itself is Backend::Sample.
 #pragma once
 
 #include <cstdint>
-#include <random>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/types/span.h"
+#include "kernels/backend.h"
 
 namespace moe::engine {
 
@@ -31,20 +31,26 @@ struct TokenLogprobs {
   std::vector<std::pair<int32_t, float>> top;
 };
 
+// One sequence's sampling state: its parameters and its seeded stream of draws. The draw itself
+// runs where the logits are (Backend::Sample, whose comment gives the order and the cuts).
 class Sampler {
  public:
-  explicit Sampler(const SamplingParams& params) : params_(params), rng_(params.seed) {}
+  explicit Sampler(const SamplingParams& params) : params_(params) {}
 
-  // Picks the next token. `logits` [V] is modified in place. `prompt` and `generated` are the
-  // sequence so far (repetition penalty reads both; presence/frequency read `generated` only,
-  // as OpenAI-style APIs define them). `top_logprobs` > 0 fills `logprobs`.
-  int32_t Sample(absl::Span<float> logits, absl::Span<const int32_t> prompt,
-                 absl::Span<const int32_t> generated, int top_logprobs = 0,
-                 TokenLogprobs* logprobs = nullptr);
+  // This step's row of Backend::Sample for logits row `row`: the parameters and the next draw of
+  // the stream (same seed, same draws); appends the sequence's penalty tokens to `penalties`
+  // (repetition reads `prompt` and `generated`, presence/frequency `generated` only, as
+  // OpenAI-style APIs define them). `top_logprobs` > 0 or `logprobs` asks for log-probabilities.
+  kernels::SampleParams Next(int64_t row, absl::Span<const int32_t> prompt,
+                             absl::Span<const int32_t> generated, bool logprobs, int top_logprobs,
+                             std::vector<kernels::PenaltyToken>* penalties);
 
  private:
   SamplingParams params_;
-  std::mt19937_64 rng_;
+  uint64_t draws_ = 0;
 };
+
+// The host side of a SampledToken.
+TokenLogprobs ToLogprobs(const kernels::SampledToken& t, int top_logprobs);
 
 }  // namespace moe::engine

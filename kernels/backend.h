@@ -5,8 +5,8 @@
 // Activations are fp32 in the backend's memory; weights may be fp32/fp16/bf16 (see tensor.h).
 // Memory contract: every pointer an op takes is the backend's memory (Allocate/Upload: VRAM on
 // CUDA), except those marked "host memory" below (Embed ids, the ExpertFfnArgs::experts list and
-// the ExpertWeights it points to, PagedKvLayer's block table and codecs), which the op reads on
-// the host.
+// the ExpertWeights it points to, PagedKvLayer's block table and codecs, SampleArgs' params,
+// penalties and results), which the op reads or writes on the host.
 // Shapes are row-major; a linear layer's weight is [out, in] as in Hugging Face checkpoints.
 #pragma once
 
@@ -202,6 +202,58 @@ struct RopeArgs {
   float attention_factor = 1.f;
 };
 
+// Sampling (Backend::Sample). The order per row is penalties -> temperature -> top-k -> top-p ->
+// min-p -> draw, over the candidates sorted by descending logit, ties to the lower id:
+//   penalties: each PenaltyToken of the row once: l = l > 0 ? l / rep : l * rep (the token is in
+//     the prompt or the generated tokens), then l -= presence + frequency * generated when
+//     generated > 0 (OpenAI's presence and frequency penalties read generated tokens only);
+//   temperature 0 is greedy (the first candidate); otherwise l /= temperature and
+//   p_i = exp(l_i - max l) (unnormalised: every cut below is a ratio); keep the first top_k
+//   candidates (0: all); then the shortest prefix whose mass reaches top_p of theirs; then those
+//   with p_i >= min_p (p of the first is 1); the draw is the first kept candidate whose cumulative
+//   mass exceeds uniform * (the kept mass).
+// logprob and the top alternatives are log-softmax values after penalties and temperature,
+// before the cuts.
+inline constexpr int kMaxTopLogprobs = 20;
+
+struct SampleParams {
+  int64_t row = 0;  // the row of SampleArgs::logits to sample
+  float temperature = 1.f;
+  int32_t top_k = 0;
+  float top_p = 1.f;
+  float min_p = 0.f;
+  float repetition_penalty = 1.f;
+  float presence_penalty = 0.f;
+  float frequency_penalty = 0.f;
+  double uniform = 0.;     // the draw, in [0, 1)
+  bool logprobs = false;   // fill SampledToken::logprob
+  int32_t top_logprobs = 0;  // alternatives wanted, <= kMaxTopLogprobs (fills logprob too)
+  int32_t penalty_begin = 0;  // this row's entries of SampleArgs::penalties
+  int32_t penalty_count = 0;
+};
+
+// A token of the prompt or of the generated tokens, once per row; `generated` = its occurrences
+// among the generated tokens.
+struct PenaltyToken {
+  int32_t id = 0;
+  int32_t generated = 0;
+};
+
+struct SampledToken {
+  int32_t id = 0;
+  float logprob = 0.f;
+  int32_t top_ids[kMaxTopLogprobs] = {};  // the first SampleParams::top_logprobs, most likely first
+  float top_logprobs[kMaxTopLogprobs] = {};
+};
+
+struct SampleArgs {
+  float* logits = nullptr;  // [rows of the batch, V]; penalised and tempered in place
+  int64_t vocab_size = 0;   // V
+  absl::Span<const SampleParams> params;     // host memory, one per sampled row
+  absl::Span<const PenaltyToken> penalties;  // host memory
+  SampledToken* out = nullptr;               // host memory, [params.size()]
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -277,6 +329,9 @@ class Backend {
   virtual void Add(float* out, const float* x, int64_t n) = 0;
   // x[i] = 1 / (1 + exp(-x[i]))
   virtual void Sigmoid(float* x, int64_t n) = 0;
+  // Draws one token per SampleParams (see above) where the logits are: only the SampledTokens
+  // cross to the host. Waits for the result.
+  virtual void Sample(const SampleArgs& args) = 0;
 };
 
 struct BackendOptions {

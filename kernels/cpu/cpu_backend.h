@@ -43,6 +43,7 @@ class CpuBackend final : public Backend {
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
+  void Sample(const SampleArgs& args) override;
 
  private:
   base::ThreadPool pool_;

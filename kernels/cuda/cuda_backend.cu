@@ -34,7 +34,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(copy_stream_);
   cudaEventDestroy(compute_done_);
   cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&args_, &args2_, &work_, &paged_}) cudaFree(s->data);
+  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_}) cudaFree(s->data);
   cudaFree(kv_verdict_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   cudaStreamDestroy(stream_);

@@ -69,6 +69,7 @@ class CudaBackend final : public Backend {
   void ExpertFfnRouted(const ExpertFfnRoutedArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
+  void Sample(const SampleArgs& args) override;  // sample.cu
 
  private:
   // A device buffer that only grows; reused by every call of the op that owns it. Growing
@@ -106,6 +107,7 @@ class CudaBackend final : public Backend {
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials
   Scratch paged_;      // TurboQuant paged attention: rotated queries and outputs
+  Scratch sampled_;    // Sample's results before their copy to the host
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).
   unsigned long long* kv_verdict_ = nullptr;
   bool kv_verdict_pending_ = false;

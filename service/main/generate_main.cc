@@ -233,7 +233,7 @@ absl::Status Run() {
         {"attention", t.attention_us},         {"routing", t.routing_us},
         {"expert_wait", t.expert_wait_us},     {"expert_compute", t.expert_compute_us},
         {"dense_mlp", t.dense_us},             {"norm+logits", t.logits_us},
-        {"prefetch", t.prefetch_us}};
+        {"sampling", t.sampling_us},           {"prefetch", t.prefetch_us}};
     for (const auto& [name, us] : phases) {
       std::fprintf(stderr, "[timings] %-14s %9.2f %9.3f %12.4f\n", name, us / 1e3,
                    us / 1e3 / steps, us / 1e3 / steps / layers);

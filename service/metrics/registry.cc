@@ -118,8 +118,8 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   for (const char* outcome : {"stop", "length", "cancelled", "error"}) {
     requests_->Add({{"outcome", outcome}});
   }
-  for (const char* phase :
-       {"attention", "routing", "expert_wait", "expert_compute", "dense", "logits", "prefetch"}) {
+  for (const char* phase : {"attention", "routing", "expert_wait", "expert_compute", "dense",
+                            "logits", "sampling", "prefetch"}) {
     phase_seconds_->Add({{"phase", phase}});
   }
   UpdateExpertStore(StoreCounters{});
@@ -149,6 +149,7 @@ void WorkerMetrics::SetPhaseTimes(const engine::PhaseTimes& t, int64_t steps) {
                                                     {"expert_compute", t.expert_compute_us},
                                                     {"dense", t.dense_us},
                                                     {"logits", t.logits_us},
+                                                    {"sampling", t.sampling_us},
                                                     {"prefetch", t.prefetch_us}};
   for (const auto& [phase, us] : phases) {
     AdvanceTo(phase_seconds_->Add({{"phase", phase}}), static_cast<double>(us) * 1e-6);

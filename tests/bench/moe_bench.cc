@@ -13,7 +13,10 @@
 // --vocab for a smoke test): decode tokens/s at batch 1 and context --context, the bytes a token
 // must read (derived below), the measured device-to-device copy bandwidth and the achieved
 // fraction of it, the roofline tokens/s; time to first token for a --prompt-token prompt;
-// throughput at --batches concurrent sequences (one Forward with one ForwardItem per sequence).
+// throughput at --batches concurrent sequences (one Forward with one ForwardItem per sequence);
+// every step samples its tokens greedily on the backend (Model::ForwardSample), as the engine
+// does. Also Backend::Sample alone (greedy, top-k, top-p, a draw over the whole vocabulary; batch
+// 1 and 64) next to what copying the logits to the host for host-side sampling cost.
 // Every run uses the engine's paged KV cache (--kv_cache_dtype, block 16, each sequence its own
 // blocks); the batched runs start from random keys/values at positions [0, context) (FillRandom).
 // --kv_formats adds the KV sweep: decode tokens/s per cache format at --kv_contexts x
@@ -417,9 +420,19 @@ absl::Status FillRandom(kernels::Backend& backend, const engine::ModelConfig& c,
   return absl::OkStatus();
 }
 
-// One decode step of every sequence (one new token each), then their lengths grow by one.
-absl::Status DecodeStep(engine::Model& model, PagedSeqs& s, const std::vector<int32_t>& tokens,
-                        std::vector<float>* logits) {
+// Greedy sampling rows for items [0, n): what the engine does for a decode step of n sequences.
+std::vector<kernels::SampleParams> GreedyRows(size_t n) {
+  std::vector<kernels::SampleParams> rows(n);
+  for (size_t i = 0; i < n; ++i) {
+    rows[i].row = static_cast<int64_t>(i);
+    rows[i].temperature = 0.f;
+  }
+  return rows;
+}
+
+// One decode step of every sequence (one new token each, sampled greedily on the backend), then
+// their lengths grow by one.
+absl::Status DecodeStep(engine::Model& model, PagedSeqs& s, const std::vector<int32_t>& tokens) {
   std::vector<engine::ForwardItem> items;
   for (size_t i = 0; i < s.tables.size(); ++i) {
     engine::ForwardItem item;
@@ -429,20 +442,21 @@ absl::Status DecodeStep(engine::Model& model, PagedSeqs& s, const std::vector<in
     item.start = s.lengths[i];
     items.push_back(item);
   }
-  MOE_RETURN_IF_ERROR(model.Forward(items, false, logits));
+  std::vector<kernels::SampledToken> sampled;
+  MOE_RETURN_IF_ERROR(model.ForwardSample(items, GreedyRows(items.size()), {}, &sampled));
   for (int64_t& n : s.lengths) ++n;
   return absl::OkStatus();
 }
 
-// Sequence 0's prompt through Forward (a real prefill).
-absl::Status Prefill(engine::Model& model, PagedSeqs& s, const std::vector<int32_t>& prompt,
-                     std::vector<float>* logits) {
+// Sequence 0's prompt through Forward (a real prefill), its next token sampled greedily.
+absl::Status Prefill(engine::Model& model, PagedSeqs& s, const std::vector<int32_t>& prompt) {
   engine::ForwardItem item;
   item.tokens = prompt;
   item.paged = s.kv.get();
   item.block_table = s.tables[0];
   item.start = s.lengths[0];
-  MOE_RETURN_IF_ERROR(model.Forward({&item, 1}, false, logits));
+  std::vector<kernels::SampledToken> sampled;
+  MOE_RETURN_IF_ERROR(model.ForwardSample({&item, 1}, GreedyRows(1), {}, &sampled));
   s.lengths[0] += static_cast<int64_t>(prompt.size());
   return absl::OkStatus();
 }
@@ -450,7 +464,8 @@ absl::Status Prefill(engine::Model& model, PagedSeqs& s, const std::vector<int32
 engine::PhaseTimes Diff(const engine::PhaseTimes& a, const engine::PhaseTimes& b) {
   return {b.attention_us - a.attention_us,       b.routing_us - a.routing_us,
           b.expert_wait_us - a.expert_wait_us,   b.expert_compute_us - a.expert_compute_us,
-          b.dense_us - a.dense_us,               b.logits_us - a.logits_us};
+          b.dense_us - a.dense_us,               b.logits_us - a.logits_us,
+          b.sampling_us - a.sampling_us};
 }
 
 void PrintTimings(const char* what, const engine::PhaseTimes& t, int64_t tokens, int64_t layers) {
@@ -458,12 +473,61 @@ void PrintTimings(const char* what, const engine::PhaseTimes& t, int64_t tokens,
   const double per_layer = per_tok / static_cast<double>(layers);
   std::printf("  timings (%s; ms per layer / per token): attention %.4f / %.3f, routing %.4f / "
               "%.3f, expert wait %.4f / %.3f, expert compute %.4f / %.3f, dense %.4f / %.3f, "
-              "logits - / %.3f\n",
+              "logits - / %.3f, sampling - / %.3f\n",
               what, t.attention_us * per_layer, t.attention_us * per_tok,
               t.routing_us * per_layer, t.routing_us * per_tok, t.expert_wait_us * per_layer,
               t.expert_wait_us * per_tok, t.expert_compute_us * per_layer,
               t.expert_compute_us * per_tok, t.dense_us * per_layer, t.dense_us * per_tok,
-              t.logits_us * per_tok);
+              t.logits_us * per_tok, t.sampling_us * per_tok);
+}
+
+// Backend::Sample alone on random logits (uniform in [-10, 10)) of `batch` rows, median of 20
+// calls (each waits for its tokens), per mode; next to it, the copy of the same logits to the
+// host that host-side sampling needed before any of its own work.
+absl::Status SampleTimes(kernels::Backend& backend, int64_t V, Rng& rng) {
+  std::printf("\nsampling on the backend (Backend::Sample, vocabulary %lld; us per step, median "
+              "of 20)\n%-8s %10s %10s %10s %12s %16s\n",
+              static_cast<long long>(V), "batch", "greedy", "top-k 50", "top-p 0.9",
+              "whole vocab", "logits to host");
+  for (int64_t B : {int64_t{1}, int64_t{64}}) {
+    std::vector<float> host(B * V);
+    for (float& x : host) x = static_cast<float>(rng.Next() % 20000) / 1000.f - 10.f;
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer logits, backend.Allocate(host.size() * sizeof(float)));
+    backend.CopyToDevice(logits.data(), host.data(), host.size() * sizeof(float));
+    auto median_us = [&](auto&& op) {
+      std::vector<double> us;
+      for (int i = 0; i < 20; ++i) {
+        const auto t0 = std::chrono::steady_clock::now();
+        op();
+        us.push_back(Seconds(t0, std::chrono::steady_clock::now()) * 1e6);
+      }
+      std::nth_element(us.begin(), us.begin() + 10, us.end());
+      return us[10];
+    };
+    double mode_us[4];
+    for (int mode = 0; mode < 4; ++mode) {
+      std::vector<kernels::SampleParams> params(B);
+      for (int64_t i = 0; i < B; ++i) {
+        params[i].row = i;
+        params[i].uniform = static_cast<double>(rng.Next() % 1000) / 1000.0;
+        if (mode == 0) params[i].temperature = 0.f;  // temperature 1 otherwise: logits unchanged
+        if (mode == 1) params[i].top_k = 50;
+        if (mode == 2) params[i].top_p = 0.9f;
+      }
+      std::vector<kernels::SampledToken> out(B);
+      kernels::SampleArgs a;
+      a.logits = logits.f32();
+      a.vocab_size = V;
+      a.params = params;
+      a.out = out.data();
+      mode_us[mode] = median_us([&] { backend.Sample(a); });
+    }
+    const double copy_us = median_us(
+        [&] { backend.CopyToHost(host.data(), logits.data(), host.size() * sizeof(float)); });
+    std::printf("%-8lld %10.1f %10.1f %10.1f %12.1f %16.1f\n", static_cast<long long>(B),
+                mode_us[0], mode_us[1], mode_us[2], mode_us[3], copy_us);
+  }
+  return absl::OkStatus();
 }
 
 // ---- KV sweep: decode speed per cache format, context and batch (all experts resident) ----
@@ -514,11 +578,10 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
         MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
                              MakePagedSeqs(c, backend, format, B, ctx + steps + 2));
         MOE_RETURN_IF_ERROR(FillRandom(backend, c, seqs, ctx, rng));
-        std::vector<float> logits;
-        MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B), &logits));  // warm-up
+        MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B)));  // warm-up
         const auto t0 = std::chrono::steady_clock::now();
         for (int64_t i = 0; i < steps; ++i) {
-          MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B), &logits));
+          MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B)));
         }
         const double step_s = Seconds(t0, std::chrono::steady_clock::now()) / steps;
         const double kv_read = per_position * static_cast<double>(B * ctx);
@@ -615,7 +678,6 @@ absl::Status Run() {
     for (auto& x : t) x = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(c.vocab_size));
     return t;
   };
-  std::vector<float> logits;
   MOE_ASSIGN_OR_RETURN(const kernels::KvFormat kv_format,
                        kernels::ParseKvFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
   if (absl::GetFlag(FLAGS_kv_only)) return KvSweep(*model, *backend, expert_bytes, copy_bps, rng);
@@ -624,14 +686,14 @@ absl::Status Run() {
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   MOE_ASSIGN_OR_RETURN(PagedSeqs one_seq,
                        MakePagedSeqs(c, *backend, kv_format, 1, ctx + 2 * steps + 4));
-  MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(ctx), &logits));  // warms up
+  MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(ctx)));  // warms up
   for (int i = 0; i < 2; ++i) {  // warm-up decode steps
-    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1), &logits));
+    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
   }
   const engine::PhaseTimes before = model->phase_times();
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < steps; ++i) {
-    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1), &logits));
+    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
   }
   const double decode_s = Seconds(t0, std::chrono::steady_clock::now());
   const engine::PhaseTimes decode_times = Diff(before, model->phase_times());
@@ -657,7 +719,7 @@ absl::Status Run() {
     const engine::PhaseTimes e0 = model->phase_times();
     const auto e_start = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) {
-      MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1), &logits));
+      MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
     }
     const double exact_s = Seconds(e_start, std::chrono::steady_clock::now());
     model->set_exact_timings(false);
@@ -666,6 +728,8 @@ absl::Status Run() {
     std::printf("  (synchronized run: %.2f ms/token)\n", exact_s * 1e3 / static_cast<double>(steps));
   }
 
+  MOE_RETURN_IF_ERROR(SampleTimes(*backend, c.vocab_size, rng));
+
   // ---- time to first token ----
   {
     const int64_t n = absl::GetFlag(FLAGS_prompt);
@@ -673,7 +737,7 @@ absl::Status Run() {
     const std::vector<int32_t> prompt = tokens(n);
     const engine::PhaseTimes b0 = model->phase_times();
     t0 = std::chrono::steady_clock::now();
-    MOE_RETURN_IF_ERROR(Prefill(*model, seq, prompt, &logits));
+    MOE_RETURN_IF_ERROR(Prefill(*model, seq, prompt));
     const double s = Seconds(t0, std::chrono::steady_clock::now());
     std::printf("%-44s %12.1f\n", absl::StrCat("time to first token, ", n, "-token prompt (ms)").c_str(),
                 s * 1e3);
@@ -689,7 +753,7 @@ absl::Status Run() {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
                          MakePagedSeqs(c, *backend, kv_format, B, ctx + bsteps + 4));
     MOE_RETURN_IF_ERROR(FillRandom(*backend, c, seqs, ctx, rng));
-    auto step = [&]() { return DecodeStep(*model, seqs, tokens(B), &logits); };
+    auto step = [&]() { return DecodeStep(*model, seqs, tokens(B)); };
     MOE_RETURN_IF_ERROR(step());  // warm-up (scratch grows to B tokens)
     const engine::PhaseTimes b0 = model->phase_times();
     t0 = std::chrono::steady_clock::now();
@@ -731,7 +795,7 @@ absl::Status Run() {
   const double open_s = Seconds(t0, std::chrono::steady_clock::now());
   MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + 64));
   t0 = std::chrono::steady_clock::now();
-  MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx), &logits));  // disk -> host tier
+  MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
   const double cold_s = Seconds(t0, std::chrono::steady_clock::now());
   // Every expert into the host tier (the prefill touches most, not all: a decode step that
   // reads one from disk would be timed as disk, not as the host->device misses predicted below).
@@ -741,13 +805,13 @@ absl::Status Run() {
     MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles, store_ptr->Acquire(l, all));
     for (store::ExpertHandle& h : handles) MOE_RETURN_IF_ERROR(h.ready.get());
   }
-  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1), &logits));
+  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
   const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
   const store::StoreStats s0 = store_ptr->Stats();
   const engine::PhaseTimes st0 = model->phase_times();
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < ssteps; ++i) {
-    MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1), &logits));
+    MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
   }
   const double store_s = Seconds(t0, std::chrono::steady_clock::now());
   const store::StoreStats s1 = store_ptr->Stats();

@@ -113,6 +113,38 @@ TEST_P(GoldenTest, GreedyDecodeMatchesTransformers) {
   EXPECT_LT(worst, 1e-4) << GetParam();
 }
 
+// The same continuation drawn where the logits are (Model::ForwardSample, greedy): only token
+// ids come back, and they are transformers' greedy ids; the chosen token's log-probability is the
+// reference's log-softmax.
+TEST_P(GoldenTest, GreedyDecodeSampledOnTheBackendMatchesTransformers) {
+  const int64_t n = static_cast<int64_t>(prompt_.size() + greedy_.size());
+  auto kv = SequenceKv::Create(model_->config(), *backend_, n);
+  ASSERT_TRUE(kv.ok());
+  kernels::SampleParams greedy;
+  greedy.temperature = 0.f;
+  greedy.logprobs = true;
+  std::vector<kernels::SampledToken> sampled;
+  ForwardItem item{prompt_, kv->get()};
+  std::vector<int32_t> generated;
+  double worst = 0;
+  for (size_t step = 0; step < greedy_.size(); ++step) {
+    ASSERT_TRUE(model_->ForwardSample({&item, 1}, {&greedy, 1}, {}, &sampled).ok());
+    ASSERT_EQ(sampled.size(), 1u);
+    generated.push_back(sampled[0].id);
+    const float* ref = ref_logits_.data() + (prompt_.size() + step - 1) * vocab_;
+    const float max_ref = *std::max_element(ref, ref + vocab_);
+    double sum = 0;
+    for (int64_t v = 0; v < vocab_; ++v) sum += std::exp(double(ref[v]) - max_ref);
+    const double ref_lp = ref[greedy_[step]] - max_ref - std::log(sum);
+    worst = std::max(worst, std::abs(sampled[0].logprob - ref_lp));
+    item.tokens = absl::MakeConstSpan(&generated.back(), 1);
+  }
+  std::printf("%s: sampled on the backend, max |logprob - reference| %.3g\n", GetParam().c_str(),
+              worst);
+  EXPECT_EQ(generated, greedy_) << GetParam();
+  EXPECT_LT(worst, 1e-4) << GetParam();
+}
+
 // Two sequences in one step give each the logits it gets alone (batching changes nothing).
 TEST_P(GoldenTest, BatchedStepMatchesSingle) {
   std::vector<int32_t> other(prompt_.rbegin(), prompt_.rend());

@@ -911,6 +911,105 @@ INSTANTIATE_TEST_SUITE_P(Cases, ElementwiseParity,
                          ::testing::Values(int64_t{1}, int64_t{7}, int64_t{733},
                                            int64_t{1} << 20));
 
+// ---- Sample -----------------------------------------------------------------------------------
+struct SampleCase {
+  int64_t V;
+  int rows;
+  bool ties;  // logits rounded to halves: many equal logits, ties broken by id
+};
+class SampleParity : public ::testing::TestWithParam<SampleCase> {};
+
+// Row r's parameters cycle through these: greedy, the usual cuts alone and together, penalties,
+// log-probabilities, no cut at all (a draw over the whole vocabulary).
+kernels::SampleParams SampleMode(int mode, std::mt19937& rng) {
+  kernels::SampleParams p;
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  p.uniform = u(rng);
+  switch (mode % 9) {
+    case 0: p.temperature = 0.f; break;
+    case 1: p.temperature = 0.f; p.top_logprobs = 20; p.repetition_penalty = 1.3f; break;
+    case 2: p.temperature = 0.7f; p.top_k = 50; break;
+    case 3: p.top_p = 0.9f; break;
+    case 4: p.temperature = 1.3f; p.min_p = 0.05f; p.logprobs = true; break;
+    case 5: p.temperature = 0.8f; p.top_k = 200; p.top_p = 0.95f; p.min_p = 0.02f;
+            p.repetition_penalty = 1.1f; p.presence_penalty = 0.5f; p.frequency_penalty = 0.3f;
+            p.top_logprobs = 5; break;
+    case 6: break;  // temperature 1, no cut
+    case 7: p.temperature = 2.f; p.top_p = 0.999f; p.top_k = 1 << 30; break;
+    case 8: p.temperature = 0.5f; p.top_p = 1e-4f; break;
+  }
+  return p;
+}
+
+TEST_P(SampleParity, MatchesCpu) {
+  const SampleCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.V * 7 + c.rows));
+  std::normal_distribution<float> normal(0.f, 3.f);
+  std::vector<float> logits(c.rows * c.V);
+  for (float& l : logits) l = c.ties ? std::round(normal(rng) * 2.f) / 2.f : normal(rng);
+  std::vector<kernels::SampleParams> params;
+  std::vector<kernels::PenaltyToken> penalties;
+  for (int r = 0; r < c.rows; ++r) {
+    kernels::SampleParams p = SampleMode(r, rng);
+    p.row = c.rows - 1 - r;  // params in another order than the rows
+    p.penalty_begin = static_cast<int32_t>(penalties.size());
+    if (p.repetition_penalty != 1.f || p.presence_penalty != 0.f) {
+      std::vector<bool> used(c.V, false);
+      for (int j = 0; j < 300; ++j) {
+        const int32_t id = static_cast<int32_t>(rng() % c.V);
+        if (used[id]) continue;
+        used[id] = true;
+        penalties.push_back({id, static_cast<int32_t>(rng() % 3)});
+      }
+    }
+    p.penalty_count = static_cast<int32_t>(penalties.size()) - p.penalty_begin;
+    params.push_back(p);
+  }
+  DeviceArray<float> dlogits(logits);
+  std::vector<kernels::SampledToken> want(params.size()), got(params.size());
+  kernels::SampleArgs a;
+  a.vocab_size = c.V;
+  a.params = params;
+  a.penalties = penalties;
+  a.logits = logits.data();
+  a.out = want.data();
+  Cpu().Sample(a);
+  for (kernels::SampledToken& t : got) t.id = -1;
+  a.logits = dlogits.get();
+  a.out = got.data();
+  Gpu().Sample(a);
+
+  const std::string name = Name("V", c.V, "rows", c.rows, c.ties ? "ties" : "");
+  // The penalised, tempered logits: the same IEEE operations on both sides.
+  ExpectClose("Sample.logits", name, dlogits.Read(), logits, 0.0);
+  std::vector<int32_t> got_ids, want_ids;
+  std::vector<float> got_lp, want_lp;
+  for (size_t r = 0; r < params.size(); ++r) {
+    got_ids.push_back(got[r].id);
+    want_ids.push_back(want[r].id);
+    for (int k = 0; k < params[r].top_logprobs; ++k) {
+      got_ids.push_back(got[r].top_ids[k]);
+      want_ids.push_back(want[r].top_ids[k]);
+      got_lp.push_back(got[r].top_logprobs[k]);
+      want_lp.push_back(want[r].top_logprobs[k]);
+    }
+    if (params[r].logprobs || params[r].top_logprobs > 0) {
+      got_lp.push_back(got[r].logprob);
+      want_lp.push_back(want[r].logprob);
+    }
+  }
+  ExpectEqualIds("Sample.ids", name, got_ids, want_ids);
+  ExpectClose("Sample.logprobs", name, got_lp, want_lp, 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SampleParity,
+                         ::testing::Values(SampleCase{151936, 18, false},  // Qwen3
+                                           SampleCase{151936, 9, true},
+                                           SampleCase{50257, 27, false},
+                                           SampleCase{1000, 9, true},
+                                           SampleCase{7, 9, false},
+                                           SampleCase{1, 3, false}));
+
 // ---- Errors ------------------------------------------------------------------------------------
 TEST(CudaBackendErrors, AllocationFailureIsResourceExhaustedNamingTheBytes) {
   auto buf = Gpu().Allocate(size_t{1} << 50);  // 1 PiB

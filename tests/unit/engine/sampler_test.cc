@@ -6,22 +6,45 @@
 #include <vector>
 
 #include "gtest/gtest.h"
+#include "kernels/backend.h"
 
 namespace moe::engine {
 namespace {
 
 std::vector<float> Logits() { return {1.0f, 3.0f, 2.5f, 0.5f, 2.9f, -1.0f}; }
 
+kernels::Backend& Cpu() {
+  static auto* backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {})->release();
+  return *backend;
+}
+
+// One step of `s` on `logits` through the CPU backend's Sample (the reference).
+kernels::SampledToken Draw(Sampler& s, std::vector<float> logits, const std::vector<int32_t>& prompt = {},
+                           const std::vector<int32_t>& gen = {}, int top_logprobs = 0) {
+  std::vector<kernels::PenaltyToken> penalties;
+  const kernels::SampleParams row = s.Next(0, prompt, gen, top_logprobs > 0, top_logprobs, &penalties);
+  kernels::SampledToken out;
+  kernels::SampleArgs args;
+  args.logits = logits.data();
+  args.vocab_size = static_cast<int64_t>(logits.size());
+  args.params = {&row, 1};
+  args.penalties = penalties;
+  args.out = &out;
+  Cpu().Sample(args);
+  return out;
+}
+
 int32_t SampleOnce(const SamplingParams& p, std::vector<float> logits,
                    const std::vector<int32_t>& prompt = {}, const std::vector<int32_t>& gen = {}) {
   Sampler s(p);
-  return s.Sample(absl::MakeSpan(logits), prompt, gen);
+  return Draw(s, std::move(logits), prompt, gen).id;
 }
 
 TEST(SamplerTest, GreedyPicksArgmax) {
   SamplingParams p;
   p.temperature = 0;
   EXPECT_EQ(SampleOnce(p, Logits()), 1);
+  EXPECT_EQ(SampleOnce(p, {2.f, 5.f, 5.f, 1.f}), 1);  // ties: the lower id
 }
 
 TEST(SamplerTest, SameSeedSameTokensDifferentSeedDiffers) {
@@ -31,14 +54,24 @@ TEST(SamplerTest, SameSeedSameTokensDifferentSeedDiffers) {
     p.seed = seed;
     Sampler s(p);
     std::vector<int32_t> out;
-    for (int i = 0; i < 64; ++i) {
-      auto l = Logits();
-      out.push_back(s.Sample(absl::MakeSpan(l), {}, {}));
-    }
+    for (int i = 0; i < 64; ++i) out.push_back(Draw(s, Logits()).id);
     return out;
   };
   EXPECT_EQ(draw(7), draw(7));
   EXPECT_NE(draw(7), draw(8));
+}
+
+TEST(SamplerTest, DrawsFollowTheDistribution) {
+  SamplingParams p;  // temperature 1: p ~ exp(logit)
+  const std::vector<float> logits = {0.f, std::log(2.f), std::log(3.f), std::log(4.f)};
+  Sampler s(p);
+  std::vector<int> counts(4, 0);
+  const int n = 20000;
+  for (int i = 0; i < n; ++i) ++counts[Draw(s, logits).id];
+  for (int id = 0; id < 4; ++id) {
+    const double expected = n * (id + 1) / 10.0;  // sd <= 70
+    EXPECT_NEAR(counts[id], expected, 300) << "id " << id;
+  }
 }
 
 TEST(SamplerTest, TopKOneTopPTinyAndMinPOneAreGreedy) {
@@ -68,6 +101,42 @@ TEST(SamplerTest, TopKTwoOnlyDrawsTheTwoBest) {
   EXPECT_TRUE(seen.count(1) && seen.count(4));
 }
 
+// Unnormalised masses 1, 1/2, 1/4, 1/8 (total 1.875): top_p 0.6 needs 1.125, reached by the
+// second; min_p 0.3 keeps the masses >= 0.3.
+TEST(SamplerTest, TopPAndMinPCutWhereTheMassSays) {
+  const std::vector<float> logits = {0.f, -std::log(2.f), -std::log(4.f), -std::log(8.f)};
+  for (int mode = 0; mode < 2; ++mode) {
+    SamplingParams p;
+    (mode == 0 ? p.top_p : p.min_p) = mode == 0 ? 0.6f : 0.3f;
+    std::map<int32_t, int> seen;
+    for (uint64_t seed = 0; seed < 300; ++seed) {
+      p.seed = seed;
+      ++seen[SampleOnce(p, logits)];
+    }
+    EXPECT_EQ(seen.size(), 2u) << "mode " << mode;
+    EXPECT_TRUE(seen.count(0) && seen.count(1)) << "mode " << mode;
+  }
+}
+
+// The draw is the first candidate whose cumulative mass exceeds uniform x total.
+TEST(SamplerTest, DrawBoundaryIsExact) {
+  std::vector<float> logits = {1.f, 1.f, 1.f, 1.f};  // masses 1 each, total 4
+  for (const auto& [uniform, want] : std::vector<std::pair<double, int32_t>>{
+           {0.0, 0}, {0.2499, 0}, {0.25, 1}, {0.5, 2}, {0.7499, 2}, {0.75, 3}, {0.9999, 3}}) {
+    kernels::SampleParams row;
+    row.uniform = uniform;
+    kernels::SampledToken out;
+    kernels::SampleArgs args;
+    std::vector<float> l = logits;
+    args.logits = l.data();
+    args.vocab_size = 4;
+    args.params = {&row, 1};
+    args.out = &out;
+    Cpu().Sample(args);
+    EXPECT_EQ(out.id, want) << "uniform " << uniform;
+  }
+}
+
 TEST(SamplerTest, Penalties) {
   SamplingParams p;
   p.temperature = 0;
@@ -84,21 +153,34 @@ TEST(SamplerTest, Penalties) {
   p.frequency_penalty = 0.0f;
   p.presence_penalty = 2.0f;
   EXPECT_EQ(SampleOnce(p, Logits(), /*prompt=*/{1}), 1);
+  // Repetition applies once per token, however often it was seen.
+  p.presence_penalty = 0.0f;
+  p.repetition_penalty = 1.05f;  // 3.0 / 1.05 = 2.857 < 2.9 (twice would be 2.72: same winner)
+  Sampler once(p);
+  std::vector<kernels::PenaltyToken> penalties;
+  once.Next(0, {1, 1, 4}, {1}, false, 0, &penalties);
+  ASSERT_EQ(penalties.size(), 2u);
+  EXPECT_EQ(penalties[0].id, 1);
+  EXPECT_EQ(penalties[0].generated, 1);
+  EXPECT_EQ(penalties[1].id, 4);
+  EXPECT_EQ(penalties[1].generated, 0);
 }
 
 TEST(SamplerTest, LogprobsAreNormalised) {
   SamplingParams p;
   p.temperature = 0;
   Sampler s(p);
-  auto l = Logits();
-  TokenLogprobs lp;
-  EXPECT_EQ(s.Sample(absl::MakeSpan(l), {}, {}, 3, &lp), 1);
+  const kernels::SampledToken t = Draw(s, Logits(), {}, {}, 3);
+  const TokenLogprobs lp = ToLogprobs(t, 3);
+  EXPECT_EQ(t.id, 1);
   ASSERT_EQ(lp.top.size(), 3u);
   EXPECT_EQ(lp.top[0].first, 1);
   EXPECT_EQ(lp.top[1].first, 4);
+  EXPECT_EQ(lp.top[2].first, 2);
   double total = 0;
   for (float x : Logits()) total += std::exp(x);
   EXPECT_NEAR(lp.logprob, 3.0 - std::log(total), 1e-5);
+  EXPECT_NEAR(lp.top[1].second, 2.9 - std::log(total), 1e-5);
 }
 
 TEST(SamplerTest, ValidateNamesTheField) {

@@ -1,0 +1,98 @@
+// Sampling on the CPU: the reference for Backend::Sample (backend.h gives the order and the cuts).
+// Candidates are sorted outright; the CUDA kernel finds the same cut points without sorting.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "kernels/cpu/cpu_backend.h"
+
+namespace moe::kernels {
+namespace {
+
+SampledToken SampleRow(float* logits, int64_t V, const SampleParams& p,
+                       absl::Span<const PenaltyToken> penalties) {
+  for (const PenaltyToken& t : penalties) {
+    MOE_CHECK(t.id >= 0 && t.id < V) << "Sample: penalty token " << t.id << " outside [0, " << V << ")";
+    float& l = logits[t.id];
+    if (p.repetition_penalty != 1.f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    if (t.generated > 0 && (p.presence_penalty != 0.f || p.frequency_penalty != 0.f)) {
+      l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(t.generated);
+    }
+  }
+  const bool greedy = p.temperature == 0.f;
+  if (!greedy) {
+    for (int64_t i = 0; i < V; ++i) logits[i] /= p.temperature;
+  }
+  const int64_t first = std::max_element(logits, logits + V) - logits;  // ties: lower id
+  const float max_logit = logits[first];
+  auto by_logit = [&](int32_t a, int32_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  };
+
+  SampledToken out;
+  out.id = static_cast<int32_t>(first);
+  if (!greedy) {
+    const int64_t keep_k = p.top_k > 0 ? std::min<int64_t>(p.top_k, V) : V;
+    std::vector<int32_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + keep_k, order.end(), by_logit);
+    std::vector<double> prob(keep_k);  // unnormalised: the first is 1
+    for (int64_t i = 0; i < keep_k; ++i) prob[i] = std::exp(static_cast<double>(logits[order[i]] - max_logit));
+    int64_t keep = keep_k;
+    if (p.top_p < 1.f) {
+      const double target = p.top_p * std::accumulate(prob.begin(), prob.end(), 0.0);
+      double mass = 0;
+      int64_t n = 0;
+      while (n < keep && mass < target) mass += prob[n++];
+      keep = std::max<int64_t>(n, 1);
+    }
+    if (p.min_p > 0.f) {
+      int64_t n = 0;
+      while (n < keep && prob[n] >= p.min_p) ++n;
+      keep = std::max<int64_t>(n, 1);
+    }
+    const double target = p.uniform * std::accumulate(prob.begin(), prob.begin() + keep, 0.0);
+    double mass = 0;
+    int64_t n = 0;
+    while (n + 1 < keep && (mass += prob[n]) <= target) ++n;
+    out.id = order[n];
+  }
+
+  if (p.logprobs || p.top_logprobs > 0) {
+    double sum = 0;
+    for (int64_t i = 0; i < V; ++i) sum += std::exp(static_cast<double>(logits[i] - max_logit));
+    const float log_norm = max_logit + static_cast<float>(std::log(sum));
+    out.logprob = logits[out.id] - log_norm;
+    const int64_t n = std::min<int64_t>(p.top_logprobs, V);
+    std::vector<int32_t> order(V);
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + n, order.end(), by_logit);
+    for (int64_t i = 0; i < n; ++i) {
+      out.top_ids[i] = order[i];
+      out.top_logprobs[i] = logits[order[i]] - log_norm;
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+void CpuBackend::Sample(const SampleArgs& a) {
+  for (const SampleParams& p : a.params) {
+    MOE_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs)
+        << "Sample: top_logprobs " << p.top_logprobs;
+    MOE_CHECK(p.penalty_begin >= 0 && p.penalty_count >= 0 &&
+              p.penalty_begin + p.penalty_count <= static_cast<int64_t>(a.penalties.size()))
+        << "Sample: penalty entries out of range";
+  }
+  pool_.ParallelFor(static_cast<int64_t>(a.params.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const SampleParams& p = a.params[r];
+      a.out[r] = SampleRow(a.logits + p.row * a.vocab_size, a.vocab_size, p,
+                           a.penalties.subspan(p.penalty_begin, p.penalty_count));
+    }
+  });
+}
+
+}  // namespace moe::kernels
