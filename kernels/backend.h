@@ -211,7 +211,9 @@ struct RopeArgs {
 //   p_i = exp(l_i - max l) (unnormalised: every cut below is a ratio); keep the first top_k
 //   candidates (0: all); then the shortest prefix whose mass reaches top_p of theirs; then those
 //   with p_i >= min_p (p of the first is 1); the draw is the first kept candidate whose cumulative
-//   mass exceeds uniform * (the kept mass).
+//   mass exceeds uniform * (the kept mass). Masses are fixed point, round(p_i * 2^39) as uint64
+//   (p_i < 2^-40 weighs nothing), so that their sums are exact in any order: backends agree on
+//   every cut. Cumulative masses are compared with the targets as doubles.
 // logprob and the top alternatives are log-softmax values after penalties and temperature,
 // before the cuts.
 inline constexpr int kMaxTopLogprobs = 20;

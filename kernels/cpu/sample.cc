@@ -38,13 +38,18 @@ SampledToken SampleRow(float* logits, int64_t V, const SampleParams& p,
     std::iota(order.begin(), order.end(), 0);
     std::partial_sort(order.begin(), order.begin() + keep_k, order.end(), by_logit);
     std::vector<double> prob(keep_k);  // unnormalised: the first is 1
-    for (int64_t i = 0; i < keep_k; ++i) prob[i] = std::exp(static_cast<double>(logits[order[i]] - max_logit));
+    std::vector<uint64_t> mass(keep_k);  // fixed point (backend.h): sums exact in any order
+    for (int64_t i = 0; i < keep_k; ++i) {
+      prob[i] = std::exp(static_cast<double>(logits[order[i]] - max_logit));
+      mass[i] = static_cast<uint64_t>(std::nearbyint(prob[i] * 0x1p39));
+    }
     int64_t keep = keep_k;
     if (p.top_p < 1.f) {
-      const double target = p.top_p * std::accumulate(prob.begin(), prob.end(), 0.0);
-      double mass = 0;
+      const uint64_t total = std::accumulate(mass.begin(), mass.end(), uint64_t{0});
+      const double target = p.top_p * static_cast<double>(total);
+      uint64_t sum = 0;
       int64_t n = 0;
-      while (n < keep && mass < target) mass += prob[n++];
+      while (n < keep && static_cast<double>(sum) < target) sum += mass[n++];
       keep = std::max<int64_t>(n, 1);
     }
     if (p.min_p > 0.f) {
@@ -52,10 +57,11 @@ SampledToken SampleRow(float* logits, int64_t V, const SampleParams& p,
       while (n < keep && prob[n] >= p.min_p) ++n;
       keep = std::max<int64_t>(n, 1);
     }
-    const double target = p.uniform * std::accumulate(prob.begin(), prob.begin() + keep, 0.0);
-    double mass = 0;
+    const uint64_t kept = std::accumulate(mass.begin(), mass.begin() + keep, uint64_t{0});
+    const double target = p.uniform * static_cast<double>(kept);
+    uint64_t sum = 0;
     int64_t n = 0;
-    while (n + 1 < keep && (mass += prob[n]) <= target) ++n;
+    while (n + 1 < keep && static_cast<double>(sum += mass[n]) <= target) ++n;
     out.id = order[n];
   }
 
