@@ -300,6 +300,7 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   // caller already got an error: dropped here, so that it is not blamed on this one.
   backend_.TakeKvWriteError().IgnoreError();
   MOE_RETURN_IF_ERROR(Reserve(T));
+  backend_.BeginStep(T);
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
   ++trace_step_;  // before any layer: a step that fails half-way keeps its number

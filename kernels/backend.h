@@ -277,6 +277,9 @@ class Backend {
   virtual void Zero(void* dst, size_t bytes) = 0;
   // Waits for all queued work (a no-op for the synchronous CPU backend).
   virtual void Synchronize() = 0;
+  // Called before each forward pass with the number of tokens it runs: a backend may pick its
+  // launch mode by step size (CUDA overlaps kernel launches for small decode steps only).
+  virtual void BeginStep(int64_t num_tokens) {}
   // Host->device copies on a queue of their own (the expert store's loads from its pinned host
   // tier), so that they overlap the compute queued after them; each starts only once the compute
   // queued before it is done (it may overwrite memory that compute still reads: a device slot

@@ -22,19 +22,23 @@ inline unsigned GridFor(int64_t n, int num_sms) {
 template <typename W>
 __global__ void EmbedKernel(float* out, const W* table, const int32_t* ids, int64_t T,
                             int64_t H) {
+  WaitForPriorKernel();
   MOE_GRID_STRIDE(i, T * H) { out[i] = ToF32(table[ids[i / H] * H + i % H]); }
 }
 
 __global__ void AddKernel(float* out, const float* x, int64_t n) {
+  WaitForPriorKernel();
   MOE_GRID_STRIDE(i, n) { out[i] += x[i]; }
 }
 
 __global__ void SigmoidKernel(float* x, int64_t n) {
+  WaitForPriorKernel();
   MOE_GRID_STRIDE(i, n) { x[i] = 1.f / (1.f + expf(-x[i])); }
 }
 
 // gate_up[r] = [gate (I) | up (I)] -> act[r, i] = F.silu(gate) * up
 __global__ void SiluMulKernel(float* act, const float* gate_up, int64_t rows, int64_t I) {
+  WaitForPriorKernel();
   MOE_GRID_STRIDE(idx, rows * I) {
     const int64_t r = idx / I, i = idx % I;
     const float g = gate_up[r * 2 * I + i];
@@ -49,7 +53,7 @@ __global__ void SiluMulKernel(float* act, const float* gate_up, int64_t rows, in
 void LaunchSiluMul(float* act, const float* gate_up, int64_t rows, int64_t I, int num_sms,
                    cudaStream_t stream) {
   if (rows * I == 0) return;
-  SiluMulKernel<<<GridFor(rows * I, num_sms), kThreads, 0, stream>>>(act, gate_up, rows, I);
+  Launch(SiluMulKernel, GridFor(rows * I, num_sms), kThreads, 0, stream, act, gate_up, rows, I);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -70,16 +74,16 @@ void CudaBackend::Embed(float* out, const TensorView& table, const int32_t* ids,
   const unsigned grid = cuda::GridFor(T * H, num_sms_);
   switch (table.dtype) {
     case DType::kF32:
-      cuda::EmbedKernel<<<grid, cuda::kThreads, 0, stream_>>>(
-          out, static_cast<const float*>(table.data), dev_ids, T, H);
+      cuda::Launch(cuda::EmbedKernel<float>, grid, cuda::kThreads, 0, stream_,
+                   out, static_cast<const float*>(table.data), dev_ids, T, H);
       break;
     case DType::kBF16:
-      cuda::EmbedKernel<<<grid, cuda::kThreads, 0, stream_>>>(
-          out, static_cast<const __nv_bfloat16*>(table.data), dev_ids, T, H);
+      cuda::Launch(cuda::EmbedKernel<__nv_bfloat16>, grid, cuda::kThreads, 0, stream_,
+                   out, static_cast<const __nv_bfloat16*>(table.data), dev_ids, T, H);
       break;
     case DType::kF16:
-      cuda::EmbedKernel<<<grid, cuda::kThreads, 0, stream_>>>(
-          out, static_cast<const __half*>(table.data), dev_ids, T, H);
+      cuda::Launch(cuda::EmbedKernel<__half>, grid, cuda::kThreads, 0, stream_,
+                   out, static_cast<const __half*>(table.data), dev_ids, T, H);
       break;
     default: MOE_CHECK(false) << "Embed: unsupported table dtype " << DTypeName(table.dtype);
   }
@@ -88,13 +92,13 @@ void CudaBackend::Embed(float* out, const TensorView& table, const int32_t* ids,
 
 void CudaBackend::Add(float* out, const float* x, int64_t n) {
   if (n == 0) return;
-  cuda::AddKernel<<<cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_>>>(out, x, n);
+  cuda::Launch(cuda::AddKernel, cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_, out, x, n);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void CudaBackend::Sigmoid(float* x, int64_t n) {
   if (n == 0) return;
-  cuda::SigmoidKernel<<<cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_>>>(x, n);
+  cuda::Launch(cuda::SigmoidKernel, cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_, x, n);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -91,6 +91,7 @@ struct ContiguousKv {
 template <int DMAX, typename Src>
 __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams p,
                                                                  const Src all_src) {
+  WaitForPriorKernel();
   constexpr int kCols = DMAX / kWarp;  // output columns per lane
   extern __shared__ float smem[];
   float* q_s = smem;                      // [16, DMAX]
@@ -270,6 +271,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
 // the 4 warps take every 4th split (lane = dim) and add up in shared memory.
 constexpr int kCombineWarps = 4;
 __global__ void AttentionCombineKernel(const AttnParams p) {
+  WaitForPriorKernel();
   extern __shared__ float weight[];  // [splits]
   __shared__ float red[kWarp];
   __shared__ float acc[kCombineWarps][kWarp];
@@ -319,7 +321,8 @@ __global__ void AttentionCombineKernel(const AttnParams p) {
 void LaunchCombine(const AttnParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.total_tokens * p.a.num_heads),
                   static_cast<unsigned>(CeilDiv(p.a.head_dim, kWarp)));
-  AttentionCombineKernel<<<grid, kCombineWarps * kWarp, p.num_splits * sizeof(float), stream>>>(p);
+  Launch(AttentionCombineKernel, grid, kCombineWarps * kWarp, p.num_splits * sizeof(float),
+         stream, p);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -331,7 +334,7 @@ void LaunchAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(smem)));
   }
-  AttentionKernel<DMAX, Src><<<grid, kAttnThreads, smem, stream>>>(p, src);
+  Launch(AttentionKernel<DMAX, Src>, grid, kAttnThreads, smem, stream, p, src);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -668,6 +671,7 @@ __host__ __device__ __forceinline__ unsigned long long KvBadCode(int64_t pos, in
 template <bool kFp8>
 __global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v,
                                    const int2* where, unsigned long long* bad) {
+  WaitForPriorKernel();
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, role = blockIdx.z, D = g.head_dim;
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * D;
@@ -896,6 +900,7 @@ template <int D, int kBits>  // g.head_dim, tb.bits
 __global__ __launch_bounds__(kWarp) void TqWriteKernel(PagedGeom g, TqTables tb, const float* k,
                                                        const float* v, const int2* where,
                                                        unsigned long long* bad) {
+  WaitForPriorKernel();
   constexpr int b = kBits, kPer = D / kWarp, kLevels = 1 << kBits, kIndexBytes = D * kBits / 8;
   __shared__ __align__(16) float squares[D];
   __shared__ uint8_t idx[D];
@@ -1134,6 +1139,7 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
 // q' = Π_K q (forward) before attention, out = Πᵀ_V acc after it; one block per (token, head).
 __global__ void TqRotateKernel(float* dst, const float* src, TqTables tb, int num_heads, int group,
                                int D, bool forward) {
+  WaitForPriorKernel();
   extern __shared__ float tq_smem[];
   const int64_t row = blockIdx.x;  // t * NH + h
   const int h = static_cast<int>(row % num_heads), kvh = h / group;
@@ -1341,6 +1347,7 @@ struct DecodeTile {
 template <int D, int kRows, typename Src>
 __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     void DecodeAttentionKernel(const AttnParams p, const Src all_src) {
+  WaitForPriorKernel();
   constexpr int kDecodeWarps = DecodeWarps<D, kRows, Src>();
   constexpr int kSteps = D / 16;          // k-steps of Sᵀ = K Qᵀ
   constexpr int kKChunks = D / 32;        // chunks a lane loads of each of its two keys
@@ -1618,8 +1625,8 @@ template <int D, int kRows, typename Src>
 void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
   constexpr int kWarps = DecodeWarps<D, kRows, Src>();
   DecodeBlocksPerSm<D, kRows, Src>();  // the shared-memory attribute, once
-  DecodeAttentionKernel<D, kRows, Src>
-      <<<grid, kWarps * kWarp, DecodeSmemBytes<D, kRows, kWarps>(), stream>>>(p, src);
+  Launch(DecodeAttentionKernel<D, kRows, Src>, grid, kWarps * kWarp,
+         DecodeSmemBytes<D, kRows, kWarps>(), stream, p, src);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -1770,16 +1777,18 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   const float* k = batch[0].k;
   const float* v = batch[0].v;
   if (path == cuda::PagedPath::kFp8) {
-    cuda::PagedKvWriteKernel<true><<<grid, threads, 0, stream_>>>(g, k, v, dev_where, kv_verdict_);
+    cuda::Launch(cuda::PagedKvWriteKernel<true>, grid, threads, 0, stream_,
+                 g, k, v, dev_where, kv_verdict_);
   } else if (path == cuda::PagedPath::kBf16) {
-    cuda::PagedKvWriteKernel<false><<<grid, threads, 0, stream_>>>(g, k, v, dev_where, kv_verdict_);
+    cuda::Launch(cuda::PagedKvWriteKernel<false>, grid, threads, 0, stream_,
+                 g, k, v, dev_where, kv_verdict_);
   } else {
     const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
     // TqWriteKernel<D, b> for this layer (ChoosePath: D a power of two 32 .. 256, b 1 .. 4).
     auto with_bits = [&](auto d) {
       constexpr int D = decltype(d)::value;
       auto launch = [&](auto kernel) {
-        kernel<<<grid, cuda::kWarp, 0, stream_>>>(g, tb, k, v, dev_where, kv_verdict_);
+        cuda::Launch(kernel, grid, cuda::kWarp, 0, stream_, g, tb, k, v, dev_where, kv_verdict_);
       };
       switch (tb.bits) {
         case 1: launch(cuda::TqWriteKernel<D, 1>); break;
@@ -1905,15 +1914,15 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
       const int group = a.num_heads / kv.num_kv_heads;
       const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
       const size_t smem = kv.head_dim * sizeof(float);
-      cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
-          q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
+      cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
+                   q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
       MOE_CUDA_CHECK(cudaGetLastError());
       AttentionArgs rotated = c;
       rotated.q = q_rot;
       rotated.out = o_rot;
       cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_);
-      cuda::TqRotateKernel<<<static_cast<unsigned>(rows), threads, smem, stream_>>>(
-          a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
+      cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
+                   a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
       MOE_CUDA_CHECK(cudaGetLastError());
     };
     switch (tb.bits) {  // ChoosePath: tq1 .. tq4

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <utility>
 
 #include "kernels/base/check.h"
 
@@ -21,6 +22,25 @@
 namespace moe::kernels::cuda {
 
 constexpr int kWarp = 32;
+
+// Programmatic dependent launch (sm_90 and later): a kernel may be launched while the one before
+// it in the stream still runs, so that its launch latency overlaps that kernel's work. Every
+// kernel calls WaitForPriorKernel first: it returns once the kernel before it has completed and
+// its writes are visible (so stream order holds as without the overlap), then lets the next
+// kernel launch. Launch overlaps while this is set: CudaBackend::BeginStep sets it per step.
+inline bool g_overlap_launches = false;
+
+__device__ __forceinline__ void WaitForPriorKernel() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;");
+#endif
+}
+
+// kernel<<<grid, block, smem, stream>>>(args...), programmatic where the device allows it.
+template <typename... Params, typename... Args>
+void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args);
 
 __host__ __device__ __forceinline__ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 __host__ __device__ __forceinline__ int64_t Min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -67,5 +87,21 @@ struct Vec16 {
     for (int i = 0; i < kVec; ++i) out[i] = ToF32(e[i]);
   }
 };
+
+template <typename... Params, typename... Args>
+void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchAttribute programmatic;
+  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  programmatic.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  config.attrs = &programmatic;
+  config.numAttrs = g_overlap_launches ? 1 : 0;
+  MOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
 
 }  // namespace moe::kernels::cuda

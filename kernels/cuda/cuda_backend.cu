@@ -1,6 +1,9 @@
 // CudaBackend: device memory, copies and the stream; each op family is in the file of its name.
 #include "kernels/cuda/cuda_backend.h"
 
+#include <cstdlib>
+#include <string>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/status.h"
@@ -17,14 +20,21 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
                      cudaGetErrorString(err), ", ", count, " devices)"));
   }
   MOE_CUDA_CHECK(cudaSetDevice(0));
-  int num_sms = 0;
+  int num_sms = 0, major = 0;
   MOE_CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  MOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
+  const char* env = std::getenv("MOE_CUDA_PDL");
+  const std::string pdl = env != nullptr ? env : "";
+  const OverlapLaunches overlap = major < 9 || pdl == "0" ? OverlapLaunches::kNever
+                                  : pdl == "1"           ? OverlapLaunches::kAlways
+                                                         : OverlapLaunches::kSmallSteps;
   cudaStream_t stream = nullptr;
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<CudaBackend>(new CudaBackend(stream, num_sms));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(stream, num_sms, overlap));
 }
 
-CudaBackend::CudaBackend(CUstream_st* stream, int num_sms) : stream_(stream), num_sms_(num_sms) {
+CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap)
+    : stream_(stream), num_sms_(num_sms), overlap_(overlap) {
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
 }
@@ -98,6 +108,11 @@ void CudaBackend::Zero(void* dst, size_t bytes) {
   MOE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
 }
 
+void CudaBackend::BeginStep(int64_t num_tokens) {
+  cuda::g_overlap_launches = overlap_ == OverlapLaunches::kAlways ||
+                             (overlap_ == OverlapLaunches::kSmallSteps && num_tokens <= 8);
+}
+
 void CudaBackend::Synchronize() { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
 
 void CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
@@ -133,3 +148,4 @@ void* CudaBackend::StageHostArgs(Scratch& s, const void* host, size_t bytes) {
 }
 
 }  // namespace moe::kernels
+

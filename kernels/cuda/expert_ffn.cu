@@ -24,6 +24,7 @@ namespace {
 __global__ void PlanRoutedKernel(GemmGroup* groups, int32_t* rows, const int32_t* ids,
                                  const void* const* gate, const void* const* up,
                                  const void* const* down, int64_t n, int top_k) {
+  WaitForPriorKernel();
   for (int64_t y = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; y < n;
        y += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t e = ids[y];
@@ -85,8 +86,9 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   auto* plan = static_cast<uint8_t*>(Reserve(args_, groups_bytes + n * sizeof(int32_t)));
   auto* groups = reinterpret_cast<cuda::GemmGroup*>(plan);
   auto* rows = reinterpret_cast<int32_t*>(plan + groups_bytes);
-  cuda::PlanRoutedKernel<<<static_cast<unsigned>(cuda::CeilDiv(n, 256)), 256, 0, stream_>>>(
-      groups, rows, a.expert_ids, a.experts->gate, a.experts->up, a.experts->down, n, a.top_k);
+  cuda::Launch(cuda::PlanRoutedKernel, static_cast<unsigned>(cuda::CeilDiv(n, 256)), 256, 0,
+               stream_, groups, rows, a.expert_ids, a.experts->gate, a.experts->up,
+               a.experts->down, n, a.top_k);
   MOE_CUDA_CHECK(cudaGetLastError());
   LaunchExpertFfn(groups, static_cast<int>(n), 1, n, a.experts->views[0], a.x, rows, a.weights,
                   a.out, a.hidden_size);

@@ -81,6 +81,7 @@ __device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
 template <typename W, int TB, bool kGlu, int ws>
 __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
                                                                        const GemmGroup single) {
+  WaitForPriorKernel();
   __shared__ float partial[kMvWarps][TB][2];  // per warp: gate (or plain) and up sums
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
   if (g.row_count == 0) return;  // block-uniform
@@ -170,11 +171,11 @@ void LaunchMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t
   if (split) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kMvWarps)),
                     static_cast<unsigned>(p.num_groups));
-    GroupedMatVecKernel<W, TB, kGlu, 4><<<grid, block, 0, stream>>>(p, single);
+    Launch(GroupedMatVecKernel<W, TB, kGlu, 4>, grid, block, 0, stream, p, single);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
                     static_cast<unsigned>(p.num_groups));
-    GroupedMatVecKernel<W, TB, kGlu, 1><<<grid, block, 0, stream>>>(p, single);
+    Launch(GroupedMatVecKernel<W, TB, kGlu, 1>, grid, block, 0, stream, p, single);
   }
 }
 
@@ -198,6 +199,7 @@ void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t str
 template <typename W>
 __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const GemmParams p,
                                                                       const GemmGroup single) {
+  WaitForPriorKernel();
   const GemmGroup g = GroupOf(p, single, blockIdx.z);
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kBN;
@@ -234,6 +236,7 @@ __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const Gem
 // out[t, n] += bias[n]
 template <typename W>
 __global__ void AddBiasKernel(float* out, int64_t T, int64_t N, const W* bias) {
+  WaitForPriorKernel();
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < T * N;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     out[i] += ToF32(bias[i % N]);
@@ -250,7 +253,7 @@ void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
                     static_cast<unsigned>(p.num_groups));
-    GroupedGemmTiledKernel<W><<<grid, kTileThreads, 0, stream>>>(p, single);
+    Launch(GroupedGemmTiledKernel<W>, grid, kTileThreads, 0, stream, p, single);
   }
   MOE_CUDA_CHECK(cudaGetLastError());
 }
@@ -313,16 +316,16 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
                                                                   num_sms_ * 8));
   switch (bias->dtype) {
     case DType::kF32:
-      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(out, T, N,
-                                                           static_cast<const float*>(bias->data));
+      cuda::Launch(cuda::AddBiasKernel<float>, blocks, threads, 0, stream_,
+                   out, T, N, static_cast<const float*>(bias->data));
       break;
     case DType::kBF16:
-      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(
-          out, T, N, static_cast<const __nv_bfloat16*>(bias->data));
+      cuda::Launch(cuda::AddBiasKernel<__nv_bfloat16>, blocks, threads, 0, stream_,
+                   out, T, N, static_cast<const __nv_bfloat16*>(bias->data));
       break;
     case DType::kF16:
-      cuda::AddBiasKernel<<<blocks, threads, 0, stream_>>>(out, T, N,
-                                                           static_cast<const __half*>(bias->data));
+      cuda::Launch(cuda::AddBiasKernel<__half>, blocks, threads, 0, stream_,
+                   out, T, N, static_cast<const __half*>(bias->data));
       break;
     default: MOE_CHECK(false) << "MatMul: unsupported bias dtype " << DTypeName(bias->dtype);
   }

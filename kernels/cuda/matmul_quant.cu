@@ -73,6 +73,7 @@ constexpr int kRowsPerWarp = 4;
 template <int B, int TB, bool kGlu, int ws>
 __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmParams p,
                                                                     const GemmGroup single) {
+  WaitForPriorKernel();
   using F = QFmt<B>;
   constexpr int NW = kGlu ? 2 : 1;        // gate and up matrices, or the one weight matrix
   constexpr int NR = NW * kRowsPerWarp;   // weight rows this warp dots with each x value
@@ -232,11 +233,11 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   if (split) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    QuantMatVecKernel<B, TB, kGlu, 4><<<grid, block, 0, stream>>>(p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 4>, grid, block, 0, stream, p, single);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    QuantMatVecKernel<B, TB, kGlu, 1><<<grid, block, 0, stream>>>(p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 1>, grid, block, 0, stream, p, single);
   }
 }
 
@@ -258,6 +259,7 @@ void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_
 template <int B>
 __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmParams p,
                                                                     const GemmGroup single) {
+  WaitForPriorKernel();
   using F = QFmt<B>;
   const GemmGroup g = GroupOf(p, single, blockIdx.z);
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kBM;
@@ -310,7 +312,7 @@ void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
                     static_cast<unsigned>(p.num_groups));
-    QuantGemmTiledKernel<B><<<grid, kTileThreads, 0, stream>>>(p, single);
+    Launch(QuantGemmTiledKernel<B>, grid, kTileThreads, 0, stream, p, single);
   }
   MOE_CUDA_CHECK(cudaGetLastError());
 }

@@ -17,6 +17,7 @@ template <typename W, bool kAdd>
 __global__ __launch_bounds__(kMaxNormThreads) void RmsNormKernel(float* out, float* x,
                                                               const float* residual, int64_t H,
                                                               const W* weight, float eps) {
+  WaitForPriorKernel();
   float* xr = x + blockIdx.x * H;      // [H]
   float* outr = out + blockIdx.x * H;  // [H]
   float sum = 0.f;
@@ -49,16 +50,16 @@ void LaunchRmsNorm(float* out, float* x, const float* residual, int64_t rows,
           : static_cast<int>(std::clamp<int64_t>((H / 2 + 31) / 32 * 32, 64, kMaxNormThreads));
   switch (weight.dtype) {
     case DType::kF32:
-      RmsNormKernel<float, kAdd><<<grid, threads, 0, stream>>>(
-          out, x, residual, H, static_cast<const float*>(weight.data), eps);
+      Launch(RmsNormKernel<float, kAdd>, grid, threads, 0, stream,
+             out, x, residual, H, static_cast<const float*>(weight.data), eps);
       break;
     case DType::kBF16:
-      RmsNormKernel<__nv_bfloat16, kAdd><<<grid, threads, 0, stream>>>(
-          out, x, residual, H, static_cast<const __nv_bfloat16*>(weight.data), eps);
+      Launch(RmsNormKernel<__nv_bfloat16, kAdd>, grid, threads, 0, stream,
+             out, x, residual, H, static_cast<const __nv_bfloat16*>(weight.data), eps);
       break;
     case DType::kF16:
-      RmsNormKernel<__half, kAdd><<<grid, threads, 0, stream>>>(
-          out, x, residual, H, static_cast<const __half*>(weight.data), eps);
+      Launch(RmsNormKernel<__half, kAdd>, grid, threads, 0, stream,
+             out, x, residual, H, static_cast<const __half*>(weight.data), eps);
       break;
     default: MOE_CHECK(false) << "RmsNorm: unsupported weight dtype " << DTypeName(weight.dtype);
   }

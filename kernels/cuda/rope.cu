@@ -23,6 +23,7 @@ __device__ __forceinline__ void RotatePair(int32_t position, float inv_freq, flo
 __global__ void RopeKernel(float* x, const int32_t* positions, const float* inv_freq,
                            int64_t num_pairs, int num_heads, int head_dim, int half,
                            float attention_factor) {
+  WaitForPriorKernel();
   const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (idx >= num_pairs) return;
   const int i = static_cast<int>(idx % half);
@@ -38,6 +39,7 @@ template <typename W>
 __global__ void HeadNormRopeKernel(float* x, const W* weight, float eps, const int32_t* positions,
                                    const float* inv_freq, int num_heads, int head_dim, int half,
                                    float attention_factor) {
+  WaitForPriorKernel();
   extern __shared__ float y[];  // [D]
   const int64_t row = blockIdx.x;  // t * num_heads + h
   const int d = threadIdx.x;
@@ -69,8 +71,9 @@ void CudaBackend::Rope(const RopeArgs& a) {
   if (a.num_tokens == 0 || half == 0) return;
   const int64_t pairs = a.num_tokens * a.num_heads * half;
   const int threads = 256;
-  cuda::RopeKernel<<<static_cast<unsigned>(cuda::CeilDiv(pairs, threads)), threads, 0, stream_>>>(
-      a.x, a.positions, a.inv_freq, pairs, a.num_heads, a.head_dim, half, a.attention_factor);
+  cuda::Launch(cuda::RopeKernel, static_cast<unsigned>(cuda::CeilDiv(pairs, threads)), threads, 0,
+               stream_, a.x, a.positions, a.inv_freq, pairs, a.num_heads, a.head_dim, half,
+               a.attention_factor);
   MOE_CUDA_CHECK(cudaGetLastError());
 }
 
@@ -88,19 +91,19 @@ void CudaBackend::HeadNormRope(const RopeArgs& a, const TensorView& w, float eps
   const dim3 grid(static_cast<unsigned>(rows));
   switch (w.dtype) {
     case DType::kF32:
-      cuda::HeadNormRopeKernel<<<grid, threads, smem, stream_>>>(
-          a.x, static_cast<const float*>(w.data), eps, a.positions, a.inv_freq, a.num_heads,
-          a.head_dim, half, a.attention_factor);
+      cuda::Launch(cuda::HeadNormRopeKernel<float>, grid, threads, smem, stream_,
+                   a.x, static_cast<const float*>(w.data), eps, a.positions, a.inv_freq,
+                   a.num_heads, a.head_dim, half, a.attention_factor);
       break;
     case DType::kBF16:
-      cuda::HeadNormRopeKernel<<<grid, threads, smem, stream_>>>(
-          a.x, static_cast<const __nv_bfloat16*>(w.data), eps, a.positions, a.inv_freq,
-          a.num_heads, a.head_dim, half, a.attention_factor);
+      cuda::Launch(cuda::HeadNormRopeKernel<__nv_bfloat16>, grid, threads, smem, stream_,
+                   a.x, static_cast<const __nv_bfloat16*>(w.data), eps, a.positions, a.inv_freq,
+                   a.num_heads, a.head_dim, half, a.attention_factor);
       break;
     case DType::kF16:
-      cuda::HeadNormRopeKernel<<<grid, threads, smem, stream_>>>(
-          a.x, static_cast<const __half*>(w.data), eps, a.positions, a.inv_freq, a.num_heads,
-          a.head_dim, half, a.attention_factor);
+      cuda::Launch(cuda::HeadNormRopeKernel<__half>, grid, threads, smem, stream_,
+                   a.x, static_cast<const __half*>(w.data), eps, a.positions, a.inv_freq,
+                   a.num_heads, a.head_dim, half, a.attention_factor);
       break;
     default: MOE_CHECK(false) << "HeadNormRope: unsupported weight dtype " << DTypeName(w.dtype);
   }

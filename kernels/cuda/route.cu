@@ -11,6 +11,7 @@ constexpr int kRouteWarps = 4;
 // PER_LANE = ceil(E / 32) rounded up to the dispatched size.
 template <int PER_LANE>
 __global__ __launch_bounds__(kRouteWarps * kWarp) void RouteKernel(RouteArgs a) {
+  WaitForPriorKernel();
   const int lane = threadIdx.x % kWarp;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / kWarp;
   if (t >= a.num_tokens) return;
@@ -89,15 +90,15 @@ void CudaBackend::Route(const RouteArgs& a) {
   const int threads = cuda::kRouteWarps * cuda::kWarp;
   const int per_lane = static_cast<int>(cuda::CeilDiv(a.num_experts, cuda::kWarp));
   if (per_lane <= 1) {
-    cuda::RouteKernel<1><<<blocks, threads, 0, stream_>>>(a);
+    cuda::Launch(cuda::RouteKernel<1>, blocks, threads, 0, stream_, a);
   } else if (per_lane <= 2) {
-    cuda::RouteKernel<2><<<blocks, threads, 0, stream_>>>(a);
+    cuda::Launch(cuda::RouteKernel<2>, blocks, threads, 0, stream_, a);
   } else if (per_lane <= 4) {
-    cuda::RouteKernel<4><<<blocks, threads, 0, stream_>>>(a);
+    cuda::Launch(cuda::RouteKernel<4>, blocks, threads, 0, stream_, a);
   } else if (per_lane <= 8) {
-    cuda::RouteKernel<8><<<blocks, threads, 0, stream_>>>(a);
+    cuda::Launch(cuda::RouteKernel<8>, blocks, threads, 0, stream_, a);
   } else if (per_lane <= 16) {
-    cuda::RouteKernel<16><<<blocks, threads, 0, stream_>>>(a);
+    cuda::Launch(cuda::RouteKernel<16>, blocks, threads, 0, stream_, a);
   } else {
     MOE_CHECK(false) << "Route: unsupported num_experts " << a.num_experts << " (at most 512)";
   }

@@ -312,6 +312,7 @@ __global__ __launch_bounds__(kSampleThreads) void SampleKernel(float* logits, in
                                                                const SampleParams* params,
                                                                const PenaltyToken* penalties,
                                                                SampledToken* out) {
+  WaitForPriorKernel();
   __shared__ SampleShared sh;
   const SampleParams p = params[blockIdx.x];
   float* l = logits + p.row * vocab;
@@ -410,8 +411,8 @@ void CudaBackend::Sample(const SampleArgs& a) {
                           : static_cast<const PenaltyToken*>(StageHostArgs(
                                 args2_, a.penalties.data(), a.penalties.size() * sizeof(PenaltyToken)));
   auto* out = static_cast<SampledToken*>(Reserve(sampled_, rows * sizeof(SampledToken)));
-  cuda::SampleKernel<<<static_cast<unsigned>(rows), cuda::kSampleThreads, 0, stream_>>>(
-      a.logits, a.vocab_size, params, penalties, out);
+  cuda::Launch(cuda::SampleKernel, static_cast<unsigned>(rows), cuda::kSampleThreads, 0, stream_,
+               a.logits, a.vocab_size, params, penalties, out);
   MOE_CUDA_CHECK(cudaGetLastError());
   CopyToHost(a.out, out, rows * sizeof(SampledToken));
 }
