@@ -323,7 +323,6 @@ void LaunchCombine(const AttnParams& p, cudaStream_t stream) {
                   static_cast<unsigned>(CeilDiv(p.a.head_dim, kWarp)));
   Launch(AttentionCombineKernel, grid, kCombineWarps * kWarp, p.num_splits * sizeof(float),
          stream, p);
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 template <int DMAX, typename Src>
@@ -335,7 +334,6 @@ void LaunchAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_
                                         static_cast<int>(smem)));
   }
   Launch(AttentionKernel<DMAX, Src>, grid, kAttnThreads, smem, stream, p, src);
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace
@@ -1627,7 +1625,6 @@ void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaS
   DecodeBlocksPerSm<D, kRows, Src>();  // the shared-memory attribute, once
   Launch(DecodeAttentionKernel<D, kRows, Src>, grid, kWarps * kWarp,
          DecodeSmemBytes<D, kRows, kWarps>(), stream, p, src);
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 // The decode kernel's shapes: head_dim 64, 128 or 256 (dims in chunks of 8 per lane), at most
@@ -1806,7 +1803,6 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
       default: MOE_CHECK(false) << "PagedKvWrite: TurboQuant head_dim " << kv.head_dim;
     }
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
   return absl::OkStatus();  // the verdict: TakeKvWriteError
 }
 
@@ -1916,14 +1912,12 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
       const size_t smem = kv.head_dim * sizeof(float);
       cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
                    q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
-      MOE_CUDA_CHECK(cudaGetLastError());
       AttentionArgs rotated = c;
       rotated.q = q_rot;
       rotated.out = o_rot;
       cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_);
       cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
                    a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
-      MOE_CUDA_CHECK(cudaGetLastError());
     };
     switch (tb.bits) {  // ChoosePath: tq1 .. tq4
       case 1: run_tq(cuda::TqKvSource<1>{{}, g, tb}); break;

@@ -37,7 +37,8 @@ __device__ __forceinline__ void WaitForPriorKernel() {
 #endif
 }
 
-// kernel<<<grid, block, smem, stream>>>(args...), programmatic where the device allows it.
+// kernel<<<grid, block, smem, stream>>>(args...), overlapping the kernel before it while
+// g_overlap_launches is set; a launch error is fatal (MOE_CUDA_CHECK).
 template <typename... Params, typename... Args>
 void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args);

@@ -89,7 +89,6 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   cuda::Launch(cuda::PlanRoutedKernel, static_cast<unsigned>(cuda::CeilDiv(n, 256)), 256, 0,
                stream_, groups, rows, a.expert_ids, a.experts->gate, a.experts->up,
                a.experts->down, n, a.top_k);
-  MOE_CUDA_CHECK(cudaGetLastError());
   LaunchExpertFfn(groups, static_cast<int>(n), 1, n, a.experts->views[0], a.x, rows, a.weights,
                   a.out, a.hidden_size);
 }

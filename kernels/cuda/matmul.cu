@@ -255,7 +255,6 @@ void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
                     static_cast<unsigned>(p.num_groups));
     Launch(GroupedGemmTiledKernel<W>, grid, kTileThreads, 0, stream, p, single);
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
@@ -329,7 +328,6 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
       break;
     default: MOE_CHECK(false) << "MatMul: unsupported bias dtype " << DTypeName(bias->dtype);
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moe::kernels

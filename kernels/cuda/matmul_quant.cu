@@ -314,7 +314,6 @@ void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
                     static_cast<unsigned>(p.num_groups));
     Launch(QuantGemmTiledKernel<B>, grid, kTileThreads, 0, stream, p, single);
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

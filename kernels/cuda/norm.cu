@@ -63,7 +63,6 @@ void LaunchRmsNorm(float* out, float* x, const float* residual, int64_t rows,
       break;
     default: MOE_CHECK(false) << "RmsNorm: unsupported weight dtype " << DTypeName(weight.dtype);
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace

@@ -74,7 +74,6 @@ void CudaBackend::Rope(const RopeArgs& a) {
   cuda::Launch(cuda::RopeKernel, static_cast<unsigned>(cuda::CeilDiv(pairs, threads)), threads, 0,
                stream_, a.x, a.positions, a.inv_freq, pairs, a.num_heads, a.head_dim, half,
                a.attention_factor);
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 void CudaBackend::HeadNormRope(const RopeArgs& a, const TensorView& w, float eps) {
@@ -107,7 +106,6 @@ void CudaBackend::HeadNormRope(const RopeArgs& a, const TensorView& w, float eps
       break;
     default: MOE_CHECK(false) << "HeadNormRope: unsupported weight dtype " << DTypeName(w.dtype);
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moe::kernels

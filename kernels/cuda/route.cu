@@ -102,7 +102,6 @@ void CudaBackend::Route(const RouteArgs& a) {
   } else {
     MOE_CHECK(false) << "Route: unsupported num_experts " << a.num_experts << " (at most 512)";
   }
-  MOE_CUDA_CHECK(cudaGetLastError());
 }
 
 }  // namespace moe::kernels

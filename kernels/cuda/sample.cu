@@ -413,7 +413,6 @@ void CudaBackend::Sample(const SampleArgs& a) {
   auto* out = static_cast<SampledToken*>(Reserve(sampled_, rows * sizeof(SampledToken)));
   cuda::Launch(cuda::SampleKernel, static_cast<unsigned>(rows), cuda::kSampleThreads, 0, stream_,
                a.logits, a.vocab_size, params, penalties, out);
-  MOE_CUDA_CHECK(cudaGetLastError());
   CopyToHost(a.out, out, rows * sizeof(SampledToken));
 }
 
