@@ -5,9 +5,9 @@
 // every key is distinct, and descending key order is the candidates' order): 11 bits on the first
 // pass, 9 on the next, counts, fixed-point masses and a key per bucket in shared memory; once the
 // chosen bucket holds at most 2048 candidates they are gathered, sorted and scanned in shared
-// memory (two passes over the row in all). The masses
-// are the CPU's (backend.h: exp of the fp32 difference to the max in fp64, then fixed point), and
-// their sums are exact, so the cuts are the CPU's.
+// memory (two passes over the row in all). The masses are the CPU's (backend.h: exp of the fp32
+// difference to the max in fp64, then fixed point) and their sums are exact, so the cuts are the
+// CPU's.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
