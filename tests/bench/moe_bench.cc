@@ -77,6 +77,8 @@ ABSL_FLAG(bool, timings, false, "Print engine::PhaseTimes per layer and per toke
 ABSL_FLAG(std::string, store_dir, "/tmp/moe_bench_store",
           "Where the expert store of the quarter-VRAM run is written (empty: skip that run)");
 ABSL_FLAG(int64_t, store_steps, 32, "Timed decode steps of the quarter-VRAM run");
+ABSL_FLAG(bool, store_prefetch, false,
+          "Quarter-VRAM run: prefetch each next layer's likely experts (the worker's --prefetch)");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "KV cache format of the runs above (paged, block 16)");
 ABSL_FLAG(std::string, kv_formats, "",
           "KV sweep: formats to time at --kv_contexts x --kv_batches, e.g. "
@@ -792,6 +794,7 @@ absl::Status Run() {
                        store::ExpertStore::Open(o, backend.get()));
   store::ExpertStore* store_ptr = st.get();
   MOE_ASSIGN_OR_RETURN(model, engine::Model::Load(dir, *backend, std::move(st)));
+  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_store_prefetch));
   const double open_s = Seconds(t0, std::chrono::steady_clock::now());
   MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + 64));
   t0 = std::chrono::steady_clock::now();
@@ -822,9 +825,10 @@ absl::Status Run() {
                       static_cast<double>(ssteps);
   const double predicted = missed / 52e9 + 1.0 / tok_s;
   std::printf("\nquarter-VRAM run: store written in %.1f s (%lld blobs of %.2f MB), opened + model "
-              "loaded in %.1f s, %lld-token prefill from disk in %.1f s\n",
+              "loaded in %.1f s, %lld-token prefill from disk in %.1f s; next-layer prefetch %s\n",
               write_s, static_cast<long long>(total), static_cast<double>(slot) / 1e6, open_s,
-              static_cast<long long>(ctx), cold_s);
+              static_cast<long long>(ctx), cold_s,
+              absl::GetFlag(FLAGS_store_prefetch) ? "on" : "off");
   std::printf("%-44s %12lld\n", "device tier slots (of all experts)",
               static_cast<long long>(s1.device.slots));
   std::printf("%-44s %12.1f\n", "decode tokens/s, quarter in VRAM", 1.0 / per_tok);
