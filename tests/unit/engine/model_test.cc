@@ -90,6 +90,40 @@ TEST_F(ModelLoadTest, ForwardRejectsBadInputWithoutTouchingTheCache) {
   EXPECT_EQ((*kv)->length(), 0);
 }
 
+TEST_F(ModelLoadTest, ForwardSampleRejectsBadSamplingRowsBeforeAnyWork) {
+  auto m = Model::Load(kFixture, *backend_);
+  ASSERT_TRUE(m.ok()) << m.status();
+  auto kv = SequenceKv::Create((*m)->config(), *backend_, 4);
+  ASSERT_TRUE(kv.ok());
+  const std::vector<int32_t> tokens = {1, 2};
+  ForwardItem item{tokens, kv->get()};
+  std::vector<kernels::SampledToken> out;
+  auto run = [&](kernels::SampleParams p, std::vector<kernels::PenaltyToken> penalties) {
+    return (*m)->ForwardSample({&item, 1}, {&p, 1}, penalties, &out);
+  };
+  kernels::SampleParams row;
+  row.row = 1;  // one item: only row 0 exists
+  absl::Status st = run(row, {});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("sampling row 1 of 1"), std::string::npos) << st;
+  row = {};
+  row.top_logprobs = kernels::kMaxTopLogprobs + 1;
+  EXPECT_EQ(run(row, {}).code(), absl::StatusCode::kInvalidArgument);
+  row = {};
+  row.penalty_count = 1;  // no entries given
+  EXPECT_EQ(run(row, {}).code(), absl::StatusCode::kInvalidArgument);
+  st = run(kernels::SampleParams{.penalty_count = 1}, {{384, 1}});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("penalty token 384"), std::string::npos) << st;
+  EXPECT_EQ((*kv)->length(), 0);  // nothing ran
+  // A good row runs the step and draws a token of the vocabulary.
+  ASSERT_TRUE(run(kernels::SampleParams{}, {}).ok());
+  ASSERT_EQ(out.size(), 1u);
+  EXPECT_GE(out[0].id, 0);
+  EXPECT_LT(out[0].id, (*m)->config().vocab_size);
+  EXPECT_EQ((*kv)->length(), 2);
+}
+
 // `from`'s checkpoint rewritten into `to` as two shards in `dtype` (kF16 or kBF16) named by a
 // model.safetensors.index.json, tensors dealt alternately so every layer spans both shards.
 void WriteTwoShards(const std::string& from, const testing::TempDir& to, kernels::DType dtype) {
