@@ -151,4 +151,20 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(BackendKind kind,
   return absl::InvalidArgumentError("unknown backend kind");
 }
 
+void CheckSampleArgs(const SampleArgs& a) {
+  MOE_CHECK(a.vocab_size > 0) << "Sample: vocabulary " << a.vocab_size;
+  for (const SampleParams& p : a.params) {
+    MOE_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs)
+        << "Sample: top_logprobs " << p.top_logprobs;
+    MOE_CHECK(p.penalty_begin >= 0 && p.penalty_count >= 0 &&
+              p.penalty_begin + int64_t{p.penalty_count} <= static_cast<int64_t>(a.penalties.size()))
+        << "Sample: penalty entries [" << p.penalty_begin << ", +" << p.penalty_count << ") of "
+        << a.penalties.size();
+  }
+  for (const PenaltyToken& t : a.penalties) {
+    MOE_CHECK(t.id >= 0 && t.id < a.vocab_size)
+        << "Sample: penalty token " << t.id << " outside [0, " << a.vocab_size << ")";
+  }
+}
+
 }  // namespace moe::kernels

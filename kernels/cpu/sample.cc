@@ -13,9 +13,10 @@ namespace {
 SampledToken SampleRow(float* logits, int64_t V, const SampleParams& p,
                        absl::Span<const PenaltyToken> penalties) {
   for (const PenaltyToken& t : penalties) {
-    MOE_CHECK(t.id >= 0 && t.id < V) << "Sample: penalty token " << t.id << " outside [0, " << V << ")";
     float& l = logits[t.id];
-    if (p.repetition_penalty != 1.f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    if (p.repetition_penalty != 1.f) {
+      l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
+    }
     if (t.generated > 0 && (p.presence_penalty != 0.f || p.frequency_penalty != 0.f)) {
       l -= p.presence_penalty + p.frequency_penalty * static_cast<float>(t.generated);
     }
@@ -85,13 +86,7 @@ SampledToken SampleRow(float* logits, int64_t V, const SampleParams& p,
 }  // namespace
 
 void CpuBackend::Sample(const SampleArgs& a) {
-  for (const SampleParams& p : a.params) {
-    MOE_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs)
-        << "Sample: top_logprobs " << p.top_logprobs;
-    MOE_CHECK(p.penalty_begin >= 0 && p.penalty_count >= 0 &&
-              p.penalty_begin + p.penalty_count <= static_cast<int64_t>(a.penalties.size()))
-        << "Sample: penalty entries out of range";
-  }
+  CheckSampleArgs(a);
   pool_.ParallelFor(static_cast<int64_t>(a.params.size()), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const SampleParams& p = a.params[r];

@@ -133,6 +133,21 @@ __device__ __forceinline__ void AddToBucket(SampleShared& sh, int bucket, uint64
   sh.hist.key[bucket] = key;
 }
 
+// Whether logit l (key `key`) is a candidate of the row with key & mask == prefix; its mass (1 in
+// a count select) goes to *mass.
+template <bool kCount>
+__device__ __forceinline__ bool InBucket(const Row& r, uint64_t key, float l, uint64_t prefix,
+                                         uint64_t mask, uint64_t* mass) {
+  if ((key & mask) != prefix || key < r.floor) return false;
+  *mass = 1;
+  if (!kCount || r.min_p > 0) {
+    const double p = r.P(l);
+    if (p < r.min_p) return false;
+    if (!kCount) *mass = Mass(p);
+  }
+  return true;
+}
+
 // Select's end game once the chosen bucket (candidates with key & mask == prefix) holds at most
 // kListCap: one pass gathers them into shared memory, a bitonic sort orders them, and a scan of
 // their masses after `above` finds the candidate that reaches `target`.
@@ -143,13 +158,8 @@ __device__ uint64_t SelectInList(const Row& r, uint64_t prefix, uint64_t mask, u
   __syncthreads();
   ForEachLogit(r.logits, r.vocab, [&](int64_t i, float l) {
     const uint64_t key = SortKey(l, i);
-    if ((key & mask) != prefix || key < r.floor) return;
-    uint64_t mass = 1;
-    if (!kCount || r.min_p > 0) {
-      const double p = r.P(l);
-      if (p < r.min_p) return;
-      if (!kCount) mass = Mass(p);
-    }
+    uint64_t mass;
+    if (!InBucket<kCount>(r, key, l, prefix, mask, &mass)) return;
     const int at = atomicAdd(&sh.list_size, 1);
     sh.list.key[at] = key;
     sh.list.mass[at] = mass;
@@ -235,13 +245,8 @@ __device__ uint64_t Select(const Row& r, double target, bool of_total, bool stri
     __syncthreads();
     ForEachLogit(r.logits, r.vocab, [&](int64_t i, float l) {
       const uint64_t key = SortKey(l, i);
-      if ((key & mask) != prefix || key < r.floor) return;
-      uint64_t mass = 1;
-      if (!kCount || r.min_p > 0) {
-        const double p = r.P(l);
-        if (p < r.min_p) return;
-        if (!kCount) mass = Mass(p);
-      }
+      uint64_t mass;
+      if (!InBucket<kCount>(r, key, l, prefix, mask, &mass)) return;
       AddToBucket<kCount>(sh, static_cast<int>((key >> shift) & (buckets - 1)), mass, key);
     });
     __syncthreads();
@@ -395,21 +400,15 @@ namespace moe::kernels {
 void CudaBackend::Sample(const SampleArgs& a) {
   const size_t rows = a.params.size();
   if (rows == 0) return;
-  MOE_CHECK(a.vocab_size > 0 && a.vocab_size <= cuda::kIdMask)
+  MOE_CHECK(a.vocab_size <= cuda::kIdMask)
       << "Sample: vocabulary " << a.vocab_size << " (at most " << cuda::kIdMask << " on CUDA)";
-  for (const SampleParams& p : a.params) {
-    MOE_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs)
-        << "Sample: top_logprobs " << p.top_logprobs;
-    MOE_CHECK(p.penalty_begin >= 0 && p.penalty_count >= 0 &&
-              p.penalty_begin + p.penalty_count <= static_cast<int64_t>(a.penalties.size()))
-        << "Sample: penalty entries out of range";
-  }
+  CheckSampleArgs(a);
   const auto* params = static_cast<const SampleParams*>(
       StageHostArgs(args_, a.params.data(), rows * sizeof(SampleParams)));
-  const PenaltyToken* penalties =
-      a.penalties.empty() ? nullptr
-                          : static_cast<const PenaltyToken*>(StageHostArgs(
-                                args2_, a.penalties.data(), a.penalties.size() * sizeof(PenaltyToken)));
+  const size_t penalty_bytes = a.penalties.size() * sizeof(PenaltyToken);
+  const auto* penalties = a.penalties.empty() ? nullptr
+                                              : static_cast<const PenaltyToken*>(StageHostArgs(
+                                                    args2_, a.penalties.data(), penalty_bytes));
   auto* out = static_cast<SampledToken*>(Reserve(sampled_, rows * sizeof(SampledToken)));
   cuda::Launch(cuda::SampleKernel, static_cast<unsigned>(rows), cuda::kSampleThreads, 0, stream_,
                a.logits, a.vocab_size, params, penalties, out);
