@@ -156,8 +156,9 @@ void CheckSampleArgs(const SampleArgs& a) {
   for (const SampleParams& p : a.params) {
     MOE_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs)
         << "Sample: top_logprobs " << p.top_logprobs;
+    const int64_t end = p.penalty_begin + int64_t{p.penalty_count};
     MOE_CHECK(p.penalty_begin >= 0 && p.penalty_count >= 0 &&
-              p.penalty_begin + int64_t{p.penalty_count} <= static_cast<int64_t>(a.penalties.size()))
+              end <= static_cast<int64_t>(a.penalties.size()))
         << "Sample: penalty entries [" << p.penalty_begin << ", +" << p.penalty_count << ") of "
         << a.penalties.size();
   }
