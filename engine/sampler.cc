@@ -2,7 +2,6 @@
 #include "engine/sampler.h"
 
 #include <cmath>
-#include <unordered_map>
 
 #include "absl/strings/str_cat.h"
 
@@ -52,16 +51,23 @@ kernels::SampleParams Sampler::Next(int64_t row, absl::Span<const int32_t> promp
   out.penalty_begin = static_cast<int32_t>(penalties->size());
   const bool repetition = p.repetition_penalty != 1.f;
   if (repetition || p.presence_penalty != 0.f || p.frequency_penalty != 0.f) {
-    std::unordered_map<int32_t, size_t> index;  // id -> its entry
+    if (prompt.size() < prompt_read_ || generated.size() < generated_read_) {
+      penalty_tokens_.clear();
+      penalty_index_.clear();
+      prompt_read_ = generated_read_ = 0;
+    }
     auto add = [&](int32_t id, int32_t occurrences) {
-      auto [it, fresh] = index.try_emplace(id, penalties->size());
-      if (fresh) penalties->push_back({id, 0});
-      (*penalties)[it->second].generated += occurrences;
+      auto [it, fresh] = penalty_index_.try_emplace(id, penalty_tokens_.size());
+      if (fresh) penalty_tokens_.push_back({id, 0});
+      penalty_tokens_[it->second].generated += occurrences;
     };
     if (repetition) {
-      for (int32_t id : prompt) add(id, 0);
+      for (size_t i = prompt_read_; i < prompt.size(); ++i) add(prompt[i], 0);
+      prompt_read_ = prompt.size();
     }
-    for (int32_t id : generated) add(id, 1);
+    for (size_t i = generated_read_; i < generated.size(); ++i) add(generated[i], 1);
+    generated_read_ = generated.size();
+    penalties->insert(penalties->end(), penalty_tokens_.begin(), penalty_tokens_.end());
   }
   out.penalty_count = static_cast<int32_t>(penalties->size()) - out.penalty_begin;
   return out;

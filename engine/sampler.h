@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <unordered_map>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -41,6 +42,9 @@ class Sampler {
   // the stream (same seed, same draws); appends the sequence's penalty tokens to `penalties`
   // (repetition reads `prompt` and `generated`, presence/frequency `generated` only, as
   // OpenAI-style APIs define them). `top_logprobs` > 0 or `logprobs` asks for log-probabilities.
+  // The penalty tokens are kept from call to call: each call reads only the tokens added since
+  // the last (a sequence's prompt is fixed and its generated tokens only grow; if either is
+  // shorter than last time, they are read afresh).
   kernels::SampleParams Next(int64_t row, absl::Span<const int32_t> prompt,
                              absl::Span<const int32_t> generated, bool logprobs, int top_logprobs,
                              std::vector<kernels::PenaltyToken>* penalties);
@@ -48,6 +52,9 @@ class Sampler {
  private:
   SamplingParams params_;
   uint64_t draws_ = 0;
+  std::vector<kernels::PenaltyToken> penalty_tokens_;  // each id once
+  std::unordered_map<int32_t, size_t> penalty_index_;   // id -> its entry
+  size_t prompt_read_ = 0, generated_read_ = 0;          // tokens already in them
 };
 
 // The host side of a SampledToken.

@@ -166,6 +166,34 @@ TEST(SamplerTest, Penalties) {
   EXPECT_EQ(penalties[1].generated, 0);
 }
 
+// Penalty tokens kept from step to step equal the ones read afresh from the whole sequence.
+TEST(SamplerTest, PenaltyTokensKeptAcrossStepsEqualAFreshRead) {
+  SamplingParams p;
+  p.repetition_penalty = 1.2f;
+  p.frequency_penalty = 0.5f;
+  const std::vector<int32_t> prompt = {5, 3, 5, 9};
+  std::vector<int32_t> generated;
+  Sampler kept(p);
+  for (int32_t next : {3, 7, 7, 5, 11, 7}) {
+    generated.push_back(next);
+    std::vector<kernels::PenaltyToken> a, b;
+    kept.Next(0, prompt, generated, false, 0, &a);
+    Sampler fresh(p);
+    fresh.Next(0, prompt, generated, false, 0, &b);
+    ASSERT_EQ(a.size(), b.size()) << generated.size() << " generated";
+    for (size_t i = 0; i < a.size(); ++i) {
+      EXPECT_EQ(a[i].id, b[i].id);
+      EXPECT_EQ(a[i].generated, b[i].generated) << "id " << a[i].id;
+    }
+  }
+  // A shorter sequence than last time (not what the engine does) is read afresh.
+  std::vector<kernels::PenaltyToken> again;
+  kept.Next(0, prompt, {7}, false, 0, &again);
+  ASSERT_EQ(again.size(), 4u);  // 5, 3, 9 from the prompt, 7 generated once
+  EXPECT_EQ(again[3].id, 7);
+  EXPECT_EQ(again[3].generated, 1);
+}
+
 TEST(SamplerTest, LogprobsAreNormalised) {
   SamplingParams p;
   p.temperature = 0;
