@@ -217,31 +217,21 @@ absl::Status Model::ForwardSample(absl::Span<const ForwardItem> batch,
                                   absl::Span<const kernels::SampleParams> params,
                                   absl::Span<const kernels::PenaltyToken> penalties,
                                   std::vector<kernels::SampledToken>* tokens) {
-  const int64_t V = config_.vocab_size;
   for (const kernels::SampleParams& p : params) {
-    if (p.row < 0 || p.row >= static_cast<int64_t>(batch.size()) || p.top_logprobs < 0 ||
-        p.top_logprobs > kernels::kMaxTopLogprobs || p.penalty_begin < 0 || p.penalty_count < 0 ||
-        p.penalty_begin + int64_t{p.penalty_count} > static_cast<int64_t>(penalties.size())) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "sampling row ", p.row, " of ", batch.size(), " items: top_logprobs ", p.top_logprobs,
-          ", penalty entries [", p.penalty_begin, ", +", p.penalty_count, ") of ",
-          penalties.size()));
-    }
-  }
-  for (const kernels::PenaltyToken& t : penalties) {
-    if (t.id < 0 || t.id >= V) {
+    if (p.row < 0 || p.row >= static_cast<int64_t>(batch.size())) {
       return absl::InvalidArgumentError(
-          absl::StrCat("penalty token ", t.id, " is outside the vocabulary [0, ", V, ")"));
+          absl::StrCat("sampling row ", p.row, " of ", batch.size(), " items"));
     }
   }
+  kernels::SampleArgs args;
+  args.vocab_size = config_.vocab_size;
+  args.params = params;
+  args.penalties = penalties;
+  MOE_RETURN_IF_ERROR(kernels::ValidateSampleArgs(args));
   MOE_RETURN_IF_ERROR(ComputeLogits(batch, false).status());
   const int64_t t0 = PhaseClock();
   tokens->resize(params.size());
-  kernels::SampleArgs args;
   args.logits = logits_.f32();
-  args.vocab_size = V;
-  args.params = params;
-  args.penalties = penalties;
   args.out = tokens->data();
   backend_.Sample(args);
   times_.sampling_us += PhaseClock() - t0;

@@ -5,6 +5,7 @@
 #include <numeric>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 #include "kernels/cpu/cpu_backend.h"
 #if MOE_WITH_CUDA
@@ -151,21 +152,26 @@ absl::StatusOr<std::unique_ptr<Backend>> MakeBackend(BackendKind kind,
   return absl::InvalidArgumentError("unknown backend kind");
 }
 
-void CheckSampleArgs(const SampleArgs& a) {
-  MOE_CHECK(a.vocab_size > 0) << "Sample: vocabulary " << a.vocab_size;
+absl::Status ValidateSampleArgs(const SampleArgs& a) {
+  if (a.vocab_size <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("sampling: vocabulary ", a.vocab_size));
+  }
   for (const SampleParams& p : a.params) {
-    MOE_CHECK(p.top_logprobs >= 0 && p.top_logprobs <= kMaxTopLogprobs)
-        << "Sample: top_logprobs " << p.top_logprobs;
     const int64_t end = p.penalty_begin + int64_t{p.penalty_count};
-    MOE_CHECK(p.penalty_begin >= 0 && p.penalty_count >= 0 &&
-              end <= static_cast<int64_t>(a.penalties.size()))
-        << "Sample: penalty entries [" << p.penalty_begin << ", +" << p.penalty_count << ") of "
-        << a.penalties.size();
+    if (p.top_logprobs < 0 || p.top_logprobs > kMaxTopLogprobs || p.penalty_begin < 0 ||
+        p.penalty_count < 0 || end > static_cast<int64_t>(a.penalties.size())) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "sampling row ", p.row, ": top_logprobs ", p.top_logprobs, ", penalty entries [",
+          p.penalty_begin, ", +", p.penalty_count, ") of ", a.penalties.size()));
+    }
   }
   for (const PenaltyToken& t : a.penalties) {
-    MOE_CHECK(t.id >= 0 && t.id < a.vocab_size)
-        << "Sample: penalty token " << t.id << " outside [0, " << a.vocab_size << ")";
+    if (t.id < 0 || t.id >= a.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "penalty token ", t.id, " is outside the vocabulary [0, ", a.vocab_size, ")"));
+    }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace moe::kernels

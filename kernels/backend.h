@@ -255,10 +255,10 @@ struct SampleArgs {
   absl::Span<const PenaltyToken> penalties;  // host memory
   SampledToken* out = nullptr;               // host memory, [params.size()]
 };
-// The contract above, MOE_CHECKed (bad arguments are a caller's bug: Model::ForwardSample
-// validates what reaches it): V > 0, top_logprobs in [0, kMaxTopLogprobs], penalty entries in
-// range and their ids in [0, V). Both backends call it.
-void CheckSampleArgs(const SampleArgs& args);
+// The contract above: V > 0, top_logprobs in [0, kMaxTopLogprobs], penalty entries in range and
+// their ids in [0, V); InvalidArgument names the first breach. Model::ForwardSample returns it to
+// its caller; both backends' Sample abort on it (a caller's bug by then).
+absl::Status ValidateSampleArgs(const SampleArgs& args);
 
 class Backend {
  public:

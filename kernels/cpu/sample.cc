@@ -86,7 +86,8 @@ SampledToken SampleRow(float* logits, int64_t V, const SampleParams& p,
 }  // namespace
 
 void CpuBackend::Sample(const SampleArgs& a) {
-  CheckSampleArgs(a);
+  const absl::Status valid = ValidateSampleArgs(a);
+  MOE_CHECK(valid.ok()) << "Sample: " << valid;
   pool_.ParallelFor(static_cast<int64_t>(a.params.size()), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
       const SampleParams& p = a.params[r];

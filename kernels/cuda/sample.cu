@@ -402,7 +402,8 @@ void CudaBackend::Sample(const SampleArgs& a) {
   if (rows == 0) return;
   MOE_CHECK(a.vocab_size <= cuda::kIdMask)
       << "Sample: vocabulary " << a.vocab_size << " (at most " << cuda::kIdMask << " on CUDA)";
-  CheckSampleArgs(a);
+  const absl::Status valid = ValidateSampleArgs(a);
+  MOE_CHECK(valid.ok()) << "Sample: " << valid;
   const auto* params = static_cast<const SampleParams*>(
       StageHostArgs(args_, a.params.data(), rows * sizeof(SampleParams)));
   const size_t penalty_bytes = a.penalties.size() * sizeof(PenaltyToken);
