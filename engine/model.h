@@ -67,12 +67,14 @@ class PagedKv {
   // The backend's view of `layer` for a sequence with `block_table` (which must outlive it).
   // The split formats' codecs exist once the layer's first step has run (empty before).
   kernels::PagedKvLayer Layer(int64_t layer, absl::Span<const int32_t> block_table) const;
+  // Makes the codecs of `layer` if not yet made; k, v: [T, NKV, D] in host memory (the split
+  // formats' sample). The model calls it on a layer's first step; a caller writing the cache
+  // itself (moe-bench) calls it first.
+  absl::Status EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T);
 
  private:
   friend class Model;
   explicit PagedKv(KvStorage storage) : storage_(storage) {}
-  // Makes the codecs of `layer` if not yet made; k, v: [T, NKV, D] (the split formats' sample).
-  absl::Status EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T);
 
   kernels::KvFormat format_ = kernels::KvFormat::kBf16;
   int block_size_ = 0;

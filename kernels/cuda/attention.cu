@@ -709,11 +709,15 @@ __global__ void PagedKvWriteKernel(PagedGeom g, const float* k, const float* v,
   }
 }
 
-enum class PagedPath { kHost, kBf16, kFp8, kTq };
+enum class PagedPath { kHost, kBf16, kFp8, kTq, kTqSplit };
 
+// The split formats' vectors: 32 outlier channels and 96 others (kv_quant.h).
+constexpr int kSplitD = 128, kSplitO = 32, kSplitR = 96;
+bool IsSplit(KvFormat f) { return f == KvFormat::kTq3p5 || f == KvFormat::kTq2p5; }
 
-// What the GPU runs for this layer: every codec must share one format; TurboQuant only for the
-// single-part MSE formats (tq1..tq4) with the RHT2 rotation. kHost: the host-staged default.
+// What the GPU runs for this layer: every codec must share one format; TurboQuant for the MSE
+// formats (tq1..tq4, and tq2.5/tq3.5 at head_dim 128) with the default RHT2 rotation. kHost: the
+// host-staged default (the prod formats, other rotations).
 PagedPath ChoosePath(const PagedKvLayer& kv) {
   if (kv.head_dim <= 0 || kv.head_dim > 256 || kv.num_kv_heads <= 0) return PagedPath::kHost;
   const KvCodec& c0 = *kv.codecs[0];
@@ -726,6 +730,26 @@ PagedPath ChoosePath(const PagedKvLayer& kv) {
   }
   if (f == KvFormat::kBf16) return PagedPath::kBf16;
   if (f == KvFormat::kFp8E4m3) return PagedPath::kFp8;
+  if (IsSplit(f)) {
+    if (kv.head_dim != kSplitD) return PagedPath::kHost;
+    const auto& parts0 = c0.parts();
+    for (int i = 0; i < 2 * kv.num_kv_heads; ++i) {
+      const auto& parts = kv.codecs[i]->parts();
+      if (parts.size() != 2 || parts[0].channels.size() != kSplitO ||
+          parts[0].rotation.kind() != RotationKind::kRht2 ||
+          parts[1].rotation.kind() != RotationKind::kHaar) {
+        return PagedPath::kHost;
+      }
+      for (int j = 0; j < 2; ++j) {
+        if (parts[j].bits != parts0[j].bits ||
+            parts[j].codebook.centroids != parts0[j].codebook.centroids ||
+            parts[j].codebook.boundaries != parts0[j].codebook.boundaries) {
+          return PagedPath::kHost;
+        }
+      }
+    }
+    return PagedPath::kTqSplit;
+  }
   if (f != KvFormat::kTq4 && f != KvFormat::kTq3 && f != KvFormat::kTq2 && f != KvFormat::kTq1) {
     return PagedPath::kHost;
   }
@@ -1174,6 +1198,305 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
   tb.bits = part.bits;
   tb.norm = static_cast<int>(kv.codecs[0]->norm());
   tb.alpha = static_cast<float>(part.codebook.alpha());
+  return tb;
+}
+
+// ---- TurboQuant split formats (tq2.5, tq3.5; head_dim 128) ---------------------------------
+// Two parts per vector (kv_quant.h): the 32 outlier channels at kBitsO bits under an RHT2 of
+// dimension 32, the other 96 at kBitsR bits under a dense Haar rotation of dimension 96, each with
+// its own codebook and fp16 scale. The rotated frame puts the outlier part at positions 0..31 and
+// the rest at 32..127, as KvCodec::PrepareQuery does. Everything here repeats the CPU's
+// arithmetic order (sums of squares and dense products ascending, no FMA), so codes and scales
+// come out bit for bit (T9).
+// Device copy of a layer's split codecs: see TqHostTables for the layout.
+struct TqSplitTables {
+  const float* perm = nullptr;    // [NKV][2 roles][128]: rotated position -> channel (exact ints)
+  const float* signs = nullptr;   // [NKV][2][D₁, D₂][32]: the outlier part's RHT2
+  const float* haar = nullptr;    // [NKV][2][96 · 96]: Π_R, row-major
+  const float* haar_t = nullptr;  // [NKV][2][96 · 96]: Π_Rᵀ, row-major (coalesced forward products)
+  const float* centroids_o = nullptr;
+  const float* boundaries_o = nullptr;
+  const float* centroids_r = nullptr;
+  const float* boundaries_r = nullptr;
+  int norm = 0;  // TqNorm
+  float alpha_o = 1.f, alpha_r = 1.f;
+  __device__ __forceinline__ int Codec(int kvh, int role) const { return kvh * 2 + role; }
+  __device__ __forceinline__ int Channel(int kvh, int role, int pos) const {
+    return static_cast<int>(perm[Codec(kvh, role) * kSplitD + pos]);
+  }
+  __device__ __forceinline__ const float* D1(int kvh, int role) const {
+    return signs + Codec(kvh, role) * 2 * kSplitO;
+  }
+  __device__ __forceinline__ const float* D2(int kvh, int role) const {
+    return D1(kvh, role) + kSplitO;
+  }
+  __device__ __forceinline__ const float* Haar(int kvh, int role) const {
+    return haar + Codec(kvh, role) * kSplitR * kSplitR;
+  }
+  __device__ __forceinline__ const float* HaarT(int kvh, int role) const {
+    return haar_t + Codec(kvh, role) * kSplitR * kSplitR;
+  }
+};
+
+// Byte offsets in a tile of `tokens` slots: the outlier indices, the rest's, then the fp16 scales
+// s_O and s_R (structure of arrays, kv_quant.h).
+template <int kBitsO, int kBitsR>
+struct SplitPlanes {
+  static constexpr int kBytesO = kSplitO * kBitsO / 8, kBytesR = kSplitR * kBitsR / 8;
+  __host__ __device__ static int64_t IndexO(int tokens, int slot) {
+    return static_cast<int64_t>(slot) * kBytesO;
+  }
+  __host__ __device__ static int64_t IndexR(int tokens, int slot) {
+    return static_cast<int64_t>(tokens) * kBytesO + static_cast<int64_t>(slot) * kBytesR;
+  }
+  __host__ __device__ static int64_t ScaleO(int tokens, int slot) {
+    return static_cast<int64_t>(tokens) * (kBytesO + kBytesR) + 2 * slot;
+  }
+  __host__ __device__ static int64_t ScaleR(int tokens, int slot) {
+    return static_cast<int64_t>(tokens) * (kBytesO + kBytesR + 2) + 2 * slot;
+  }
+};
+
+__device__ __forceinline__ float LoadF16Bytes(const uint8_t* p) {  // any alignment
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | p[1] << 8)));
+}
+
+// y[32 + i] = Σ_j m[j · 96 + i] · u[32 + j] for the thread's i = threadIdx.x − 32 (threads 32..127),
+// j ascending, no FMA: with m = Π_Rᵀ this is Rotation::Apply, with m = Π_R ApplyTranspose.
+__device__ __forceinline__ float SplitRestProduct(const float* m, const float* u) {
+  const int i = threadIdx.x - kSplitO;
+  float acc = 0.f;
+#pragma unroll 8
+  for (int j = 0; j < kSplitR; ++j) acc = __fadd_rn(acc, __fmul_rn(m[j * kSplitR + i], u[kSplitO + j]));
+  return acc;
+}
+
+// KvCodec::Quantize for a split format: one block of 128 threads per (token, kv-head, K|V); thread
+// t owns rotated position t (t < 32 the outlier part, the first warp; the rest the other three).
+template <int kBitsO, int kBitsR>
+__global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSplitTables tb,
+                                                              const float* k, const float* v,
+                                                              const int2* where,
+                                                              unsigned long long* bad) {
+  WaitForPriorKernel();
+  using Planes = SplitPlanes<kBitsO, kBitsR>;
+  __shared__ float x_s[kSplitD], u_s[kSplitD], norms[2], scales[2];
+  __shared__ uint8_t idx[kSplitD];
+  const int64_t t = blockIdx.x;
+  const int h = blockIdx.y, role = blockIdx.z, p = threadIdx.x;
+  const bool outlier = p < kSplitO;
+  const int part = outlier ? 0 : 1;
+  const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * kSplitD;
+  const int2 at = where[t];
+  x_s[p] = x[p];
+  if (!__syncthreads_and(isfinite(x_s[p]))) {
+    if (p == 0) atomicMin(bad, KvBadCode(at.y, h, role));
+    return;
+  }
+  const float gathered = x_s[tb.Channel(h, role, p)];
+  u_s[p] = gathered;
+  __syncthreads();
+  if (p == 0 || p == kSplitO) {  // n = sqrt(Σ x_c² over the part's channels, ascending)
+    const int begin = p, end = p == 0 ? kSplitO : kSplitD;
+    float n2 = 0.f;
+    for (int j = begin; j < end; ++j) n2 = __fadd_rn(n2, __fmul_rn(u_s[j], u_s[j]));
+    norms[part] = __fsqrt_rn(n2);
+  }
+  __syncthreads();
+  const float n = norms[part];
+  u_s[p] = n != 0.f ? __fdiv_rn(gathered, n) : 0.f;
+  __syncthreads();
+  float y = 0.f;
+  if (outlier) {
+    if (n != 0.f) {  // warp-uniform
+      float r[1] = {u_s[p]}, d1[1] = {tb.D1(h, role)[p]}, d2[1] = {tb.D2(h, role)[p]};
+      WarpRht2<kSplitO>(r, d1, d2, true);
+      y = r[0];
+    }
+  } else if (n != 0.f) {
+    y = SplitRestProduct(tb.HaarT(h, role), u_s);
+  }
+  int c = 0;
+  if (n != 0.f) {
+    const int levels = outlier ? 1 << kBitsO : 1 << kBitsR;
+    const float* bounds = outlier ? tb.boundaries_o : tb.boundaries_r;
+    for (int i = 0; i + 1 < levels; ++i) c += bounds[i] <= y ? 1 : 0;
+  }
+  idx[p] = static_cast<uint8_t>(c);
+  __syncthreads();
+  if (p == 0 || p == kSplitO) {
+    const float alpha = outlier ? tb.alpha_o : tb.alpha_r;
+    float s = 0.f;
+    if (n != 0.f) {
+      if (tb.norm == static_cast<int>(TqNorm::kPlain)) {
+        s = n;
+      } else if (tb.norm == static_cast<int>(TqNorm::kDebiased)) {
+        s = __fdiv_rn(n, alpha);
+      } else {
+        const float* centroids = outlier ? tb.centroids_o : tb.centroids_r;
+        const int end = outlier ? kSplitO : kSplitD;
+        float e2 = 0.f;
+        for (int j = p; j < end; ++j) {
+          const float cj = centroids[idx[j]];
+          e2 = __fadd_rn(e2, __fmul_rn(cj, cj));
+        }
+        s = e2 > 0.f ? __fdiv_rn(n, __fsqrt_rn(e2)) : 0.f;
+      }
+    }
+    scales[part] = s;
+  }
+  __syncthreads();
+  if (!(scales[0] <= 65504.f && scales[1] <= 65504.f)) {
+    if (p == 0) atomicMin(bad, KvBadCode(at.y, h, role));
+    return;
+  }
+  const int slot = at.x % g.block_size, bs = g.block_size;
+  uint8_t* tile = g.TileOfSlot(at.x, h, role);
+  // Byte j of a part's index plane: bits 8j .. 8j + 7, index i at bit offset b · i.
+  auto pack = [&](int first, int b, int j) {
+    uint32_t out = 0;
+    for (int i = 0; i < 8; ++i) {
+      const int bit = j * 8 + i;
+      out |= ((static_cast<uint32_t>(idx[first + bit / b]) >> (bit % b)) & 1u) << i;
+    }
+    return static_cast<uint8_t>(out);
+  };
+  if (p < Planes::kBytesO) tile[Planes::IndexO(bs, slot) + p] = pack(0, kBitsO, p);
+  if (p >= kSplitO && p - kSplitO < Planes::kBytesR) {
+    tile[Planes::IndexR(bs, slot) + (p - kSplitO)] = pack(kSplitO, kBitsR, p - kSplitO);
+  }
+  if (p == 0 || p == kSplitO) {
+    const uint16_t hb = F32ToF16Bits(scales[part]);
+    uint8_t* sp = tile + (outlier ? Planes::ScaleO(bs, slot) : Planes::ScaleR(bs, slot));
+    sp[0] = static_cast<uint8_t>(hb & 0xff);
+    sp[1] = static_cast<uint8_t>(hb >> 8);
+  }
+}
+
+// KvCodec::PrepareQuery (forward: q' = [Π_O q_O, Π_R q_R]) or FinishValues (out scattered from
+// [Π_Oᵀ acc_O, Π_Rᵀ acc_R]) for one (token, head) row per block of 128 threads; the query uses
+// the key codec's tables, the output the value codec's.
+__global__ __launch_bounds__(kSplitD) void TqSplitRotateKernel(float* dst, const float* src,
+                                                               TqSplitTables tb, int num_heads,
+                                                               int group, bool forward) {
+  WaitForPriorKernel();
+  __shared__ float u_s[kSplitD];
+  const int64_t row = blockIdx.x;  // t * NH + h
+  const int kvh = static_cast<int>(row % num_heads) / group, role = forward ? 0 : 1;
+  const int p = threadIdx.x;
+  const int channel = tb.Channel(kvh, role, p);
+  u_s[p] = forward ? src[row * kSplitD + channel] : src[row * kSplitD + p];
+  __syncthreads();
+  float y;
+  if (p < kSplitO) {
+    float r[1] = {u_s[p]}, d1[1] = {tb.D1(kvh, role)[p]}, d2[1] = {tb.D2(kvh, role)[p]};
+    WarpRht2<kSplitO>(r, d1, d2, forward);
+    y = r[0];
+  } else {
+    y = SplitRestProduct(forward ? tb.HaarT(kvh, role) : tb.Haar(kvh, role), u_s);
+  }
+  dst[row * kSplitD + (forward ? p : channel)] = y;
+}
+
+// K/V source of AttentionKernel over split tiles, in the rotated frame: element d of a slot is
+// s_O · C_O[idx_d] for d < 32 and s_R · C_R[idx_d] after.
+template <int kBitsO, int kBitsR>
+struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
+  using Planes = SplitPlanes<kBitsO, kBitsR>;
+  PagedGeom g;
+  TqSplitTables tb;
+  // Both codebooks in shared memory (Prepare, before the kernel's first barrier).
+  __device__ __forceinline__ float* Centroids() const {
+    __shared__ float centroids[(1 << kBitsO) + (1 << kBitsR)];
+    return centroids;
+  }
+  __device__ __forceinline__ void Prepare() const {
+    for (int i = threadIdx.x; i < (1 << kBitsO) + (1 << kBitsR); i += blockDim.x) {
+      Centroids()[i] = i < (1 << kBitsO) ? tb.centroids_o[i] : tb.centroids_r[i - (1 << kBitsO)];
+    }
+  }
+  __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
+    const bool outlier = d < kSplitO;
+    const int b = outlier ? kBitsO : kBitsR, j = outlier ? d : d - kSplitO;
+    const int bs = g.block_size;
+    const uint8_t* plane = tile + (outlier ? Planes::IndexO(bs, slot) : Planes::IndexR(bs, slot));
+    const int bit = j * b;
+    uint32_t w = plane[bit >> 3];
+    if ((bit & 7) + b > 8) w |= static_cast<uint32_t>(plane[(bit >> 3) + 1]) << 8;
+    const uint32_t c = (w >> (bit & 7)) & ((1u << b) - 1u);
+    const float s =
+        LoadF16Bytes(tile + (outlier ? Planes::ScaleO(bs, slot) : Planes::ScaleR(bs, slot)));
+    return s * Centroids()[outlier ? c : (1 << kBitsO) + c];
+  }
+  // Byte loads: a chunk's b bytes need no alignment.
+  __host__ __device__ __forceinline__ bool ChunksAligned() const { return true; }
+  // Elements d0 .. d0 + 7 (d0 a multiple of 8, so within one part): 8 codes in b whole bytes.
+  __device__ __forceinline__ void Chunk(const uint8_t* tile, int slot, int d0,
+                                        float (&out)[kChunk]) const {
+    const bool outlier = d0 < kSplitO;
+    const int b = outlier ? kBitsO : kBitsR, j0 = outlier ? d0 : d0 - kSplitO;
+    const int bs = g.block_size;
+    const uint8_t* codes = tile + (outlier ? Planes::IndexO(bs, slot) : Planes::IndexR(bs, slot)) +
+                           b * (j0 / 8);
+    uint32_t w = 0;
+    for (int i = 0; i < b; ++i) w |= static_cast<uint32_t>(codes[i]) << (8 * i);
+    const float s =
+        LoadF16Bytes(tile + (outlier ? Planes::ScaleO(bs, slot) : Planes::ScaleR(bs, slot)));
+    const float* c = Centroids() + (outlier ? 0 : 1 << kBitsO);
+    const uint32_t mask = (1u << b) - 1u;
+#pragma unroll
+    for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
+  }
+};
+
+// Host side of TqSplitTables: perm, signs, Π_R and Π_Rᵀ of every codec in that order (each block
+// codec by codec, kv-head major, K before V), then the outlier codebook (centroids, boundaries)
+// and the rest's.
+std::vector<float> TqSplitHostTables(const PagedKvLayer& kv) {
+  const int n = 2 * kv.num_kv_heads;
+  std::vector<float> host;
+  for (int i = 0; i < n; ++i) {
+    for (const KvCodec::Part& part : kv.codecs[i]->parts()) {
+      for (int c : part.channels) host.push_back(static_cast<float>(c));
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    const Rotation& r = kv.codecs[i]->parts()[0].rotation;
+    host.insert(host.end(), r.signs1().begin(), r.signs1().end());
+    host.insert(host.end(), r.signs2().begin(), r.signs2().end());
+  }
+  for (int i = 0; i < n; ++i) {
+    const std::vector<float>& m = kv.codecs[i]->parts()[1].rotation.matrix();
+    host.insert(host.end(), m.begin(), m.end());
+  }
+  for (int i = 0; i < n; ++i) {
+    const std::vector<float>& m = kv.codecs[i]->parts()[1].rotation.matrix();
+    for (int col = 0; col < kSplitR; ++col) {
+      for (int row = 0; row < kSplitR; ++row) host.push_back(m[row * kSplitR + col]);
+    }
+  }
+  for (const KvCodec::Part& part : kv.codecs[0]->parts()) {
+    host.insert(host.end(), part.codebook.centroids.begin(), part.codebook.centroids.end());
+    host.insert(host.end(), part.codebook.boundaries.begin(), part.codebook.boundaries.end());
+  }
+  return host;
+}
+
+TqSplitTables TqSplitDeviceTables(const PagedKvLayer& kv, const float* dev) {
+  const int n = 2 * kv.num_kv_heads;
+  const auto& parts = kv.codecs[0]->parts();
+  TqSplitTables tb;
+  tb.perm = dev;
+  tb.signs = tb.perm + n * kSplitD;
+  tb.haar = tb.signs + n * 2 * kSplitO;
+  tb.haar_t = tb.haar + n * kSplitR * kSplitR;
+  tb.centroids_o = tb.haar_t + n * kSplitR * kSplitR;
+  tb.boundaries_o = tb.centroids_o + parts[0].codebook.centroids.size();
+  tb.centroids_r = tb.boundaries_o + parts[0].codebook.boundaries.size();
+  tb.boundaries_r = tb.centroids_r + parts[1].codebook.centroids.size();
+  tb.norm = static_cast<int>(kv.codecs[0]->norm());
+  tb.alpha_o = static_cast<float>(parts[0].codebook.alpha());
+  tb.alpha_r = static_cast<float>(parts[1].codebook.alpha());
   return tb;
 }
 
@@ -1740,7 +2063,7 @@ bool OneLaunch(absl::Span<const PagedAttentionArgs> batch) {
 absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
   if (batch.empty()) return absl::OkStatus();
   const cuda::PagedPath path = cuda::ChoosePath(batch[0].kv);
-  if (path == cuda::PagedPath::kHost) return Backend::PagedKvWrite(batch);  // split/prod formats
+  if (path == cuda::PagedPath::kHost) return Backend::PagedKvWrite(batch);  // prod formats
   if (batch.size() > 1 && !OneLaunch(batch)) {
     for (const PagedKvWriteArgs& a : batch) MOE_RETURN_IF_ERROR(PagedKvWrite({a}));
     return absl::OkStatus();
@@ -1779,6 +2102,16 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   } else if (path == cuda::PagedPath::kBf16) {
     cuda::Launch(cuda::PagedKvWriteKernel<false>, grid, threads, 0, stream_,
                  g, k, v, dev_where, kv_verdict_);
+  } else if (path == cuda::PagedPath::kTqSplit) {
+    const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
+    auto launch = [&](auto kernel) {
+      cuda::Launch(kernel, grid, cuda::kSplitD, 0, stream_, g, tb, k, v, dev_where, kv_verdict_);
+    };
+    if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
+      launch(cuda::TqSplitWriteKernel<4, 3>);
+    } else {
+      launch(cuda::TqSplitWriteKernel<3, 2>);
+    }
   } else {
     const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
     // TqWriteKernel<D, b> for this layer (ChoosePath: D a power of two 32 .. 256, b 1 .. 4).
@@ -1812,7 +2145,9 @@ const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {
   bool same = t.dev != nullptr && static_cast<int>(t.codec_ids.size()) == n;
   for (int i = 0; same && i < n; ++i) same = kv.codecs[i]->id() == t.codec_ids[i];
   if (same) return static_cast<const float*>(t.dev);
-  const std::vector<float> host = cuda::TqHostTables(kv);
+  const std::vector<float> host = cuda::IsSplit(kv.codecs[0]->format())
+                                      ? cuda::TqSplitHostTables(kv)
+                                      : cuda::TqHostTables(kv);
   const size_t bytes = host.size() * sizeof(float);
   if (t.bytes != bytes) {
     MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may read the old copy
@@ -1845,7 +2180,7 @@ absl::Status CudaBackend::TakeKvWriteError() {
 absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
   if (batch.empty()) return absl::OkStatus();
   const cuda::PagedPath path = cuda::ChoosePath(batch[0].kv);
-  if (path == cuda::PagedPath::kHost) return Backend::PagedAttention(batch);  // split/prod formats
+  if (path == cuda::PagedPath::kHost) return Backend::PagedAttention(batch);  // prod formats
   const PagedAttentionArgs& a = batch[0];
   if (batch.size() > 1 && !OneLaunch(batch)) {
     for (const PagedAttentionArgs& e : batch) MOE_RETURN_IF_ERROR(PagedAttention({e}));
@@ -1893,7 +2228,30 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
       cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_);
     }
   };
-  if (path == cuda::PagedPath::kFp8) {
+  if (path == cuda::PagedPath::kTqSplit) {
+    // The SIMT kernel between two rotation kernels: the tensor-core decode kernel takes one
+    // scale per vector, a split vector has two.
+    const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
+    const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
+    const size_t n = rows * kv.head_dim;
+    float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
+    float* o_rot = q_rot + n;
+    const int group = a.num_heads / kv.num_kv_heads;
+    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD, 0, stream_,
+                 q_rot, a.q, tb, a.num_heads, group, true);
+    AttentionArgs rotated = c;
+    rotated.q = q_rot;
+    rotated.out = o_rot;
+    if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
+      cuda::RunAttention(rotated, seqs, cuda::TqSplitKvSource<4, 3>{{}, g, tb}, num_sms_, reserve,
+                         stage, stream_);
+    } else {
+      cuda::RunAttention(rotated, seqs, cuda::TqSplitKvSource<3, 2>{{}, g, tb}, num_sms_, reserve,
+                         stage, stream_);
+    }
+    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD, 0, stream_,
+                 a.out, o_rot, tb, a.num_heads, group, false);
+  } else if (path == cuda::PagedPath::kFp8) {
     run(c, cuda::PagedKvSource<true>{{}, g});
   } else if (path == cuda::PagedPath::kBf16) {
     run(c, cuda::PagedKvSource<false>{{}, g});

@@ -59,7 +59,7 @@ ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weight
 ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
           "Expert store: comma-separated layers whose experts are never evicted");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
-          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (tq3.5, tq2.5: CPU only)");
+          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(bool, timings, false,
           "Print the per-phase time breakdown of the forward pass, as device times: the model "

@@ -41,7 +41,7 @@ ABSL_FLAG(std::string, name, "", "Name reported in responses and logs. Default: 
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
-          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (tq3.5, tq2.5: CPU only)");
+          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory for all sequences and sessions");
 ABSL_FLAG(int64_t, max_running, 64, "Sequences in the running batch");

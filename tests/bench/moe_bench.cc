@@ -396,14 +396,16 @@ absl::Status FillRandom(kernels::Backend& backend, const engine::ModelConfig& c,
   const int64_t B = static_cast<int64_t>(s.tables.size());
   const int64_t row = c.num_key_value_heads * c.head_dim;
   const int64_t chunk = std::max<int64_t>(1, std::min<int64_t>(ctx, (1 << 16) / B));
-  std::vector<float> host(static_cast<size_t>(B * chunk * row));
-  for (float& x : host) x = 4.f * rng.Uniform() - 2.f;
-  MOE_ASSIGN_OR_RETURN(kernels::Buffer k, backend.Allocate(host.size() * sizeof(float)));
-  MOE_ASSIGN_OR_RETURN(kernels::Buffer v, backend.Allocate(host.size() * sizeof(float)));
-  backend.CopyToDevice(k.data(), host.data(), host.size() * sizeof(float));
-  for (float& x : host) x = 4.f * rng.Uniform() - 2.f;
-  backend.CopyToDevice(v.data(), host.data(), host.size() * sizeof(float));
+  std::vector<float> host_k(static_cast<size_t>(B * chunk * row)), host_v(host_k.size());
+  for (float& x : host_k) x = 4.f * rng.Uniform() - 2.f;
+  for (float& x : host_v) x = 4.f * rng.Uniform() - 2.f;
+  MOE_ASSIGN_OR_RETURN(kernels::Buffer k, backend.Allocate(host_k.size() * sizeof(float)));
+  MOE_ASSIGN_OR_RETURN(kernels::Buffer v, backend.Allocate(host_v.size() * sizeof(float)));
+  backend.CopyToDevice(k.data(), host_k.data(), host_k.size() * sizeof(float));
+  backend.CopyToDevice(v.data(), host_v.data(), host_v.size() * sizeof(float));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    // The split formats pick their outlier channels from this sample, as on a first prefill.
+    MOE_RETURN_IF_ERROR(s.kv->EnsureCodecs(l, host_k.data(), host_v.data(), B * chunk));
     for (int64_t p0 = 0; p0 < ctx; p0 += chunk) {
       const int64_t n = std::min(chunk, ctx - p0);
       std::vector<kernels::PagedKvWriteArgs> writes(B);

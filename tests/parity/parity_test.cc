@@ -296,6 +296,14 @@ std::vector<kernels::KvCodec> MakeCodecs(kernels::KvFormat format, int kv_heads,
       o.head_dim = head_dim;
       o.role = role;
       o.kv_head = h;
+      if (format == kernels::KvFormat::kTq3p5 || format == kernels::KvFormat::kTq2p5) {
+        // Each codec its own outlier set, as the model picks them per (layer, kv-head, K|V).
+        std::vector<int> channels(head_dim);
+        std::iota(channels.begin(), channels.end(), 0);
+        std::mt19937 pick(static_cast<uint32_t>(2 * h + static_cast<int>(role)));
+        std::shuffle(channels.begin(), channels.end(), pick);
+        o.outlier_channels.assign(channels.begin(), channels.begin() + 32);
+      }
       auto codec = kernels::KvCodec::Create(o);
       EXPECT_TRUE(codec.ok()) << codec.status();
       codecs.push_back(std::move(codec).value());
@@ -427,6 +435,12 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{64, 1000, 4, 1, 64, 32, 256, kernels::KvFormat::kTq4},
                       PagedCase{1, 4095, 32, 4, 128, 16, 0, kernels::KvFormat::kTq2},
                       PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq4},
+                      // split formats (head_dim 128 only): the SIMT kernel and the rotations
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kernels::KvFormat::kTq3p5},
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kernels::KvFormat::kTq2p5},
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kernels::KvFormat::kTq2p5},
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq3p5},
+                      PagedCase{64, 1000, 4, 1, 128, 32, 256, kernels::KvFormat::kTq3p5},
                       // decode kernel shapes: 16 query heads per kv head, head_dim 64 and 256
                       PagedCase{1, 1500, 32, 2, 128, 16, 0, kBf16Kv},
                       PagedCase{1, 900, 16, 1, 64, 16, 0, kernels::KvFormat::kTq4},
@@ -549,12 +563,14 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedKvBatchParity,
                          ::testing::Combine(::testing::Values(kBf16Kv, kFp8Kv,
                                                               kernels::KvFormat::kTq4,
                                                               kernels::KvFormat::kTq3,
-                                                              kernels::KvFormat::kTq2),
+                                                              kernels::KvFormat::kTq2,
+                                                              kernels::KvFormat::kTq3p5,
+                                                              kernels::KvFormat::kTq2p5),
                                             ::testing::Bool()));
 
 TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
-  const int D = 64, NKV = 2, bs = 16;
-  for (kernels::KvFormat f : {kBf16Kv, kFp8Kv}) {
+  const int D = 128, NKV = 2, bs = 16;
+  for (kernels::KvFormat f : {kBf16Kv, kFp8Kv, kernels::KvFormat::kTq3, kernels::KvFormat::kTq2p5}) {
     const std::vector<kernels::KvCodec> codecs = MakeCodecs(f, NKV, D);
     std::vector<const kernels::KvCodec*> ptrs;
     for (const auto& cd : codecs) ptrs.push_back(&cd);
