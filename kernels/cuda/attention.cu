@@ -535,6 +535,20 @@ struct PagedLoads {
   __host__ __device__ __forceinline__ bool DecodeAligned() const {
     return static_cast<const Source&>(*this).g.AlignedTo(16);
   }
+  // DecodeAttentionKernel's layout of a vector, overridden by the split formats' source: the
+  // first rotated dim of lane t's key chunk i and the part it is in, the part of value m-tiles 2w
+  // and 2w + 1, and the dim of m-tile j's row g (half 0) or g + 8. (Sources name their number of
+  // parts, the scales a vector has, as kParts.)
+  template <int D>
+  __host__ __device__ static constexpr int KeyChunkDim(int t, int i) {
+    return 8 * (t * (D / 32) + i);
+  }
+  __host__ __device__ static constexpr int KeyChunkPart(int) { return 0; }
+  __host__ __device__ static constexpr int ValuePart(int) { return 0; }
+  template <int D>
+  __host__ __device__ static constexpr int ValueDim(int g, int j, int half) {
+    return g * (D / 8) + half * (D / 16) + j;
+  }
 };
 
 template <bool kFp8>
@@ -560,6 +574,8 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   // Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = false;
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
+  using RawV = Raw;
+  static constexpr int kParts = 1;
   // Warps of a decode block (one block per SM): a bf16 tile's raw bytes need more than 128
   // registers a thread, so 4 warps; an fp8 tile's fit 128, so 16 warps share one block's splits.
   static constexpr int kDecodeWarps = kFp8 ? 16 : 4;
@@ -580,7 +596,8 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
       }
     }
   }
-  __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t&) const {
+  __device__ __forceinline__ void Bf16Pair(const Raw& r, int /*chunk*/, int p, uint32_t& hi,
+                                           uint32_t&) const {
     if constexpr (kFp8) {
       const uint32_t w = p < 2 ? r.x : r.y;
       const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
@@ -605,7 +622,7 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
 #pragma unroll
       for (int half = 0; half < 2; ++half) {
         const int word = w + half * (D / 32);
-        Bf16Pair(v[c4][word / 4], word % 4, words[half][c4], unused);
+        Bf16Pair(v[c4][word / 4], 0, word % 4, words[half][c4], unused);
       }
     }
 #pragma unroll
@@ -625,7 +642,7 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   __device__ __forceinline__ void RotateQuery(float*, int, int) const {}
   template <int D>
   __device__ __forceinline__ void RotateOutput(float*, int, int) const {}
-  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
+  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot, int /*part*/) const {
     if constexpr (kFp8) {
       return LoadF32Bytes(tile + static_cast<int64_t>(g.block_size) * g.head_dim + 4 * slot);
     } else {
@@ -1085,6 +1102,8 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   // (Bf16Pair), the Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = true;
   using Raw = uint32_t;
+  using RawV = Raw;
+  static constexpr int kParts = 1;
   static constexpr int kDecodeWarps = 16;  // 128 registers a thread (as PagedKvSource<true>)
   static constexpr int kChunkBytes = kBits;  // 8 codes of b bits
   __device__ __forceinline__ const uint8_t* ChunkPtr(const uint8_t* tile, int slot, int d0) const {
@@ -1112,7 +1131,8 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
     asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(entry) : "r"(base | offset));
     return entry;
   }
-  __device__ __forceinline__ void Bf16Pair(const Raw& r, int p, uint32_t& hi, uint32_t& lo) const {
+  __device__ __forceinline__ void Bf16Pair(const Raw& r, int /*chunk*/, int p, uint32_t& hi,
+                                           uint32_t& lo) const {
     const uint32_t x = Entry(r, 2 * p), y = Entry(r, 2 * p + 1);
     hi = __byte_perm(x, y, 0x5410);
     lo = __byte_perm(x, y, 0x7632);
@@ -1152,7 +1172,7 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
       WarpRht2<D>(v + r * D, tb.D1(kvh, 1, D), tb.D2(kvh, 1, D), false);
     }
   }
-  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot) const {
+  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot, int /*part*/) const {
     return __half2float(*reinterpret_cast<const __half*>(
         tile + static_cast<int64_t>(g.block_size) * (g.head_dim * kBits / 8) + 2 * slot));
   }
@@ -1410,9 +1430,24 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
     __shared__ float centroids[(1 << kBitsO) + (1 << kBitsR)];
     return centroids;
   }
+  // Each part's centroids as bf16 hi | lo << 16, aligned to the table's size (TqKvSource::
+  // CentroidHiLo): the decode kernel's lookups.
+  __device__ __forceinline__ uint32_t* HiLoO() const {
+    __shared__ __align__(4 << kBitsO) uint32_t hilo[1 << kBitsO];
+    return hilo;
+  }
+  __device__ __forceinline__ uint32_t* HiLoR() const {
+    __shared__ __align__(4 << kBitsR) uint32_t hilo[1 << kBitsR];
+    return hilo;
+  }
   __device__ __forceinline__ void Prepare() const {
     for (int i = threadIdx.x; i < (1 << kBitsO) + (1 << kBitsR); i += blockDim.x) {
-      Centroids()[i] = i < (1 << kBitsO) ? tb.centroids_o[i] : tb.centroids_r[i - (1 << kBitsO)];
+      const bool o = i < (1 << kBitsO);
+      const float c = o ? tb.centroids_o[i] : tb.centroids_r[i - (1 << kBitsO)];
+      const uint32_t hi = F32ToBf16Bits(c);
+      Centroids()[i] = c;
+      (o ? HiLoO()[i] : HiLoR()[i - (1 << kBitsO)]) =
+          hi | uint32_t{F32ToBf16Bits(c - __uint_as_float(hi << 16))} << 16;
     }
   }
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
@@ -1446,6 +1481,109 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
     const uint32_t mask = (1u << b) - 1u;
 #pragma unroll
     for (int e = 0; e < kChunk; ++e) out[e] = s * c[(w >> (e * b)) & mask];
+  }
+
+  // DecodeAttentionKernel's interface with two parts (the layout hooks of PagedLoads replaced).
+  // The kernel works in the rotated frame; TqSplitRotateKernel rotates before and after it.
+  // Keys: lane t's chunk 0 is outlier dims [8t, 8t + 8), chunks 1..3 the rest's dims
+  // [24t + 8(i − 1), + 8) (rotated positions 32 + those): one part a chunk, so each part's
+  // products sum apart and meet their own scale. Values: m-tiles 0, 1 are outlier dims (lane g's
+  // [4g, 4g + 4): row g the first pair, row g + 8 the second), m-tiles 2..7 the rest's (lane
+  // g's [12g, 12g + 12): row g the first six, g + 8 the last), so a pair of m-tiles is one part.
+  static constexpr int kParts = 2;
+  static constexpr bool kLowHalf = true;
+  using Raw = uint32_t;    // 8 codes of a key chunk
+  using RawV = uint64_t;   // a value's codes of one part for one lane (4 outlier, 12 rest)
+  static constexpr int kDecodeWarps = 16;
+  template <int D>
+  __host__ __device__ static constexpr int KeyChunkDim(int t, int i) {
+    return i == 0 ? 8 * t : kSplitO + 24 * t + 8 * (i - 1);
+  }
+  __host__ __device__ static constexpr int KeyChunkPart(int i) { return i == 0 ? 0 : 1; }
+  __host__ __device__ static constexpr int ValuePart(int w) { return w == 0 ? 0 : 1; }
+  template <int D>
+  __host__ __device__ static constexpr int ValueDim(int g, int j, int half) {
+    return j < 2 ? 4 * g + 2 * half + j : kSplitO + 12 * g + 6 * half + (j - 2);
+  }
+  // Code planes start on 4-byte boundaries when the tiles do.
+  __host__ __device__ __forceinline__ bool DecodeAligned() const { return g.AlignedTo(4); }
+  // 32 or 64 bits of a code plane from bit `bit` on, by aligned words (a tile always has two
+  // words after a code plane's last: the next plane, at worst the scales).
+  template <typename R>
+  __device__ __forceinline__ static R PlaneBits(const uint8_t* plane, int bit) {
+    const uint32_t* w = reinterpret_cast<const uint32_t*>(plane) + (bit >> 5);
+    const int shift = bit & 31;
+    const uint32_t lo = __funnelshift_r(w[0], w[1], shift);
+    if constexpr (sizeof(R) == 4) {
+      return lo;
+    } else {
+      return uint64_t{__funnelshift_r(w[1], w[2], shift)} << 32 | lo;
+    }
+  }
+  // tile == nullptr: a key outside the split (zero codes; its weight is zero).
+  __device__ __forceinline__ void KeyChunks(const uint8_t* tile, int slot, int t,
+                                            Raw (&k)[4]) const {
+    if (tile == nullptr) {
+      k[0] = k[1] = k[2] = k[3] = 0;
+      return;
+    }
+    const uint8_t* o = tile + Planes::IndexO(g.block_size, slot);
+    const uint8_t* r = tile + Planes::IndexR(g.block_size, slot);
+    k[0] = PlaneBits<Raw>(o, 8 * t * kBitsO);
+#pragma unroll
+    for (int i = 1; i < 4; ++i) k[i] = PlaneBits<Raw>(r, (24 * t + 8 * (i - 1)) * kBitsR);
+  }
+  __device__ __forceinline__ void ValueChunks(const uint8_t* vtile, int slot, int lane_g,
+                                              RawV (&v)[2]) const {
+    if (vtile == nullptr) {
+      v[0] = v[1] = 0;
+      return;
+    }
+    v[0] = PlaneBits<uint32_t>(vtile + Planes::IndexO(g.block_size, slot), 4 * lane_g * kBitsO);
+    v[1] = PlaneBits<RawV>(vtile + Planes::IndexR(g.block_size, slot), 12 * lane_g * kBitsR);
+  }
+  // The hi | lo entry of code e (bits e b ..) of raw codes r of part `part`.
+  template <typename R>
+  __device__ __forceinline__ uint32_t Entry(R r, int e, int part) const {
+    const int b = part == 0 ? kBitsO : kBitsR;  // compile-time after unrolling
+    const uint32_t code = static_cast<uint32_t>(r >> (e * b)) & ((1u << b) - 1u);
+    return part == 0 ? HiLoO()[code] : HiLoR()[code];
+  }
+  __device__ __forceinline__ void Bf16Pair(const Raw& r, int chunk, int p, uint32_t& hi,
+                                           uint32_t& lo) const {
+    const int part = KeyChunkPart(chunk);
+    const uint32_t x = Entry(r, 2 * p, part), y = Entry(r, 2 * p + 1, part);
+    hi = __byte_perm(x, y, 0x5410);
+    lo = __byte_perm(x, y, 0x7632);
+  }
+  template <int D>
+  __device__ __forceinline__ void ValueOperands(const RawV (&v)[4][2], int w,
+                                                uint32_t (&a_h)[2][4], uint32_t (&a_l)[2][4]) const {
+    const int part = ValuePart(w);
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj) {
+      const int j = 2 * w + jj;
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {
+          const int e = part == 0 ? 2 * half + j : 6 * half + (j - 2);  // of the lane's codes
+          const uint32_t x = Entry(v[2 * u][part], e, part);
+          const uint32_t y = Entry(v[2 * u + 1][part], e, part);
+          a_h[jj][2 * u + half] = __byte_perm(x, y, 0x5410);
+          a_l[jj][2 * u + half] = __byte_perm(x, y, 0x7632);
+        }
+      }
+    }
+  }
+  template <int D>
+  __device__ __forceinline__ void RotateQuery(float*, int, int) const {}
+  template <int D>
+  __device__ __forceinline__ void RotateOutput(float*, int, int) const {}
+  __device__ __forceinline__ float Scale(const uint8_t* tile, int slot, int part) const {
+    const int bs = g.block_size;
+    return __half2float(*reinterpret_cast<const __half*>(
+        tile + (part == 0 ? Planes::ScaleO(bs, slot) : Planes::ScaleR(bs, slot))));
   }
 };
 
@@ -1606,10 +1744,9 @@ __device__ __forceinline__ void LoadBytes(const uint8_t* p, uint32_t (&w)[(kByte
 template <int D, typename Src>
 struct DecodeTile {
   static constexpr int kKChunks = D / 32, kVChunks = D / 64;
-  static constexpr int kKBytes = kKChunks * Src::kChunkBytes, kVBytes = kVChunks * Src::kChunkBytes;
-  static constexpr int kKWords = (kKBytes + 3) / 4, kVWords = (kVBytes + 3) / 4;
-  typename Src::Raw k[2][kKChunks], v[4][kVChunks];
-  float k_scale[2], v_scale[2];
+  typename Src::Raw k[2][kKChunks];
+  typename Src::RawV v[4][kVChunks];
+  float k_scale[Src::kParts][2], v_scale[Src::kParts][2];
 
   // Block-table entry and slot of position s0 + j, j < 16, from those of s0 (one division a
   // tile, not one per key).
@@ -1645,11 +1782,19 @@ struct DecodeTile {
       const bool ok = s0 + j >= s_begin && s0 + j < s_end;
       int slot = 0;
       const uint8_t* tile = ok ? key_tile(j, slot) : nullptr;
-      uint32_t w[kKWords] = {};
-      if (ok) LoadBytes<kKBytes>(src.ChunkPtr(tile, slot, t * (D / 4)), w);
-      Src::SplitChunks(w, k[n]);
-      k_scale[n] = ok ? src.Scale(tile, slot) : 0.f;
-      v_scale[n] = ok ? src.Scale(tile + src.g.tile_bytes, slot) : 0.f;
+      if constexpr (Src::kParts == 1) {
+        constexpr int kKBytes = kKChunks * Src::kChunkBytes;
+        uint32_t w[(kKBytes + 3) / 4] = {};
+        if (ok) LoadBytes<kKBytes>(src.ChunkPtr(tile, slot, t * (D / 4)), w);
+        Src::SplitChunks(w, k[n]);
+      } else {
+        src.KeyChunks(tile, slot, t, k[n]);
+      }
+#pragma unroll
+      for (int part = 0; part < Src::kParts; ++part) {
+        k_scale[part][n] = ok ? src.Scale(tile, slot, part) : 0.f;
+        v_scale[part][n] = ok ? src.Scale(tile + src.g.tile_bytes, slot, part) : 0.f;
+      }
     }
 #pragma unroll
     for (int c4 = 0; c4 < 4; ++c4) {
@@ -1657,9 +1802,14 @@ struct DecodeTile {
       const bool ok = s0 + j >= s_begin && s0 + j < s_end;
       int slot = 0;
       const uint8_t* vtile = ok ? key_tile(j, slot) + src.g.tile_bytes : nullptr;
-      uint32_t w[kVWords] = {};
-      if (ok) LoadBytes<kVBytes>(src.ChunkPtr(vtile, slot, g * (D / 8)), w);
-      Src::SplitChunks(w, v[c4]);
+      if constexpr (Src::kParts == 1) {
+        constexpr int kVBytes = kVChunks * Src::kChunkBytes;
+        uint32_t w[(kVBytes + 3) / 4] = {};
+        if (ok) LoadBytes<kVBytes>(src.ChunkPtr(vtile, slot, g * (D / 8)), w);
+        Src::SplitChunks(w, v[c4]);
+      } else {
+        src.ValueChunks(vtile, slot, g, v[c4]);
+      }
     }
   }
 };
@@ -1710,7 +1860,8 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       for (int r = 0; r < kRowTiles; ++r) {
 #pragma unroll
         for (int j = 0; j < 2; ++j) {
-          const int row = g + 8 * r, d = 8 * (t * (D / 32) + kk / 2) + 4 * (kk % 2) + 2 * j;
+          const int row = g + 8 * r;
+          const int d = Src::template KeyChunkDim<D>(t, kk / 2) + 4 * (kk % 2) + 2 * j;
           float x = 0.f, y = 0.f;
           if (row < G) x = rows_s[row * D + d], y = rows_s[row * D + d + 1];
           uint32_t parts[3];
@@ -1750,15 +1901,17 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
 
     // Sᵀ = K Qᵀ: the tile's 16 keys are M, the query rows N (n-tile r: rows 8r .. 8r + 7), so no
     // operand is padding. st[r] = (key g: rows 8r+2t, 8r+2t+1; key 8+g: the same rows).
-    float st[kRowTiles][4] = {};
+    // The split formats sum each part's products apart: st[part] (their scales differ).
+    float st[Src::kParts][kRowTiles][4] = {};
 #pragma unroll
     for (int i = 0; i < kKChunks; ++i) {
       uint32_t kh[2][4], kl[2][4];
 #pragma unroll
       for (int n = 0; n < 2; ++n) {
 #pragma unroll
-        for (int p = 0; p < 4; ++p) src.Bf16Pair(cur.k[n][i], p, kh[n][p], kl[n][p]);
+        for (int p = 0; p < 4; ++p) src.Bf16Pair(cur.k[n][i], i, p, kh[n][p], kl[n][p]);
       }
+      float (&acc)[kRowTiles][4] = st[Src::KeyChunkPart(i)];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
         uint32_t qw[kQWords];  // b0, b1 of each row tile, as hi, mid, lo
@@ -1769,11 +1922,11 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         for (int r = 0; r < kRowTiles; ++r) {
 #pragma unroll
           for (int u = 0; u < 3; ++u) {
-            MmaBf16(st[r], kh[0][2 * h], kh[1][2 * h], kh[0][2 * h + 1], kh[1][2 * h + 1],
+            MmaBf16(acc[r], kh[0][2 * h], kh[1][2 * h], kh[0][2 * h + 1], kh[1][2 * h + 1],
                     qw[u * 2 * kRowTiles + r], qw[u * 2 * kRowTiles + r + kRowTiles]);
           }
           if constexpr (Src::kLowHalf) {
-            MmaBf16(st[r], kl[0][2 * h], kl[1][2 * h], kl[0][2 * h + 1], kl[1][2 * h + 1],
+            MmaBf16(acc[r], kl[0][2 * h], kl[1][2 * h], kl[0][2 * h + 1], kl[1][2 * h + 1],
                     qw[r], qw[r + kRowTiles]);
           }
         }
@@ -1783,7 +1936,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     // Online softmax; row R's 16 scores lie on the 8 lanes with t = (R % 8) / 2. Pᵀ operand of
     // row tile r (b0 = keys 2t, 2t+1 of row 8r + g; b1 = keys 8+2t, 9+2t) is the transpose of
     // the lane's (key, row pair) weights, each times its value's scale: movmatrix.
-    uint32_t pp[kRowTiles][2][3];  // [row tile][b0, b1][hi, mid, lo]
+    uint32_t pp[Src::kParts][kRowTiles][2][3];  // [part][row tile][b0, b1][hi, mid, lo]
     float corr[kRowTiles][2];
     bool key_ok[2];
 #pragma unroll
@@ -1799,7 +1952,13 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         float x[2];
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          x[n] = key_ok[n] ? st[r][2 * n + i] * a.scale * cur.k_scale[n] : -INFINITY;
+          if constexpr (Src::kParts == 1) {
+            x[n] = key_ok[n] ? st[0][r][2 * n + i] * a.scale * cur.k_scale[0][n] : -INFINITY;
+          } else {
+            x[n] = key_ok[n] ? (st[0][r][2 * n + i] * cur.k_scale[0][n] +
+                                st[1][r][2 * n + i] * cur.k_scale[1][n]) * a.scale
+                             : -INFINITY;
+          }
         }
         float mx = fmaxf(x[0], x[1]);
 #pragma unroll
@@ -1814,11 +1973,14 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         l[r][i] = l[r][i] * corr[r][i] + pe[0][i] + pe[1][i];
       }
 #pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        uint32_t parts[3];
-        SplitBf16(pe[n][0] * cur.v_scale[n], pe[n][1] * cur.v_scale[n], parts);
+      for (int part = 0; part < Src::kParts; ++part) {
 #pragma unroll
-        for (int u = 0; u < 3; ++u) pp[r][n][u] = TransposeBf16x8x8(parts[u]);
+        for (int n = 0; n < 2; ++n) {
+          uint32_t parts[3];
+          SplitBf16(pe[n][0] * cur.v_scale[part][n], pe[n][1] * cur.v_scale[part][n], parts);
+#pragma unroll
+          for (int u = 0; u < 3; ++u) pp[part][r][n][u] = TransposeBf16x8x8(parts[u]);
+        }
       }
     }
     // Oᵀ's columns are rows 8r + 2t, 8r + 2t + 1: the lane's own rows.
@@ -1843,14 +2005,13 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         const int j = 2 * w + jj;
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
+          const auto& pr = pp[Src::ValuePart(w)][r];
 #pragma unroll
           for (int u = 0; u < 3; ++u) {
-            MmaBf16(o[r][j], a_h[jj][0], a_h[jj][1], a_h[jj][2], a_h[jj][3], pp[r][0][u],
-                    pp[r][1][u]);
+            MmaBf16(o[r][j], a_h[jj][0], a_h[jj][1], a_h[jj][2], a_h[jj][3], pr[0][u], pr[1][u]);
           }
           if constexpr (Src::kLowHalf) {
-            MmaBf16(o[r][j], a_l[jj][0], a_l[jj][1], a_l[jj][2], a_l[jj][3], pp[r][0][0],
-                    pp[r][1][0]);
+            MmaBf16(o[r][j], a_l[jj][0], a_l[jj][1], a_l[jj][2], a_l[jj][3], pr[0][0], pr[1][0]);
           }
         }
       }
@@ -1871,12 +2032,16 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       if (g == 0) m_s[warp * kRows + 8 * r + 2 * t + i] = m[r][i];
       if (g == 0) l_s[warp * kRows + 8 * r + 2 * t + i] = l[r][i];
     }
-    float* row0 = o_s + (warp * kRows + 8 * r + 2 * t) * (D + 1) + g * (D / 8);
+    // Offsets from the lane's first dim: compile-time for the one-part layout (vector stores).
+    const int first = Src::template ValueDim<D>(g, 0, 0);
+    float* row0 = o_s + (warp * kRows + 8 * r + 2 * t) * (D + 1) + first;
     float* row1 = row0 + (D + 1);
 #pragma unroll
     for (int j = 0; j < kMTiles; ++j) {
-      row0[j] = o[r][j][0], row1[j] = o[r][j][1];
-      row0[D / 16 + j] = o[r][j][2], row1[D / 16 + j] = o[r][j][3];
+      const int d0 = Src::template ValueDim<D>(g, j, 0) - first;
+      const int d1 = Src::template ValueDim<D>(g, j, 1) - first;
+      row0[d0] = o[r][j][0], row1[d0] = o[r][j][1];
+      row0[d1] = o[r][j][2], row1[d1] = o[r][j][3];
     }
   }
   __syncthreads();
@@ -1978,15 +2143,20 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs
   // f(head_dim, rows) with both as std::integral_constant: the kernel instance for this call.
   auto with_shape = [D, wide = p.group > 8](auto&& f) {
     using std::integral_constant;
-    if (D == 64) {
-      return wide ? f(integral_constant<int, 64>{}, integral_constant<int, 16>{})
-                  : f(integral_constant<int, 64>{}, integral_constant<int, 8>{});
-    }
-    if (D == 128) {
+    if constexpr (Src::kParts == 2) {  // the split formats: head_dim 128 only (ChoosePath)
       return wide ? f(integral_constant<int, 128>{}, integral_constant<int, 16>{})
                   : f(integral_constant<int, 128>{}, integral_constant<int, 8>{});
+    } else {
+      if (D == 64) {
+        return wide ? f(integral_constant<int, 64>{}, integral_constant<int, 16>{})
+                    : f(integral_constant<int, 64>{}, integral_constant<int, 8>{});
+      }
+      if (D == 128) {
+        return wide ? f(integral_constant<int, 128>{}, integral_constant<int, 16>{})
+                    : f(integral_constant<int, 128>{}, integral_constant<int, 8>{});
+      }
+      return f(integral_constant<int, 256>{}, integral_constant<int, 8>{});
     }
-    return f(integral_constant<int, 256>{}, integral_constant<int, 8>{});
   };
   int per_sm = 0, warps = 0;  // blocks per SM, warps per block
   with_shape([&](auto d, auto rows) {
@@ -2229,8 +2399,7 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     }
   };
   if (path == cuda::PagedPath::kTqSplit) {
-    // The SIMT kernel between two rotation kernels: the tensor-core decode kernel takes one
-    // scale per vector, a split vector has two.
+    // The attention kernels in the rotated frame, between two rotation kernels.
     const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
     const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
     const size_t n = rows * kv.head_dim;
@@ -2243,11 +2412,9 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     rotated.q = q_rot;
     rotated.out = o_rot;
     if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
-      cuda::RunAttention(rotated, seqs, cuda::TqSplitKvSource<4, 3>{{}, g, tb}, num_sms_, reserve,
-                         stage, stream_);
+      run(rotated, cuda::TqSplitKvSource<4, 3>{{}, g, tb});
     } else {
-      cuda::RunAttention(rotated, seqs, cuda::TqSplitKvSource<3, 2>{{}, g, tb}, num_sms_, reserve,
-                         stage, stream_);
+      run(rotated, cuda::TqSplitKvSource<3, 2>{{}, g, tb});
     }
     cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD, 0, stream_,
                  a.out, o_rot, tb, a.num_heads, group, false);
