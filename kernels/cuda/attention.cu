@@ -1281,6 +1281,19 @@ __device__ __forceinline__ float LoadF16Bytes(const uint8_t* p) {  // any alignm
   return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | p[1] << 8)));
 }
 
+// A 96 x 96 matrix into shared memory by asynchronous 16-byte copies, all in flight at once
+// (read where the products need it, or staged by a loop of load-store pairs, each load was a
+// round trip to memory: ~10 us a kernel). The caller syncs before use.
+constexpr size_t kSplitMatrixBytes = sizeof(float) * kSplitR * kSplitR;
+__device__ __forceinline__ void StageSplitMatrix(float* dst, const float* src) {
+  for (int i = threadIdx.x; i < kSplitR * kSplitR / 4; i += blockDim.x) {
+    const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst + 4 * i));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
+                 "l"(__cvta_generic_to_global(src + 4 * i)));
+  }
+  asm volatile("cp.async.wait_all;\n" ::);
+}
+
 // y[32 + i] = Σ_j m[j · 96 + i] · u[32 + j] for the thread's i = threadIdx.x − 32 (threads 32..127),
 // j ascending, no FMA: with m = Π_Rᵀ this is Rotation::Apply, with m = Π_R ApplyTranspose.
 __device__ __forceinline__ float SplitRestProduct(const float* m, const float* u) {
@@ -1300,10 +1313,12 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
                                                               unsigned long long* bad) {
   WaitForPriorKernel();
   using Planes = SplitPlanes<kBitsO, kBitsR>;
+  extern __shared__ __align__(16) float haar_t_s[];  // Π_Rᵀ [96 · 96]
   __shared__ float x_s[kSplitD], u_s[kSplitD], norms[2], scales[2];
   __shared__ uint8_t idx[kSplitD];
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, role = blockIdx.z, p = threadIdx.x;
+  StageSplitMatrix(haar_t_s, tb.HaarT(h, role));
   const bool outlier = p < kSplitO;
   const int part = outlier ? 0 : 1;
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * kSplitD;
@@ -1316,12 +1331,20 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   const float gathered = x_s[tb.Channel(h, role, p)];
   u_s[p] = gathered;
   __syncthreads();
-  if (p == 0 || p == kSplitO) {  // n = sqrt(Σ x_c² over the part's channels, ascending)
-    const int begin = p, end = p == 0 ? kSplitO : kSplitD;
+  // n = sqrt(Σ x_c² over the part's channels, ascending); loops of fixed length, so that the
+  // loads go out ahead of the adds.
+  auto sum_squares = [&](auto begin, auto end) {
     float n2 = 0.f;
-    for (int j = begin; j < end; ++j) n2 = __fadd_rn(n2, __fmul_rn(u_s[j], u_s[j]));
-    norms[part] = __fsqrt_rn(n2);
-  }
+#pragma unroll
+    for (int j = decltype(begin)::value; j < decltype(end)::value; ++j) {
+      n2 = __fadd_rn(n2, __fmul_rn(u_s[j], u_s[j]));
+    }
+    return __fsqrt_rn(n2);
+  };
+  if (p == 0) norms[0] = sum_squares(std::integral_constant<int, 0>{},
+                                     std::integral_constant<int, kSplitO>{});
+  if (p == kSplitO) norms[1] = sum_squares(std::integral_constant<int, kSplitO>{},
+                                           std::integral_constant<int, kSplitD>{});
   __syncthreads();
   const float n = norms[part];
   u_s[p] = n != 0.f ? __fdiv_rn(gathered, n) : 0.f;
@@ -1334,7 +1357,7 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
       y = r[0];
     }
   } else if (n != 0.f) {
-    y = SplitRestProduct(tb.HaarT(h, role), u_s);
+    y = SplitRestProduct(haar_t_s, u_s);
   }
   int c = 0;
   if (n != 0.f) {
@@ -1400,10 +1423,12 @@ __global__ __launch_bounds__(kSplitD) void TqSplitRotateKernel(float* dst, const
                                                                TqSplitTables tb, int num_heads,
                                                                int group, bool forward) {
   WaitForPriorKernel();
+  extern __shared__ __align__(16) float haar_s[];  // Π_Rᵀ (forward) or Π_R [96 · 96]
   __shared__ float u_s[kSplitD];
   const int64_t row = blockIdx.x;  // t * NH + h
   const int kvh = static_cast<int>(row % num_heads) / group, role = forward ? 0 : 1;
   const int p = threadIdx.x;
+  StageSplitMatrix(haar_s, forward ? tb.HaarT(kvh, role) : tb.Haar(kvh, role));
   const int channel = tb.Channel(kvh, role, p);
   u_s[p] = forward ? src[row * kSplitD + channel] : src[row * kSplitD + p];
   __syncthreads();
@@ -1413,7 +1438,7 @@ __global__ __launch_bounds__(kSplitD) void TqSplitRotateKernel(float* dst, const
     WarpRht2<kSplitO>(r, d1, d2, forward);
     y = r[0];
   } else {
-    y = SplitRestProduct(forward ? tb.HaarT(kvh, role) : tb.Haar(kvh, role), u_s);
+    y = SplitRestProduct(haar_s, u_s);
   }
   dst[row * kSplitD + (forward ? p : channel)] = y;
 }
@@ -2275,7 +2300,8 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   } else if (path == cuda::PagedPath::kTqSplit) {
     const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
     auto launch = [&](auto kernel) {
-      cuda::Launch(kernel, grid, cuda::kSplitD, 0, stream_, g, tb, k, v, dev_where, kv_verdict_);
+      cuda::Launch(kernel, grid, cuda::kSplitD, cuda::kSplitMatrixBytes, stream_, g, tb, k, v,
+                   dev_where, kv_verdict_);
     };
     if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
       launch(cuda::TqSplitWriteKernel<4, 3>);
@@ -2406,7 +2432,8 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
     float* o_rot = q_rot + n;
     const int group = a.num_heads / kv.num_kv_heads;
-    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD, 0, stream_,
+    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD,
+                 cuda::kSplitMatrixBytes, stream_,
                  q_rot, a.q, tb, a.num_heads, group, true);
     AttentionArgs rotated = c;
     rotated.q = q_rot;
@@ -2416,7 +2443,8 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     } else {
       run(rotated, cuda::TqSplitKvSource<3, 2>{{}, g, tb});
     }
-    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD, 0, stream_,
+    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD,
+                 cuda::kSplitMatrixBytes, stream_,
                  a.out, o_rot, tb, a.num_heads, group, false);
   } else if (path == cuda::PagedPath::kFp8) {
     run(c, cuda::PagedKvSource<true>{{}, g});
