@@ -190,6 +190,11 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &router_logits_, T * c.num_experts * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &route_, 2 * T * std::max<int64_t>(K, 1) * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &plan_, 2 * T * std::max<int64_t>(K, 1) * f));
+  if (store_ != nullptr) {
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &routed_table_, 3 * c.num_experts * sizeof(void*)));
+    MOE_ASSIGN_OR_RETURN(routed_host_,
+                         backend_.AllocateHost(2 * T * std::max<int64_t>(K, 1) * f));
+  }
   MOE_RETURN_IF_ERROR(Alloc(backend_, &ones_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
@@ -574,19 +579,36 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     return absl::OkStatus();
   }
   // The one host synchronisation per layer: the store must know which experts to make resident.
-  std::vector<float> weights(T * K);
-  std::vector<int32_t> ids(T * K);
-  {
-    std::vector<float> routed(2 * T * K);  // weights, then the ids' bits
+  // Decoding through the tiered store, the routing's copy is queued first and the experts
+  // resident now run behind it, reading the routing where Route left it: the GPU computes while
+  // the host waits for the copy and loads what missed (it idled through that wait before).
+  std::vector<float> routed(2 * T * K);  // weights, then the ids' bits
+  std::vector<bool> ran(c.num_experts, false);
+  std::vector<store::ExpertHandle> pinned;
+  if (store_ != nullptr && trace_ == nullptr && T * K <= c.num_experts) {
+    backend_.CopyToHostQueued(routed_host_.data(), route_.data(), routed.size() * sizeof(float));
+    const int64_t c0 = PhaseClock();
+    pinned = store_->PinDeviceResident(static_cast<int32_t>(layer),
+                                       static_cast<int32_t>(c.num_experts));
+    if (RunResidentRouted(T, route, pinned)) {
+      for (const store::ExpertHandle& h : pinned) ran[h.expert] = true;
+    }
+    const int64_t spent = PhaseClock() - c0;
+    times_.expert_compute_us += spent;
+    t0 += spent;  // not routing
+    backend_.WaitForHostCopies();
+    std::copy_n(routed_host_.f32(), routed.size(), routed.begin());
+  } else {
     backend_.CopyToHost(routed.data(), route_.data(), routed.size() * sizeof(float));
-    std::copy_n(routed.begin(), T * K, weights.begin());
-    std::memcpy(ids.data(), routed.data() + T * K, T * K * sizeof(int32_t));
   }
+  std::vector<float> weights(routed.begin(), routed.begin() + T * K);
+  std::vector<int32_t> ids(T * K);
+  std::memcpy(ids.data(), routed.data() + T * K, T * K * sizeof(int32_t));
 
   // Group the routed (token, weight) rows by expert, experts in ascending id.
   std::map<int32_t, std::vector<int64_t>> by_expert;
   for (int64_t i = 0; i < T * K; ++i) by_expert[ids[i]].push_back(i);
-  std::vector<int32_t> needed;
+  std::vector<int32_t> needed;  // every expert the step uses: Acquire counts and touches them all
   std::vector<int32_t> rows;
   std::vector<float> row_weights;
   std::vector<std::pair<int64_t, int64_t>> ranges;  // per needed expert: [begin, count)
@@ -611,6 +633,7 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
 
   MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles,
                        experts_->Acquire(static_cast<int32_t>(layer), needed));
+  pinned.clear();  // the handles hold what is used now
   // After Acquire, so this layer's experts are pinned and cannot be the prefetch's victims.
   if (prefetch_next_layer_ && store_ != nullptr) PrefetchNextLayer(layer, T);
   kernels::ExpertFfnArgs args;
@@ -624,6 +647,7 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   // experts therefore follows residency: results may differ between budgets in the last bits.
   std::vector<size_t> ready, pending;
   for (size_t i = 0; i < handles.size(); ++i) {
+    if (ran[handles[i].expert]) continue;
     const bool done = handles[i].ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
     (done ? ready : pending).push_back(i);
   }
@@ -647,6 +671,45 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     MOE_RETURN_IF_ERROR(run(absl::MakeConstSpan(&i, 1)));
   }
   return absl::OkStatus();
+}
+
+// ExpertFfnRouted over the experts in `pinned` (the others skipped), with a pointer table staged
+// for this call. False (nothing launched) when none is pinned or their formats differ.
+bool Model::RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
+                              absl::Span<const store::ExpertHandle> pinned) {
+  if (pinned.empty()) return false;
+  const int64_t E = config_.num_experts;
+  const kernels::ExpertWeights& w0 = *pinned[0].weights;
+  auto same = [](const kernels::TensorView& a, const kernels::TensorView& b) {
+    return a.dtype == b.dtype && a.group_size == b.group_size && a.rank == b.rank &&
+           a.dim(0) == b.dim(0) && a.dim(1) == b.dim(1);
+  };
+  routed_views_.assign(E, kernels::ExpertWeights{});
+  std::vector<const void*> ptrs(3 * E, nullptr);
+  for (const store::ExpertHandle& h : pinned) {
+    const kernels::ExpertWeights& w = *h.weights;
+    if (!same(w.gate, w0.gate) || !same(w.up, w0.up) || !same(w.down, w0.down)) return false;
+    routed_views_[h.expert] = w;
+    ptrs[h.expert] = w.gate.data;
+    ptrs[E + h.expert] = w.up.data;
+    ptrs[2 * E + h.expert] = w.down.data;
+  }
+  // In stream order: the previous layer's launch has read its table before this copy lands.
+  backend_.CopyToDevice(routed_table_.data(), ptrs.data(), ptrs.size() * sizeof(void*));
+  const auto* dev = static_cast<const void* const*>(routed_table_.data());
+  const kernels::ResidentExperts table{routed_views_.data(), dev, dev + E, dev + 2 * E,
+                                       static_cast<int>(E)};
+  kernels::ExpertFfnRoutedArgs r;
+  r.out = mlp_out_.f32();
+  r.x = h_.f32();
+  r.num_tokens = T;
+  r.hidden_size = config_.hidden_size;
+  r.top_k = static_cast<int>(config_.num_experts_per_tok);
+  r.experts = &table;
+  r.expert_ids = route.expert_ids;
+  r.weights = route.weights;
+  backend_.ExpertFfnRouted(r);
+  return true;
 }
 
 // The next layer's router on this layer's h_ (post-attention norm) guesses which experts it

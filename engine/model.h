@@ -198,6 +198,8 @@ class Model {
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   absl::Status MoeBlock(int64_t layer, int64_t T);
   void PrefetchNextLayer(int64_t layer, int64_t T);
+  bool RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
+                         absl::Span<const store::ExpertHandle> pinned);
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
   // Grows the scratch buffers to hold a step of T tokens.
@@ -219,6 +221,10 @@ class Model {
   std::vector<ResidentLayer> resident_;
   absl::Status MakeResidentTables();
   store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
+  // RunResidentRouted's table: views [E] (host) and gate, up, down pointers [3][E] (device);
+  // the routing's copy for the host (weights, ids: [2][T, K], AllocateHost memory).
+  std::vector<kernels::ExpertWeights> routed_views_;
+  kernels::Buffer routed_table_, routed_host_;
   RopeTable rope_;
   PhaseTimes times_;
   bool exact_timings_ = false;

@@ -218,6 +218,21 @@ void ExpertStore::Prefetch(int32_t layer, absl::Span<const int32_t> experts) {
   }
 }
 
+std::vector<ExpertHandle> ExpertStore::PinDeviceResident(int32_t layer, int32_t num_experts) {
+  std::vector<ExpertHandle> handles;
+  if (layer < 0 || layer >= num_layers_) return handles;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!device_) return handles;
+  for (int32_t e = 0; e < num_experts; ++e) {
+    const ExpertId id{layer, e};
+    const int d = device_->Find(id);
+    if (d < 0 || device_->slot(d).state != SlotState::kReady) continue;
+    device_->Pin(d);
+    handles.push_back(SlotHandle(locations_.at(id), d));
+  }
+  return handles;
+}
+
 ExpertHandle ExpertStore::SlotHandle(const BlobLocation& loc, int d) {
   auto* weights = new kernels::ExpertWeights(BlobWeights(loc, device_->data(d)));
   return ExpertHandle{loc.layer, loc.expert, device_->slot(d).ready,

@@ -74,6 +74,12 @@ class ExpertStore final : public ExpertProvider {
   // slot; experts that find no slot are dropped (prefetch_dropped).
   void Prefetch(int32_t layer, absl::Span<const int32_t> experts);
 
+  // The experts of `layer` (ids below num_experts) ready in the device tier now, each pinned by
+  // its handle; the others are left out. What a decode step may run before it knows its routing
+  // (engine/model.cc). Neither counted in the stats nor a use for the eviction policy: Acquire is,
+  // for the experts a step uses. Empty for a layer outside [0, num_layers()).
+  std::vector<ExpertHandle> PinDeviceResident(int32_t layer, int32_t num_experts);
+
   StoreStats Stats() const;
   int32_t num_layers() const { return num_layers_; }
   // Size of one slot: the largest blob in the index.

@@ -110,6 +110,7 @@ void Backend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   for (int64_t r = 0; r < n; ++r) {
     const int32_t e = ids[order[r]];
     MOE_CHECK(e >= 0 && e < a.experts->num_experts) << "ExpertFfnRouted: expert id " << e;
+    if (a.experts->views[e].gate.data == nullptr) continue;  // not resident: skipped
     if (work.empty() || work.back().weights != &a.experts->views[e]) {
       work.push_back({&a.experts->views[e], r, 0});
     }

@@ -91,8 +91,10 @@ struct ExpertFfnArgs {
   const float* row_weights = nullptr;  // [R]
 };
 
-// Every expert of one layer, resident in backend memory for as long as this lives, indexed by
-// expert id: what lets ExpertFfnRouted read the router's choice where Route left it.
+// The experts of one layer resident in backend memory for as long as this lives, indexed by
+// expert id: what lets ExpertFfnRouted read the router's choice where Route left it. An expert
+// whose data pointers are null (views[e].gate.data and gate[e]) is not resident: ExpertFfnRouted
+// skips its rows, for the caller to run once it is (the tiered store's decode path).
 struct ResidentExperts {
   const ExpertWeights* views = nullptr;  // [E] host memory: shapes, dtype, group size, data
   const void* const* gate = nullptr;     // [E] backend memory: views[e].gate.data
@@ -293,6 +295,14 @@ class Backend {
     CopyToDevice(dst, src, bytes);
   }
   virtual void SynchronizeCopies() { Synchronize(); }
+  // A device->host copy queued behind the work queued so far, without waiting for it: `dst`
+  // (host memory from AllocateHost) holds the bytes once WaitForHostCopies returns, which waits
+  // for these copies only, not for the work queued after them (the tiered store's decode step
+  // reads its routing while the GPU runs the resident experts). The CPU backend copies at once.
+  virtual void CopyToHostQueued(void* dst, const void* src, size_t bytes) {
+    CopyToHost(dst, src, bytes);
+  }
+  virtual void WaitForHostCopies() {}
 
   // out[t] = table[ids[t]]. table: [V, H]; ids: [T] host memory, each < V.
   virtual void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) = 0;

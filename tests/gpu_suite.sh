@@ -27,7 +27,7 @@ run generate_cuda 120 "$bin/moe-generate" --backend=cuda --max_tokens=64 --seed=
 run store_bench 180 "$bin/moe-store-bench" --backend=cuda --dir=/tmp/moe_store_bench \
   --experts=512 --device_slots=128 --io_threads=8,16
 run matvec_bench 180 "$bin/matvec_bench"
-run moe_bench 400 "$bin/moe-bench" --timings --model_dir=/tmp/moe_bench_model \
-  --kv_formats=bf16,fp8_e4m3,tq4,tq3,tq2
+run moe_bench 500 "$bin/moe-bench" --timings --model_dir=/tmp/moe_bench_model \
+  --kv_formats=bf16,fp8_e4m3,tq4,tq3.5,tq3,tq2.5,tq2
 OUT=$out/service BIN=$bin run service_bench 300 tests/bench/service_bench.sh cuda 10
 printf '%s\n' "${status[@]}" | tee "$out/summary.txt"

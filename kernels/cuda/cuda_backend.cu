@@ -37,12 +37,14 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
     : stream_(stream), num_sms_(num_sms), overlap_(overlap) {
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
+  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&host_copies_done_, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(copy_stream_);
   cudaStreamDestroy(copy_stream_);
   cudaEventDestroy(compute_done_);
+  cudaEventDestroy(host_copies_done_);
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_}) cudaFree(s->data);
   cudaFree(kv_verdict_);
@@ -94,6 +96,13 @@ void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
   // From pageable memory the runtime stages the bytes before returning, so `src` may be reused.
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
 }
+
+void CudaBackend::CopyToHostQueued(void* dst, const void* src, size_t bytes) {
+  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+  MOE_CUDA_CHECK(cudaEventRecord(host_copies_done_, stream_));
+}
+
+void CudaBackend::WaitForHostCopies() { MOE_CUDA_CHECK(cudaEventSynchronize(host_copies_done_)); }
 
 void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));

@@ -41,6 +41,8 @@ class CudaBackend final : public Backend {
   absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;  // waits
+  void CopyToHostQueued(void* dst, const void* src, size_t bytes) override;
+  void WaitForHostCopies() override;
   void CopyOnDevice(void* dst, const void* src, size_t bytes) override;
   void Zero(void* dst, size_t bytes) override;
   void Synchronize() override;
@@ -107,6 +109,7 @@ class CudaBackend final : public Backend {
   CUstream_st* stream_ = nullptr;
   CUstream_st* copy_stream_ = nullptr;  // CopyToDeviceOnCopyQueue
   CUevent_st* compute_done_ = nullptr;  // recorded on stream_, waited for by copy_stream_
+  CUevent_st* host_copies_done_ = nullptr;  // recorded after CopyToHostQueued's copies
   int num_sms_ = 0;
   OverlapLaunches overlap_ = OverlapLaunches::kNever;
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)

@@ -20,7 +20,8 @@ namespace cuda {
 namespace {
 
 // One routed (token, k) pair per group, from the router's output on the device: group y = t K + k
-// uses expert ids[y]'s matrices for row y (x row t, scale weights[y], out row t).
+// uses expert ids[y]'s matrices for row y (x row t, scale weights[y], out row t); no rows when
+// that expert is not resident (null pointers).
 __global__ void PlanRoutedKernel(GemmGroup* groups, int32_t* rows, const int32_t* ids,
                                  const void* const* gate, const void* const* up,
                                  const void* const* down, int64_t n, int top_k) {
@@ -28,9 +29,10 @@ __global__ void PlanRoutedKernel(GemmGroup* groups, int32_t* rows, const int32_t
   for (int64_t y = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; y < n;
        y += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int32_t e = ids[y];
-    groups[y] = {gate[e], y, 1};
-    groups[n + y] = {up[e], y, 1};
-    groups[2 * n + y] = {down[e], y, 1};
+    const int64_t count = gate[e] != nullptr ? 1 : 0;
+    groups[y] = {gate[e], y, count};
+    groups[n + y] = {up[e], y, count};
+    groups[2 * n + y] = {down[e], y, count};
     rows[y] = static_cast<int32_t>(y / top_k);
   }
 }
@@ -81,6 +83,12 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   if (n == 0) return;
   MOE_CHECK(a.experts != nullptr && a.experts->num_experts > 0 && n <= 65535)
       << "ExpertFfnRouted: " << n << " routed rows";
+  // Shapes and format from a resident expert (all share them).
+  const ExpertWeights* w0 = nullptr;
+  for (int e = 0; e < a.experts->num_experts && w0 == nullptr; ++e) {
+    if (a.experts->views[e].gate.data != nullptr) w0 = &a.experts->views[e];
+  }
+  if (w0 == nullptr) return;
   // [gate groups | up groups | down groups] then the rows, planned on the GPU.
   const size_t groups_bytes = 3 * static_cast<size_t>(n) * sizeof(cuda::GemmGroup);
   auto* plan = static_cast<uint8_t*>(Reserve(args_, groups_bytes + n * sizeof(int32_t)));
@@ -89,8 +97,8 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   cuda::Launch(cuda::PlanRoutedKernel, static_cast<unsigned>(cuda::CeilDiv(n, 256)), 256, 0,
                stream_, groups, rows, a.expert_ids, a.experts->gate, a.experts->up,
                a.experts->down, n, a.top_k);
-  LaunchExpertFfn(groups, static_cast<int>(n), 1, n, a.experts->views[0], a.x, rows, a.weights,
-                  a.out, a.hidden_size);
+  LaunchExpertFfn(groups, static_cast<int>(n), 1, n, *w0, a.x, rows, a.weights, a.out,
+                  a.hidden_size);
 }
 
 // The grouped SwiGLU launches over `num_groups` groups in `groups` (device: gate, then up, then

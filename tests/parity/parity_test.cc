@@ -737,12 +737,14 @@ INSTANTIATE_TEST_SUITE_P(
                       FfnCase{2, 2051, 64, 8, 2, DType::kF32}));  // odd H, K split over warps
 
 // ---- ExpertFfnRouted: the routing read on the device (CUDA plans the groups on the GPU) vs the
-// CPU, which copies the routing out and groups it on the host.
+// CPU, which copies the routing out and groups it on the host. `absent`: experts 0, 3, 6, ... are
+// not resident (null pointers, the tiered store's decode path): both skip their rows.
 struct RoutedCase {
   int64_t T, H, I;
   int pool, K;
   DType dtype;
   int32_t group;
+  bool absent = false;
 };
 class ExpertFfnRoutedParity : public ::testing::TestWithParam<RoutedCase> {};
 
@@ -780,6 +782,10 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
       gpu_ptrs[m * c.pool + e] = (m == 0 ? gw.gate : m == 1 ? gw.up : gw.down).data;
     }
   }
+  for (int e = 0; c.absent && e < c.pool; e += 3) {
+    cpu_w[e] = gpu_w[e] = kernels::ExpertWeights{};
+    for (int m = 0; m < 3; ++m) cpu_ptrs[m * c.pool + e] = gpu_ptrs[m * c.pool + e] = nullptr;
+  }
   DeviceArray<const void*> dptrs(gpu_ptrs);
   const kernels::ResidentExperts cpu_table{cpu_w.data(), cpu_ptrs.data(), cpu_ptrs.data() + c.pool,
                                            cpu_ptrs.data() + 2 * c.pool, c.pool};
@@ -807,7 +813,7 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
   Gpu().ExpertFfnRouted(a);
   ExpectClose("ExpertFfnRouted",
               Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
-                   GroupTag(c.group)),
+                   GroupTag(c.group), c.absent ? "some absent" : ""),
               out.Read(), want, TolFor(c.dtype));
 }
 
@@ -816,7 +822,9 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(RoutedCase{1, 2048, 768, 32, 8, DType::kQ4, 64},   // Qwen3-30B-A3B decode shape
                       RoutedCase{4, 2048, 768, 32, 8, DType::kQ4, 128},  // shared experts
                       RoutedCase{3, 256, 96, 8, 2, DType::kBF16, 0},
-                      RoutedCase{2, 64, 32, 4, 4, DType::kF32, 0}));    // every expert
+                      RoutedCase{2, 64, 32, 4, 4, DType::kF32, 0},      // every expert
+                      RoutedCase{1, 2048, 768, 32, 8, DType::kQ4, 64, true},
+                      RoutedCase{4, 256, 96, 8, 4, DType::kBF16, 0, true}));
 
 // ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64

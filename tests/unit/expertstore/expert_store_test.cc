@@ -190,6 +190,43 @@ TEST(ExpertStoreTest, HandlesPinTheirSlots) {
   EXPECT_EQ((*store)->Stats().device.evictions, 1u);
 }
 
+TEST(ExpertStoreTest, PinDeviceResidentPinsOnlyReadyDeviceExpertsAndCountsNothing) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  // Two device slots: experts 0 and 2 of layer 1 resident, then pinned without Acquire.
+  auto store = ExpertStore::Open(Options(t.store_dir, 2 * 16384, 0), backend.get());
+  ASSERT_TRUE(store.ok());
+  {
+    auto loaded = (*store)->Acquire(1, std::vector<int32_t>{0, 2});
+    ASSERT_TRUE(loaded.ok());
+    for (const auto& h : *loaded) ASSERT_TRUE(h.ready.get().ok());
+  }
+  const StoreStats before = (*store)->Stats();
+  std::vector<ExpertHandle> pinned = (*store)->PinDeviceResident(1, 4);
+  ASSERT_EQ(pinned.size(), 2u);
+  EXPECT_EQ(pinned[0].expert, 0);
+  EXPECT_EQ(pinned[1].expert, 2);
+  for (const auto& h : pinned) {
+    EXPECT_EQ(h.ready.wait_for(std::chrono::seconds(0)), std::future_status::ready);
+    EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *h.weights, 1, h.expert));
+  }
+  EXPECT_EQ((*store)->Stats().device.hits, before.device.hits);
+  EXPECT_TRUE((*store)->PinDeviceResident(0, 4).empty()) << "layer 0 has nothing resident";
+  EXPECT_TRUE((*store)->PinDeviceResident(7, 4).empty()) << "a layer out of range";
+  // Pinned: another expert must not evict them (it gets its own buffer).
+  auto other = (*store)->Acquire(0, std::vector<int32_t>{3});
+  ASSERT_TRUE(other.ok());
+  ASSERT_TRUE((*other)[0].ready.get().ok());
+  EXPECT_EQ((*store)->Stats().device.evictions, 0u);
+  for (const auto& h : pinned) EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *h.weights, 1, h.expert));
+  pinned.clear();
+  auto after = (*store)->Acquire(0, std::vector<int32_t>{1});
+  ASSERT_TRUE(after.ok());
+  ASSERT_TRUE((*after)[0].ready.get().ok());
+  EXPECT_EQ((*store)->Stats().device.evictions, 1u) << "unpinned once the handles went";
+}
+
 TEST(ExpertStoreTest, LayerOutOfRangeIsInvalidArgument) {
   TempDir dir;
   auto t = ImportTiny(dir.path());
