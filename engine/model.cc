@@ -621,7 +621,8 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     }
   }
   const int64_t R = static_cast<int64_t>(rows.size());
-  {
+  const bool all_ran = std::all_of(needed.begin(), needed.end(), [&](int32_t e) { return ran[e]; });
+  if (!all_ran) {  // the plan of the experts still to run (all when none ran yet)
     std::vector<int32_t> plan(2 * R);  // rows, then the weights' bits
     std::copy(rows.begin(), rows.end(), plan.begin());
     std::memcpy(plan.data() + R, row_weights.data(), R * sizeof(float));
