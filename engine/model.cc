@@ -21,6 +21,15 @@ absl::Status Alloc(kernels::Backend& b, kernels::Buffer* buf, size_t bytes) {
   return absl::OkStatus();
 }
 
+// One launch of ExpertFfnRouted serves experts only when they share shapes and format.
+bool SameLayout(const kernels::ExpertWeights& a, const kernels::ExpertWeights& b) {
+  auto same = [](const kernels::TensorView& x, const kernels::TensorView& y) {
+    return x.dtype == y.dtype && x.group_size == y.group_size && x.rank == y.rank &&
+           x.dim(0) == y.dim(0) && x.dim(1) == y.dim(1);
+  };
+  return same(a.gate, b.gate) && same(a.up, b.up) && same(a.down, b.down);
+}
+
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig& c,
@@ -469,15 +478,8 @@ absl::Status Model::MakeResidentTables() {
     r.views = experts_->ResidentLayer(static_cast<int32_t>(l));
     const size_t E = r.views.size();
     // One launch serves all of them: every expert in the first one's format.
-    auto same = [&](const kernels::TensorView& a, const kernels::TensorView& b) {
-      return a.dtype == b.dtype && a.group_size == b.group_size && a.rank == b.rank &&
-             a.dim(0) == b.dim(0) && a.dim(1) == b.dim(1);
-    };
     bool usable = E > 0 && static_cast<int64_t>(E) == config_.num_experts;
-    for (size_t e = 0; usable && e < E; ++e) {
-      usable = same(r.views[e].gate, r.views[0].gate) && same(r.views[e].up, r.views[0].up) &&
-               same(r.views[e].down, r.views[0].down);
-    }
+    for (size_t e = 0; usable && e < E; ++e) usable = SameLayout(r.views[e], r.views[0]);
     if (!usable) {
       r.views.clear();
       continue;
@@ -680,16 +682,11 @@ bool Model::RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
                               absl::Span<const store::ExpertHandle> pinned) {
   if (pinned.empty()) return false;
   const int64_t E = config_.num_experts;
-  const kernels::ExpertWeights& w0 = *pinned[0].weights;
-  auto same = [](const kernels::TensorView& a, const kernels::TensorView& b) {
-    return a.dtype == b.dtype && a.group_size == b.group_size && a.rank == b.rank &&
-           a.dim(0) == b.dim(0) && a.dim(1) == b.dim(1);
-  };
   routed_views_.assign(E, kernels::ExpertWeights{});
   std::vector<const void*> ptrs(3 * E, nullptr);
   for (const store::ExpertHandle& h : pinned) {
     const kernels::ExpertWeights& w = *h.weights;
-    if (!same(w.gate, w0.gate) || !same(w.up, w0.up) || !same(w.down, w0.down)) return false;
+    if (!SameLayout(w, *pinned[0].weights)) return false;
     routed_views_[h.expert] = w;
     ptrs[h.expert] = w.gate.data;
     ptrs[E + h.expert] = w.up.data;
