@@ -1228,7 +1228,7 @@ TqTables TqDeviceTables(const PagedKvLayer& kv, const float* dev) {
 // the rest at 32..127, as KvCodec::PrepareQuery does. Everything here repeats the CPU's
 // arithmetic order (sums of squares and dense products ascending, no FMA), so codes and scales
 // come out bit for bit (T9).
-// Device copy of a layer's split codecs: see TqHostTables for the layout.
+// Device copy of a layer's split codecs (laid out by TqSplitHostTables).
 struct TqSplitTables {
   const float* perm = nullptr;    // [NKV][2 roles][128]: rotated position -> channel (exact ints)
   const float* signs = nullptr;   // [NKV][2][D₁, D₂][32]: the outlier part's RHT2
