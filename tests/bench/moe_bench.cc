@@ -798,7 +798,9 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(model, engine::Model::Load(dir, *backend, std::move(st)));
   model->set_prefetch_next_layer(absl::GetFlag(FLAGS_store_prefetch));
   const double open_s = Seconds(t0, std::chrono::steady_clock::now());
-  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + 64));
+  const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
+  // Positions: the prompt, two warm-up steps and the timed ones.
+  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + ssteps + 2));
   t0 = std::chrono::steady_clock::now();
   MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
   const double cold_s = Seconds(t0, std::chrono::steady_clock::now());
@@ -811,7 +813,6 @@ absl::Status Run() {
     for (store::ExpertHandle& h : handles) MOE_RETURN_IF_ERROR(h.ready.get());
   }
   for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
-  const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
   const store::StoreStats s0 = store_ptr->Stats();
   const engine::PhaseTimes st0 = model->phase_times();
   t0 = std::chrono::steady_clock::now();
