@@ -441,6 +441,8 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{37, 500, 8, 2, 128, 16, 0, kernels::KvFormat::kTq2p5},
                       PagedCase{733, 0, 16, 4, 128, 16, 0, kernels::KvFormat::kTq3p5},
                       PagedCase{64, 1000, 4, 1, 128, 32, 256, kernels::KvFormat::kTq3p5},
+                      PagedCase{1, 900, 16, 1, 128, 16, 0, kernels::KvFormat::kTq2p5},  // G 16
+                      PagedCase{1, 2000, 32, 4, 128, 16, 256, kernels::KvFormat::kTq3p5},
                       // decode kernel shapes: 16 query heads per kv head, head_dim 64 and 256
                       PagedCase{1, 1500, 32, 2, 128, 16, 0, kBf16Kv},
                       PagedCase{1, 900, 16, 1, 64, 16, 0, kernels::KvFormat::kTq4},
