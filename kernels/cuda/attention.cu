@@ -469,6 +469,19 @@ __device__ __forceinline__ float E4m3Value(uint8_t code) {  // exact, by the bit
   return (code & 0x80) ? -v : v;
 }
 
+__device__ __forceinline__ float LoadF16Bytes(const uint8_t* p) {  // any alignment
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | p[1] << 8)));
+}
+
+// Index j of a plane of b-bit indices (bit offset b · j, little-endian; b <= 8, so an index
+// spans at most two bytes).
+__device__ __forceinline__ uint32_t IndexAt(const uint8_t* plane, int j, int b) {
+  const int bit = j * b;
+  uint32_t w = plane[bit >> 3];
+  if ((bit & 7) + b > 8) w |= static_cast<uint32_t>(plane[(bit >> 3) + 1]) << 8;
+  return (w >> (bit & 7)) & ((1u << b) - 1u);
+}
+
 __device__ __forceinline__ float LoadF32Bytes(const uint8_t* p) {  // any alignment
   return __uint_as_float(uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 |
                          uint32_t{p[3]} << 24);
@@ -1041,14 +1054,8 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   __device__ __forceinline__ float Element(const uint8_t* tile, int slot, int d) const {
     constexpr int b = kBits;
     const int index_bytes = g.head_dim * b / 8;
-    const uint8_t* plane = tile + static_cast<int64_t>(slot) * index_bytes;
-    const int bit = d * b;
-    // An index spans at most two bytes (b <= 4... up to 8 within a 16-bit window).
-    uint32_t w = plane[bit >> 3];
-    if ((bit & 7) + b > 8) w |= static_cast<uint32_t>(plane[(bit >> 3) + 1]) << 8;
-    const uint32_t c = (w >> (bit & 7)) & ((1u << b) - 1u);
-    const uint8_t* sp = tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot;
-    const float s = __half2float(__ushort_as_half(static_cast<unsigned short>(sp[0] | sp[1] << 8)));
+    const uint32_t c = IndexAt(tile + static_cast<int64_t>(slot) * index_bytes, d, b);
+    const float s = LoadF16Bytes(tile + static_cast<int64_t>(g.block_size) * index_bytes + 2 * slot);
     return s * tb.centroids[c];
   }
   // The codebook in shared memory (Prepare, before the kernel's first barrier).
@@ -1277,10 +1284,6 @@ struct SplitPlanes {
   }
 };
 
-__device__ __forceinline__ float LoadF16Bytes(const uint8_t* p) {  // any alignment
-  return __half2float(__ushort_as_half(static_cast<unsigned short>(p[0] | p[1] << 8)));
-}
-
 // A 96 x 96 matrix into shared memory by asynchronous 16-byte copies, all in flight at once
 // (read where the products need it, or staged by a loop of load-store pairs, each load was a
 // round trip to memory: ~10 us a kernel). The caller syncs before use.
@@ -1479,11 +1482,8 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
     const bool outlier = d < kSplitO;
     const int b = outlier ? kBitsO : kBitsR, j = outlier ? d : d - kSplitO;
     const int bs = g.block_size;
-    const uint8_t* plane = tile + (outlier ? Planes::IndexO(bs, slot) : Planes::IndexR(bs, slot));
-    const int bit = j * b;
-    uint32_t w = plane[bit >> 3];
-    if ((bit & 7) + b > 8) w |= static_cast<uint32_t>(plane[(bit >> 3) + 1]) << 8;
-    const uint32_t c = (w >> (bit & 7)) & ((1u << b) - 1u);
+    const uint32_t c =
+        IndexAt(tile + (outlier ? Planes::IndexO(bs, slot) : Planes::IndexR(bs, slot)), j, b);
     const float s =
         LoadF16Bytes(tile + (outlier ? Planes::ScaleO(bs, slot) : Planes::ScaleR(bs, slot)));
     return s * Centroids()[outlier ? c : (1 << kBitsO) + c];
