@@ -1692,15 +1692,6 @@ __host__ __device__ constexpr int DecodeWarps() {
   return D * kRows <= 1024 ? Src::kDecodeWarps : 4;
 }
 
-// c += A B for one m16n8k16 tile (A row-major 16 x 16, B column-major 16 x 8, bf16; c fp32).
-__device__ __forceinline__ void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // The transpose of an 8 x 8 bf16 matrix held as mma fragments (lane: row lane / 4, columns
 // 2 (lane % 4) and + 1): the same lane's fragment of the transposed matrix.
 __device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {

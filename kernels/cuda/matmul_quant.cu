@@ -18,6 +18,9 @@
 // Rows whose length in bytes is not a multiple of 16 (odd K) take a scalar path that
 // dequantizes element by element.
 // GEMM (prefill): the tiled SIMT kernel of matmul.cu with a loader that dequantizes each element.
+#include <algorithm>
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_common.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -241,8 +244,312 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   }
 }
 
+// ---- int4 matrix-vector on the tensor cores (up to 8 rows of A) --------------------------------
+// The SIMT kernel above spends ~3 instructions a code (shift, mask, FMA) and is bound by them
+// (lm head: 67% of the SM's issue rate, 35% of HBM bandwidth, H200, NOTES.md). Here a warp takes
+// 16 weight rows (the M of mma.m16n8k16) against up to 8 rows of A (the N: one token a column)
+// and K in chunks of 64 codes, each inside one quant group (G >= 64). Lane (g, t) loads 8 bytes
+// of rows g and g + 8 at byte 8t of the chunk: 16 codes each, two 32-bit words. A word's codes
+// become bf16 without a conversion: (w >> s) & 0x000f000f | 0x43004300 puts codes s/4 and s/4 + 4
+// into the low mantissa bits of 128.0 (exact: 128 + q), so 4 masks and 3 shifts make a word's 8
+// codes. A mma's k runs over a lane's codes in the order the words give them (code i and i + 4 in
+// one register), and x is laid out in the same order, so the dot product is unchanged:
+//   sum_c x[c] (q[c] s + m) = s sum_c x[c] (128 + q[c]) + (m - 128 s) sum_c x[c]   (per chunk)
+// x goes in as bf16 hi + lo (16 bits of mantissa, two products), made once per block into shared
+// memory with each chunk's sum_c x[c] (of hi + lo: the values the products see).
+constexpr int kMmaWarps = 8;
+constexpr int kMmaChunk = 64;   // codes per chunk
+constexpr int kMmaTokens = 8;   // rows of A per launch: the n of m16n8k16
+
+// Shared memory of the x fragments: per row of A a stride of 64 words a chunk (4 lanes t x 16
+// words) plus 16, so rows g and g + 1 of one quarter-warp fall on different banks.
+__host__ __device__ constexpr int64_t MmaRowWords(int64_t chunks) { return chunks * 64 + 16; }
+__host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) {
+  // fragments, per-(row, chunk, t) partial sums, per-(chunk, row) sums
+  return sizeof(uint32_t) * (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaTokens);
+}
+
+// (x, y) as bf16 pairs, x in the low halves: hi + lo = (x, y) to 2^-16.
+__device__ __forceinline__ void SplitBf16x2(float x, float y, uint32_t& hi, uint32_t& lo,
+                                            float& sum) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  const float2 lf = __bfloat1622float2(l);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+  sum += (hf.x + lf.x) + (hf.y + lf.y);
+}
+
+// 4 bytes at any alignment, little-endian.
+__device__ __forceinline__ uint32_t LoadU32Bytes(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
+// Codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf as the bf16 pair (128 + q, 128 + q').
+__device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
+  return ((w >> shift) & 0x000f000fu) | 0x43004300u;
+}
+
+// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
+// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
+template <bool kGlu, int ws>
+__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(const GemmParams p,
+                                                                          const GemmGroup single) {
+  WaitForPriorKernel();
+  constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
+  constexpr int kU = kGlu ? 2 : 4;  // chunks a round; two rounds in flight (registers)
+  extern __shared__ uint32_t xsmem[];
+  __shared__ float partial[ws > 1 ? kMmaWarps : 1][NW * 4][kWarp];
+  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
+  if (grp.row_count == 0) return;  // block-uniform
+  const int nt = static_cast<int>(grp.row_count);
+  const int64_t K = p.K, chunks = K / kMmaChunk, row_words = MmaRowWords(chunks);
+  uint32_t* xf = xsmem;                                                  // [row][chunk][t][16]
+  float* xpart = reinterpret_cast<float*>(xf + p.max_rows * row_words);  // [row][chunk][t]
+  float* xsum = xpart + p.max_rows * chunks * 4;                         // [chunk][8 rows]
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const int slice = warp % ws;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kMmaWarps / ws) + warp / ws) * 16;
+  const int64_t row_bytes = K / 2, groups = K / p.group_size;
+  const int g_shift = __ffs(static_cast<int>(p.group_size)) - 1;
+  // Rows past N read row 0 (computed, never stored).
+  const int64_t ra = n0 + g < p.N ? n0 + g : 0, rb = n0 + g + 8 < p.N ? n0 + g + 8 : 0;
+  const uint8_t* codes[NW][2];
+  const uint8_t* params[NW][2];
+#pragma unroll
+  for (int m = 0; m < NW; ++m) {
+    const uint8_t* base = static_cast<const uint8_t*>(m == 0 ? grp.w : p.up_groups[blockIdx.y].w);
+    const uint8_t* pbase = base + (p.N * row_bytes + 15) / 16 * 16;  // QuantParamsOffset
+    codes[m][0] = base + ra * row_bytes + 8 * t;
+    codes[m][1] = base + rb * row_bytes + 8 * t;
+    params[m][0] = pbase + ra * groups * 4;
+    params[m][1] = pbase + rb * groups * 4;
+  }
+  const int64_t per_slice = CeilDiv(chunks, ws);
+  const int64_t c_begin = slice * per_slice, c_end = Min64(chunks, c_begin + per_slice);
+  // 8-byte code loads where every matrix is 8-byte aligned (the store aligns to 256 bytes);
+  // byte loads otherwise (block-uniform).
+  bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
+  if constexpr (kGlu) aligned = aligned && (reinterpret_cast<uintptr_t>(p.up_groups[blockIdx.y].w) & 7) == 0;
+  const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
+  const uint32_t* xrow = xf + g * row_words + 16 * t;
+
+  // A round: kU chunks' codes and {s, m} (fp16 pairs) per matrix and row, loads issued together,
+  // into buffer b (a compile-time index: registers). The next round's loads go out before this
+  // round's products, so each warp keeps loads in flight while it computes.
+  uint2 w[2][kU][NW][2];
+  uint32_t sm[2][kU][NW][2];
+  auto load_round = [&](auto buffer, int64_t c0) {
+    constexpr int b = decltype(buffer)::value;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = c0 + u;
+#pragma unroll
+      for (int m = 0; m < NW; ++m) {
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          w[b][u][m][h] = make_uint2(0u, 0u);
+          sm[b][u][m][h] = 0u;
+          if (c >= c_end) continue;
+          const uint8_t* q = codes[m][h] + c * 32;
+          const uint8_t* pm = params[m][h] + ((c * kMmaChunk) >> g_shift) * 4;
+          if (aligned) {
+            w[b][u][m][h] = __ldg(reinterpret_cast<const uint2*>(q));
+            sm[b][u][m][h] = __ldg(reinterpret_cast<const uint32_t*>(pm));
+          } else {
+            w[b][u][m][h] = make_uint2(LoadU32Bytes(q), LoadU32Bytes(q + 4));
+            sm[b][u][m][h] = LoadU32Bytes(pm);
+          }
+        }
+      }
+    }
+  };
+  // The first round goes out before x is staged: the weights do not depend on the kernel before.
+  using First = std::integral_constant<int, 0>;
+  using Second = std::integral_constant<int, 1>;
+  load_round(First{}, c_begin);
+
+  // x fragments: unit (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order
+  // of the k-steps: k-step s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0)
+  // and i + 1, i + 5 (b1), as hi, lo: words 4s + {b0 hi, b0 lo, b1 hi, b1 lo}.
+  for (int64_t u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
+    const int tq = static_cast<int>(u % 4);
+    const int64_t c = (u / 4) % chunks, j = u / (4 * chunks);
+    const int64_t r = grp.row_begin + j;
+    const float4* x4 = reinterpret_cast<const float4*>(
+        p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda + c * kMmaChunk + 16 * tq);
+    float x[16];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 f = x4[v];
+      x[4 * v] = f.x, x[4 * v + 1] = f.y, x[4 * v + 2] = f.z, x[4 * v + 3] = f.w;
+    }
+    uint32_t frag[16];
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = 8 * (s / 2) + 2 * (s % 2);
+      SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 1], sum);
+      SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 2], frag[4 * s + 3], sum);
+    }
+    uint4* dst = reinterpret_cast<uint4*>(xf + j * row_words + c * 64 + 16 * tq);
+#pragma unroll
+    for (int v = 0; v < 4; ++v) dst[v] = make_uint4(frag[4 * v], frag[4 * v + 1], frag[4 * v + 2], frag[4 * v + 3]);
+    xpart[u] = sum;
+  }
+  __syncthreads();
+  for (int64_t i = threadIdx.x; i < chunks * kMmaTokens; i += blockDim.x) {
+    const int64_t c = i / kMmaTokens, j = i % kMmaTokens;
+    const float* s4 = xpart + (j * chunks + c) * 4;
+    xsum[i] = j < nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
+  }
+  __syncthreads();
+
+  float acc[NW][4] = {};
+  auto compute_round = [&](auto buffer, int64_t c0) {
+    constexpr int b = decltype(buffer)::value;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int64_t c = c0 + u;
+      if (c >= c_end) break;
+      uint32_t xw[16];
+      if (has_x) {
+        const uint4* src = reinterpret_cast<const uint4*>(xrow + c * 64);
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const uint4 q = src[v];
+          xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
+        }
+      } else {
+#pragma unroll
+        for (int i = 0; i < 16; ++i) xw[i] = 0u;
+      }
+      const float2 sx = *reinterpret_cast<const float2*>(xsum + c * kMmaTokens + 2 * t);
+#pragma unroll
+      for (int m = 0; m < NW; ++m) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t wa = s < 2 ? w[b][u][m][0].x : w[b][u][m][0].y;
+          const uint32_t wb = s < 2 ? w[b][u][m][1].x : w[b][u][m][1].y;
+          const int sh = 8 * (s % 2);
+          const uint32_t a0 = CodesAsBf16(wa, sh), a1 = CodesAsBf16(wb, sh);
+          const uint32_t a2 = CodesAsBf16(wa, sh + 4), a3 = CodesAsBf16(wb, sh + 4);
+          MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
+          MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+        }
+        // d = (row g: columns 2t, 2t+1; row g + 8: the same); scale and offset per row.
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sm[b][u][m][h]));
+          const float off = fmaf(-128.f, f.x, f.y);  // m - 128 s
+          acc[m][2 * h] = fmaf(f.x, d[2 * h], fmaf(off, sx.x, acc[m][2 * h]));
+          acc[m][2 * h + 1] = fmaf(f.x, d[2 * h + 1], fmaf(off, sx.y, acc[m][2 * h + 1]));
+        }
+      }
+    }
+  };
+  for (int64_t c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
+    if (c0 + kU < c_end) load_round(Second{}, c0 + kU);
+    compute_round(First{}, c0);
+    if (c0 + kU >= c_end) break;
+    if (c0 + 2 * kU < c_end) load_round(First{}, c0 + 2 * kU);
+    compute_round(Second{}, c0 + kU);
+  }
+  if constexpr (ws > 1) {
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[warp][4 * m + i][lane] = acc[m][i];
+    }
+    __syncthreads();
+    if (slice != 0) return;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        for (int s2 = 1; s2 < ws; ++s2) acc[m][i] += partial[warp + s2][4 * m + i][lane];
+      }
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = n0 + g + 8 * (i / 2);
+    const int j = 2 * t + i % 2;  // row of A
+    float v = acc[0][i];
+    if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[1][i];
+    if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
+  }
+}
+
+constexpr size_t kMmaMaxSmem = 100 * 1024;  // leaves room for 2 blocks an SM
+
+template <bool kGlu, int ws>
+void LaunchInt4Mma(const GemmParams& p, const GemmGroup& single, dim3 grid, size_t smem,
+                   cudaStream_t stream) {
+  static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(Int4MmaMatVecKernel<kGlu, ws>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kMmaMaxSmem)));
+    return true;
+  }();
+  (void)attr;
+  Launch(Int4MmaMatVecKernel<kGlu, ws>, grid, kMmaWarps * kWarp, smem, stream, p, single);
+}
+
+// Blocks of Int4MmaMatVecKernel<kGlu, *> an SM holds with `smem` bytes of x (registers: asked
+// once; shared memory: 228 KiB an SM, 1 KiB of it reserved per block).
+template <bool kGlu>
+int64_t Int4MmaBlocksPerSm(size_t smem) {
+  static const int by_registers = [] {
+    int n = 0;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, Int4MmaMatVecKernel<kGlu, 8>, kMmaWarps * kWarp, 0));
+    return n > 0 ? n : 1;
+  }();
+  const size_t per_block = smem + sizeof(float) * kMmaWarps * (kGlu ? 8 : 4) * kWarp + 1024;
+  return std::max<int64_t>(1, std::min<int64_t>(by_registers, 228 * 1024 / per_block));
+}
+
+// The tensor-core path takes int4 with chunks inside groups, whole chunks, aligned rows, up to 8
+// rows of A and shared memory for them; false when it does not apply.
+bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const int64_t chunks = p.K / kMmaChunk;
+  const size_t smem = MmaSmemBytes(p.max_rows, chunks);
+  if (p.K % kMmaChunk != 0 || p.group_size < kMmaChunk || p.max_rows > kMmaTokens ||
+      smem > kMmaMaxSmem || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
+    return false;
+  }
+  const bool glu = p.up_groups != nullptr;
+  // K split over ws warps while the blocks still fit one wave: more loads in flight, and no
+  // second wave repeating the staging of x.
+  const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
+  const int64_t wave = p.num_sms * (glu ? Int4MmaBlocksPerSm<true>(smem) : Int4MmaBlocksPerSm<false>(smem));
+  int ws = 1;
+  while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),
+                  static_cast<unsigned>(p.num_groups));
+  switch (ws) {
+    case 1: glu ? LaunchInt4Mma<true, 1>(p, single, grid, smem, stream)
+                : LaunchInt4Mma<false, 1>(p, single, grid, smem, stream); break;
+    case 2: glu ? LaunchInt4Mma<true, 2>(p, single, grid, smem, stream)
+                : LaunchInt4Mma<false, 2>(p, single, grid, smem, stream); break;
+    case 4: glu ? LaunchInt4Mma<true, 4>(p, single, grid, smem, stream)
+                : LaunchInt4Mma<false, 4>(p, single, grid, smem, stream); break;
+    default: glu ? LaunchInt4Mma<true, 8>(p, single, grid, smem, stream)
+                 : LaunchInt4Mma<false, 8>(p, single, grid, smem, stream);
+  }
+  return true;
+}
+
 template <int B, bool kGlu>
 void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if constexpr (B == 4) {
+    if (LaunchInt4MmaMatVec(p, single, stream)) return;
+  }
   if (p.max_rows <= 1) {
     LaunchQuantMatVecRows<B, 1, kGlu>(p, single, stream);
   } else if (p.max_rows <= 2) {

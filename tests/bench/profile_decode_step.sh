@@ -4,8 +4,9 @@
 # 1. every kernel of one decode step at context 512 (2 layers of the Qwen3-30B-A3B shape, every
 #    expert resident, bf16 KV) with its device time, in launch order (ncu serialises kernels:
 #    the sum is the step without launch overlap);
-# 2. ncu's launch, occupancy, speed-of-light and warp-state sections on the int4 matrix-vector
-#    kernels of matvec_bench (the lm head, and the SwiGLU form one token's 8 experts run).
+# 2. ncu's launch, occupancy, speed-of-light, memory and warp-state sections on the int4
+#    matrix-vector kernels of matvec_bench (the lm head, and the SwiGLU and down forms one
+#    token's 8 experts run).
 set -uo pipefail
 out=${1:?usage: profile_decode_step.sh OUT_DIR}
 mkdir -p "$out"
@@ -30,13 +31,14 @@ for name, us in rows[first:marks[-1] + 1 if marks else len(rows)]:
 print(f"{total:8.2f}  total (device time of the step's kernels, serialised)")
 PY
 sections=(--section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats
-  --section MemoryWorkloadAnalysis)
-ncu --clock-control none "${sections[@]}" -k regex:QuantMatVec --launch-skip 0 --launch-count 1 \
+  --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats
+  --section SourceCounters)
+ncu --clock-control none "${sections[@]}" -k regex:Int4MmaMatVec --launch-skip 0 --launch-count 1 \
   "$bin/matvec_bench" >"$out/lm_head_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'QuantMatVecKernel<4, 1, true' --launch-skip 2 --launch-count 1 \
+  -k regex:'Int4MmaMatVecKernel<(1|true)' --launch-skip 2 --launch-count 1 \
   "$bin/matvec_bench" >"$out/glu_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'QuantMatVecKernel<4, 1, false' --launch-skip 110 --launch-count 1 \
+  -k regex:'Int4MmaMatVecKernel<(0|false)' --launch-skip 108 --launch-count 1 \
   "$bin/matvec_bench" >"$out/down_int4.txt" 2>&1
 ls -la "$out"

@@ -831,7 +831,9 @@ INSTANTIATE_TEST_SUITE_P(
 // ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64
 // and 128 (int2 also 32, where a 16-byte load spans two groups), odd sizes (7, 733: the scalar
-// path), K split over 4 warps, several rows per expert, and the tiled prefill kernel.
+// path), K split over 4 warps, several rows per expert, and the tiled prefill kernel. int4 with
+// K a multiple of 64, groups of 64 or more and up to 8 rows takes the tensor-core kernel: a last
+// m-tile of fewer than 16 rows, 5 and 8 rows, groups of 256, K split over warps.
 struct QuantMatMulCase {
   MatMulCase mm;
   int32_t group;
@@ -864,7 +866,11 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{64, 768, 2048, DType::kQ4, false}, 64},  // last matvec size
                       QuantMatMulCase{{65, 733, 129, DType::kQ4, false}, 64},  // first tiled size
                       QuantMatMulCase{{130, 300, 2048, DType::kQ8, false}, 128},
-                      QuantMatMulCase{{512, 2048, 768, DType::kQ4, false}, 64}));  // prefill
+                      QuantMatMulCase{{512, 2048, 768, DType::kQ4, false}, 64},  // prefill
+                      QuantMatMulCase{{1, 733, 2048, DType::kQ4, false}, 64},  // tensor cores
+                      QuantMatMulCase{{5, 1000, 1024, DType::kQ4, true}, 128},
+                      QuantMatMulCase{{8, 2048, 768, DType::kQ4, false}, 256},
+                      QuantMatMulCase{{2, 40, 8192, DType::kQ4, false}, 64}));
 
 struct QuantFfnCase {
   FfnCase ffn;
@@ -888,7 +894,9 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // ~32 rows: passes
                       QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill, tiled
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
-                      QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128}));
+                      QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128},
+                      QuantFfnCase{{8, 2048, 768, 64, 8, DType::kQ4}, 128},  // tensor cores
+                      QuantFfnCase{{3, 1024, 320, 8, 4, DType::kQ4}, 64}));
 
 // ---- Embed, Add, Sigmoid -----------------------------------------------------------------------
 struct EmbedCase {
