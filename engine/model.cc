@@ -191,9 +191,7 @@ absl::Status Model::Reserve(int64_t T) {
   const int64_t K = c.num_experts_per_tok;
   MOE_RETURN_IF_ERROR(Alloc(backend_, &x_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &h_, T * c.hidden_size * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &q_, T * q_dim * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &k_, T * kv_dim * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &v_, T * kv_dim * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_, T * (q_dim + 2 * kv_dim) * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &attn_, T * q_dim * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &mlp_out_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &router_logits_, T * c.num_experts * f));
@@ -301,6 +299,10 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   // caller already got an error: dropped here, so that it is not blamed on this one.
   backend_.TakeKvWriteError().IgnoreError();
   MOE_RETURN_IF_ERROR(Reserve(T));
+  const int64_t q_dim = c.num_attention_heads * c.head_dim;
+  q_ = qkv_.f32();
+  k_ = q_ + T * q_dim;
+  v_ = k_ + T * c.num_key_value_heads * c.head_dim;
   backend_.BeginStep(T);
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
@@ -319,21 +321,27 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     rope.rotary_dim = rope_.rotary_dim;
     rope.inv_freq = inv_freq_.f32();
     rope.attention_factor = rope_.attention_factor;
-    backend_.MatMul(q_.f32(), h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
-    backend_.MatMul(k_.f32(), h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
-    backend_.MatMul(v_.f32(), h_.f32(), T, L.v_proj.view, c.attention_bias ? &L.v_bias.view : nullptr);
+    // One token: one launch for q, k and v (its output row is [q | k | v]), where they stack.
+    if (T == 1 && L.qkv_proj.view.data != nullptr &&
+        (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
+      backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view, c.attention_bias ? &L.qkv_bias.view : nullptr);
+    } else {
+      backend_.MatMul(q_, h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
+      backend_.MatMul(k_, h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
+      backend_.MatMul(v_, h_.f32(), T, L.v_proj.view, c.attention_bias ? &L.v_bias.view : nullptr);
+    }
     kernels::RopeArgs rope_q = rope, rope_k = rope;
-    rope_q.x = q_.f32();
+    rope_q.x = q_;
     rope_q.num_heads = static_cast<int>(c.num_attention_heads);
-    rope_k.x = k_.f32();
+    rope_k.x = k_;
     rope_k.num_heads = static_cast<int>(c.num_key_value_heads);
     if (c.arch.qk_norm == QkNorm::kPerHead) {  // norm and rotation in one pass per tensor
       backend_.HeadNormRope(rope_q, L.q_norm.view, c.rms_norm_eps);
       backend_.HeadNormRope(rope_k, L.k_norm.view, c.rms_norm_eps);
     } else {
       if (c.arch.qk_norm == QkNorm::kWholeProj) {
-        backend_.RmsNorm(q_.f32(), q_.f32(), T, L.q_norm.view, c.rms_norm_eps);
-        backend_.RmsNorm(k_.f32(), k_.f32(), T, L.k_norm.view, c.rms_norm_eps);
+        backend_.RmsNorm(q_, q_, T, L.q_norm.view, c.rms_norm_eps);
+        backend_.RmsNorm(k_, k_, T, L.k_norm.view, c.rms_norm_eps);
       }
       backend_.Rope(rope_q);
       backend_.Rope(rope_k);
@@ -388,9 +396,9 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   const int64_t D = c.head_dim, q_dim = c.num_attention_heads * D, kv_dim = c.num_key_value_heads * D;
   if (observer_) {
     std::vector<float> q(T * q_dim), k(T * kv_dim), v(T * kv_dim);
-    backend_.CopyToHost(q.data(), q_.data(), q.size() * sizeof(float));
-    backend_.CopyToHost(k.data(), k_.data(), k.size() * sizeof(float));
-    backend_.CopyToHost(v.data(), v_.data(), v.size() * sizeof(float));
+    backend_.CopyToHost(q.data(), q_, q.size() * sizeof(float));
+    backend_.CopyToHost(k.data(), k_, k.size() * sizeof(float));
+    backend_.CopyToHost(v.data(), v_, v.size() * sizeof(float));
     observer_(layer, q.data(), k.data(), v.data(), T);
   }
   // Paged items: every new K/V of the step is stored before any attention reads the cache
@@ -413,8 +421,8 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
       PagedKv& pk = *item.paged;
       if (pk.codecs_[layer].empty()) {
         std::vector<float> k(T * kv_dim), v(T * kv_dim);  // the split formats' first-step sample
-        backend_.CopyToHost(k.data(), k_.data(), k.size() * sizeof(float));
-        backend_.CopyToHost(v.data(), v_.data(), v.size() * sizeof(float));
+        backend_.CopyToHost(k.data(), k_, k.size() * sizeof(float));
+        backend_.CopyToHost(v.data(), v_, v.size() * sizeof(float));
         MOE_RETURN_IF_ERROR(pk.EnsureCodecs(layer, k.data(), v.data(), T));
       }
       kernels::PagedKvWriteArgs w;
@@ -422,15 +430,15 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
       if (!writes.empty() && writes.back().kv.layer_base != w.kv.layer_base) {
         MOE_RETURN_IF_ERROR(flush());
       }
-      w.k = k_.f32() + offset * kv_dim;
-      w.v = v_.f32() + offset * kv_dim;
+      w.k = k_ + offset * kv_dim;
+      w.v = v_ + offset * kv_dim;
       w.num_tokens = n;
       w.start_pos = item.start;
       writes.push_back(w);
       kernels::PagedAttentionArgs a;
       a.kv = w.kv;
       a.out = attn_.f32() + offset * q_dim;
-      a.q = q_.f32() + offset * q_dim;
+      a.q = q_ + offset * q_dim;
       a.num_tokens = n;
       a.start_pos = item.start;
       a.num_heads = static_cast<int>(c.num_attention_heads);
@@ -451,11 +459,11 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
     const int64_t start = item.kv->length();
     float* k_cache = item.kv->k_[layer].f32();
     float* v_cache = item.kv->v_[layer].f32();
-    backend_.CopyOnDevice(k_cache + start * kv_dim, k_.f32() + offset * kv_dim, n * kv_dim * sizeof(float));
-    backend_.CopyOnDevice(v_cache + start * kv_dim, v_.f32() + offset * kv_dim, n * kv_dim * sizeof(float));
+    backend_.CopyOnDevice(k_cache + start * kv_dim, k_ + offset * kv_dim, n * kv_dim * sizeof(float));
+    backend_.CopyOnDevice(v_cache + start * kv_dim, v_ + offset * kv_dim, n * kv_dim * sizeof(float));
     kernels::AttentionArgs a;
     a.out = attn_.f32() + offset * q_dim;
-    a.q = q_.f32() + offset * q_dim;
+    a.q = q_ + offset * q_dim;
     a.k_cache = k_cache;
     a.v_cache = v_cache;
     a.num_tokens = n;

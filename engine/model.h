@@ -236,8 +236,13 @@ class Model {
 
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;
-  kernels::Buffer x_, h_, q_, k_, v_, attn_, mlp_out_, router_logits_, ones_, gate_, logits_,
+  kernels::Buffer x_, h_, qkv_, attn_, mlp_out_, router_logits_, ones_, gate_, logits_,
       positions_;
+  // The step's q [T, NH*D], k and v [T, NKV*D], one after another in qkv_ (set per Forward): at
+  // T = 1 that is exactly one row of the fused projection's output, [q | k | v].
+  float* q_ = nullptr;
+  float* k_ = nullptr;
+  float* v_ = nullptr;
   // Route's output for T tokens: weights [T, K], then expert ids [T, K] right after them; and the
   // expert plan: rows [R], then their weights [R]. Each pair crosses host<->device in one copy.
   kernels::Buffer route_, plan_;

@@ -18,6 +18,39 @@ class Loader {
   }
   bool Has(const std::string& name) const { return checkpoint_.Has(name); }
 
+  // The tensors `names` (shapes [rows_i, cols...]) stacked along their first dim into one upload,
+  // with `parts` set to views of their rows in it; an empty tensor (nothing uploaded) when their
+  // dtypes differ or are quantized (a quantized matrix keeps its scales after all its codes, so
+  // rows of two matrices do not stack).
+  absl::StatusOr<kernels::DeviceTensor> GetStacked(
+      const std::vector<std::string>& names, const std::vector<std::vector<int64_t>>& shapes,
+      std::vector<kernels::DeviceTensor*> parts) {
+    std::vector<kernels::TensorView> host;
+    int64_t rows = 0;
+    for (size_t i = 0; i < names.size(); ++i) {
+      MOE_ASSIGN_OR_RETURN(host.emplace_back(), checkpoint_.Get(names[i], shapes[i]));
+      if (kernels::IsQuantized(host[i].dtype) || host[i].dtype != host[0].dtype) return kernels::DeviceTensor{};
+      rows += shapes[i][0];
+    }
+    size_t total = 0;
+    for (const kernels::TensorView& h : host) total += h.bytes();
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(total));
+    kernels::DeviceTensor out;
+    out.view = host[0];
+    out.view.data = storage.data();
+    out.view.shape[0] = rows;
+    size_t offset = 0;
+    for (size_t i = 0; i < host.size(); ++i) {
+      auto* at = static_cast<uint8_t*>(storage.data()) + offset;
+      backend_.CopyToDevice(at, host[i].data, host[i].bytes());
+      parts[i]->view = host[i];
+      parts[i]->view.data = at;
+      offset += host[i].bytes();
+    }
+    out.storage = std::move(storage);
+    return out;
+  }
+
  private:
   const store::Checkpoint& checkpoint_;
   kernels::Backend& backend_;
@@ -59,14 +92,26 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
     MOE_ASSIGN_OR_RETURN(L.input_layernorm, load.Get(p + "input_layernorm.weight", {H}));
     MOE_ASSIGN_OR_RETURN(L.post_attention_layernorm,
                          load.Get(p + "post_attention_layernorm.weight", {H}));
-    MOE_ASSIGN_OR_RETURN(L.q_proj, load.Get(attn + "q_proj.weight", {q_dim, H}));
-    MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
-    MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
+    MOE_ASSIGN_OR_RETURN(L.qkv_proj, load.GetStacked({attn + "q_proj.weight", attn + "k_proj.weight",
+                                                      attn + "v_proj.weight"},
+                                                     {{q_dim, H}, {kv_dim, H}, {kv_dim, H}},
+                                                     {&L.q_proj, &L.k_proj, &L.v_proj}));
+    if (L.qkv_proj.view.data == nullptr) {
+      MOE_ASSIGN_OR_RETURN(L.q_proj, load.Get(attn + "q_proj.weight", {q_dim, H}));
+      MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
+      MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
+    }
     MOE_ASSIGN_OR_RETURN(L.o_proj, load.Get(attn + "o_proj.weight", {H, q_dim}));
     if (c.attention_bias) {
-      MOE_ASSIGN_OR_RETURN(L.q_bias, load.Get(attn + "q_proj.bias", {q_dim}));
-      MOE_ASSIGN_OR_RETURN(L.k_bias, load.Get(attn + "k_proj.bias", {kv_dim}));
-      MOE_ASSIGN_OR_RETURN(L.v_bias, load.Get(attn + "v_proj.bias", {kv_dim}));
+      MOE_ASSIGN_OR_RETURN(L.qkv_bias, load.GetStacked({attn + "q_proj.bias", attn + "k_proj.bias",
+                                                        attn + "v_proj.bias"},
+                                                       {{q_dim}, {kv_dim}, {kv_dim}},
+                                                       {&L.q_bias, &L.k_bias, &L.v_bias}));
+      if (L.qkv_bias.view.data == nullptr) {
+        MOE_ASSIGN_OR_RETURN(L.q_bias, load.Get(attn + "q_proj.bias", {q_dim}));
+        MOE_ASSIGN_OR_RETURN(L.k_bias, load.Get(attn + "k_proj.bias", {kv_dim}));
+        MOE_ASSIGN_OR_RETURN(L.v_bias, load.Get(attn + "v_proj.bias", {kv_dim}));
+      }
     }
     if (c.arch.qk_norm == QkNorm::kPerHead) {
       MOE_ASSIGN_OR_RETURN(L.q_norm, load.Get(attn + "q_norm.weight", {D}));
