@@ -336,8 +336,7 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     rope_k.x = k_;
     rope_k.num_heads = static_cast<int>(c.num_key_value_heads);
     if (c.arch.qk_norm == QkNorm::kPerHead) {  // norm and rotation in one pass per tensor
-      backend_.HeadNormRope(rope_q, L.q_norm.view, c.rms_norm_eps);
-      backend_.HeadNormRope(rope_k, L.k_norm.view, c.rms_norm_eps);
+      backend_.HeadNormRope(rope_q, L.q_norm.view, rope_k, L.k_norm.view, c.rms_norm_eps);
     } else {
       if (c.arch.qk_norm == QkNorm::kWholeProj) {
         backend_.RmsNorm(q_, q_, T, L.q_norm.view, c.rms_norm_eps);

@@ -320,11 +320,15 @@ class Backend {
     RmsNorm(out, x, rows, weight, eps);
   }
   virtual void Rope(const RopeArgs& args) = 0;
-  // Qwen3's per-head q/k norm and RoPE in one pass: every head of rope.x is RmsNorm'ed with
-  // norm_weight ([head_dim]), then rotated. The default is RmsNorm, then Rope.
-  virtual void HeadNormRope(const RopeArgs& rope, const TensorView& norm_weight, float eps) {
-    RmsNorm(rope.x, rope.x, rope.num_tokens * rope.num_heads, norm_weight, eps);
-    Rope(rope);
+  // Qwen3's per-head q/k norm and RoPE in one pass: every head of q.x is RmsNorm'ed with q_norm
+  // ([head_dim]) and every head of k.x with k_norm, then rotated. The default is RmsNorm, then
+  // Rope, on q and then on k; CUDA runs both in one launch when k's rows follow q's.
+  virtual void HeadNormRope(const RopeArgs& q, const TensorView& q_norm, const RopeArgs& k,
+                            const TensorView& k_norm, float eps) {
+    RmsNorm(q.x, q.x, q.num_tokens * q.num_heads, q_norm, eps);
+    Rope(q);
+    RmsNorm(k.x, k.x, k.num_tokens * k.num_heads, k_norm, eps);
+    Rope(k);
   }
   virtual void Attention(const AttentionArgs& args) = 0;
   // Paged KV cache ops over a batch of sequences (a step's items), with the result of one call

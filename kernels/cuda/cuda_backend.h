@@ -61,7 +61,8 @@ class CudaBackend final : public Backend {
   void RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
                float eps) override;
   void Rope(const RopeArgs& args) override;
-  void HeadNormRope(const RopeArgs& rope, const TensorView& norm_weight, float eps) override;
+  void HeadNormRope(const RopeArgs& q, const TensorView& q_norm, const RopeArgs& k,
+                    const TensorView& k_norm, float eps) override;
   void Attention(const AttentionArgs& args) override;
   // bf16, fp8-e4m3 and the single-part TurboQuant formats with the RHT2 rotation (tq1..tq4) on
   // the GPU (attention.cu); the split and prod formats fall back to the host-staged defaults of

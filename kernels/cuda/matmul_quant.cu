@@ -261,8 +261,9 @@ constexpr int kMmaWarps = 8;
 constexpr int kMmaChunk = 64;   // codes per chunk
 constexpr int kMmaTokens = 8;   // rows of A per launch: the n of m16n8k16
 
-// Shared memory of the x fragments: per row of A a stride of 64 words a chunk (4 lanes t x 16
-// words) plus 16, so rows g and g + 1 of one quarter-warp fall on different banks.
+// Shared memory of the x fragments: per row of A 64 words a chunk, [4 quarters][4 lanes t][4
+// words], so the 4 lanes of a row read 64 contiguous bytes at a time; rows 64 c + 16 words apart,
+// so rows g and g + 1 of one quarter-warp fall on different banks.
 __host__ __device__ constexpr int64_t MmaRowWords(int64_t chunks) { return chunks * 64 + 16; }
 __host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) {
   // fragments, per-(row, chunk, t) partial sums, per-(chunk, row) sums
@@ -305,7 +306,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   if (grp.row_count == 0) return;  // block-uniform
   const int nt = static_cast<int>(grp.row_count);
   const int64_t K = p.K, chunks = K / kMmaChunk, row_words = MmaRowWords(chunks);
-  uint32_t* xf = xsmem;                                                  // [row][chunk][t][16]
+  uint32_t* xf = xsmem;                                                  // [row][chunk][4][t][4]
   float* xpart = reinterpret_cast<float*>(xf + p.max_rows * row_words);  // [row][chunk][t]
   float* xsum = xpart + p.max_rows * chunks * 4;                         // [chunk][8 rows]
 
@@ -335,7 +336,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
   if constexpr (kGlu) aligned = aligned && (reinterpret_cast<uintptr_t>(p.up_groups[blockIdx.y].w) & 7) == 0;
   const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
-  const uint32_t* xrow = xf + g * row_words + 16 * t;
+  const uint32_t* xrow = xf + g * row_words + 4 * t;
 
   // A round: kU chunks' codes and {s, m} (fp16 pairs) per matrix and row, loads issued together,
   // into buffer b (a compile-time index: registers). The next round's loads go out before this
@@ -374,7 +375,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
 
   // x fragments: unit (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order
   // of the k-steps: k-step s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0)
-  // and i + 1, i + 5 (b1), as hi, lo: words 4s + {b0 hi, b0 lo, b1 hi, b1 lo}.
+  // and i + 1, i + 5 (b1), as hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s.
   for (int64_t u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
     const int tq = static_cast<int>(u % 4);
     const int64_t c = (u / 4) % chunks, j = u / (4 * chunks);
@@ -395,9 +396,12 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
       SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 1], sum);
       SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 2], frag[4 * s + 3], sum);
     }
-    uint4* dst = reinterpret_cast<uint4*>(xf + j * row_words + c * 64 + 16 * tq);
+    uint32_t* dst = xf + j * row_words + c * 64 + 4 * tq;
 #pragma unroll
-    for (int v = 0; v < 4; ++v) dst[v] = make_uint4(frag[4 * v], frag[4 * v + 1], frag[4 * v + 2], frag[4 * v + 3]);
+    for (int v = 0; v < 4; ++v) {
+      *reinterpret_cast<uint4*>(dst + 16 * v) =
+          make_uint4(frag[4 * v], frag[4 * v + 1], frag[4 * v + 2], frag[4 * v + 3]);
+    }
     xpart[u] = sum;
   }
   __syncthreads();
@@ -417,10 +421,9 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
       if (c >= c_end) break;
       uint32_t xw[16];
       if (has_x) {
-        const uint4* src = reinterpret_cast<const uint4*>(xrow + c * 64);
 #pragma unroll
         for (int v = 0; v < 4; ++v) {
-          const uint4 q = src[v];
+          const uint4 q = *reinterpret_cast<const uint4*>(xrow + c * 64 + 16 * v);
           xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
         }
       } else {

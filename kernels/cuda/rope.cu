@@ -1,4 +1,7 @@
 // RoPE (rotate-half layout) on the GPU: one thread per rotated pair.
+#include <type_traits>
+#include <utility>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 
@@ -34,14 +37,20 @@ __global__ void RopeKernel(float* x, const int32_t* positions, const float* inv_
 }
 
 // One block per (token, head) row, one thread per element (blockDim a multiple of 32 >= D):
-// y = x / sqrt(mean(x^2) + eps) * w in shared memory, then RopeKernel's rotation of y.
+// y = x / sqrt(mean(x^2) + eps) * w in shared memory, then RopeKernel's rotation of y. Rows
+// [0, a_rows) are tensor a's ([T, a_heads, D], weight wa), the rest tensor b's right after them
+// in memory ([T, b_heads, D], weight wb): q and k in one launch.
 template <typename W>
-__global__ void HeadNormRopeKernel(float* x, const W* weight, float eps, const int32_t* positions,
-                                   const float* inv_freq, int num_heads, int head_dim, int half,
+__global__ void HeadNormRopeKernel(float* x, int64_t a_rows, int a_heads, const W* wa, int b_heads,
+                                   const W* wb, float eps, const int32_t* positions,
+                                   const float* inv_freq, int head_dim, int half,
                                    float attention_factor) {
   WaitForPriorKernel();
   extern __shared__ float y[];  // [D]
-  const int64_t row = blockIdx.x;  // t * num_heads + h
+  const int64_t row = blockIdx.x;
+  const bool in_a = row < a_rows;
+  const int64_t token = in_a ? row / a_heads : (row - a_rows) / b_heads;
+  const W* weight = in_a ? wa : wb;
   const int d = threadIdx.x;
   float* v = x + row * head_dim;
   const float xd = d < head_dim ? v[d] : 0.f;
@@ -51,7 +60,7 @@ __global__ void HeadNormRopeKernel(float* x, const W* weight, float eps, const i
   if (d < head_dim) y[d] = xd * inv * ToF32(weight[d]);
   __syncthreads();
   if (d < half) {
-    RotatePair(positions[row / num_heads], inv_freq[d], attention_factor, y[d], y[d + half], v[d],
+    RotatePair(positions[token], inv_freq[d], attention_factor, y[d], y[d + half], v[d],
                v[d + half]);
   } else if (d >= 2 * half && d < head_dim) {
     v[d] = y[d];  // past rotary_dim: normalized, not rotated
@@ -76,35 +85,46 @@ void CudaBackend::Rope(const RopeArgs& a) {
                a.attention_factor);
 }
 
-void CudaBackend::HeadNormRope(const RopeArgs& a, const TensorView& w, float eps) {
-  MOE_CHECK(a.rotary_dim % 2 == 0 && a.rotary_dim <= a.head_dim && a.num_heads > 0 &&
-            w.numel() == a.head_dim && a.head_dim <= 1024)
-      << "HeadNormRope: rotary_dim " << a.rotary_dim << " head_dim " << a.head_dim << " weight "
-      << w.numel();
-  const int64_t rows = a.num_tokens * a.num_heads;
-  if (rows == 0) return;
-  MOE_CHECK(rows <= 0x7fffffff) << "HeadNormRope: " << rows << " rows";
-  const int threads = (a.head_dim + 31) / 32 * 32;
-  const size_t smem = static_cast<size_t>(a.head_dim) * sizeof(float);
-  const int half = a.rotary_dim / 2;
-  const dim3 grid(static_cast<unsigned>(rows));
-  switch (w.dtype) {
-    case DType::kF32:
-      cuda::Launch(cuda::HeadNormRopeKernel<float>, grid, threads, smem, stream_,
-                   a.x, static_cast<const float*>(w.data), eps, a.positions, a.inv_freq,
-                   a.num_heads, a.head_dim, half, a.attention_factor);
-      break;
-    case DType::kBF16:
-      cuda::Launch(cuda::HeadNormRopeKernel<__nv_bfloat16>, grid, threads, smem, stream_,
-                   a.x, static_cast<const __nv_bfloat16*>(w.data), eps, a.positions, a.inv_freq,
-                   a.num_heads, a.head_dim, half, a.attention_factor);
-      break;
-    case DType::kF16:
-      cuda::Launch(cuda::HeadNormRopeKernel<__half>, grid, threads, smem, stream_,
-                   a.x, static_cast<const __half*>(w.data), eps, a.positions, a.inv_freq,
-                   a.num_heads, a.head_dim, half, a.attention_factor);
-      break;
-    default: MOE_CHECK(false) << "HeadNormRope: unsupported weight dtype " << DTypeName(w.dtype);
+void CudaBackend::HeadNormRope(const RopeArgs& q, const TensorView& q_norm, const RopeArgs& k,
+                               const TensorView& k_norm, float eps) {
+  for (const auto& [a, w] : {std::pair{&q, &q_norm}, std::pair{&k, &k_norm}}) {
+    MOE_CHECK(a->rotary_dim % 2 == 0 && a->rotary_dim <= a->head_dim && a->num_heads > 0 &&
+              w->numel() == a->head_dim && a->head_dim <= 1024 &&
+              a->num_tokens * a->num_heads <= 0x7fffffff)
+        << "HeadNormRope: rotary_dim " << a->rotary_dim << " head_dim " << a->head_dim
+        << " heads " << a->num_heads << " tokens " << a->num_tokens << " weight " << w->numel();
+  }
+  const int64_t q_rows = q.num_tokens * q.num_heads, k_rows = k.num_tokens * k.num_heads;
+  // One launch when k's rows follow q's and everything but the weights is shared.
+  const bool one = k.x == q.x + q_rows * q.head_dim && k.head_dim == q.head_dim &&
+                   k.rotary_dim == q.rotary_dim && k.positions == q.positions &&
+                   k.inv_freq == q.inv_freq && k.attention_factor == q.attention_factor &&
+                   k_norm.dtype == q_norm.dtype && q_rows + k_rows <= 0x7fffffff;
+  auto launch = [&](const RopeArgs& a, int64_t a_rows, const TensorView& wa, const RopeArgs& b,
+                    int64_t b_rows, const TensorView& wb) {
+    if (a_rows + b_rows == 0) return;
+    const int threads = (a.head_dim + 31) / 32 * 32;
+    const size_t smem = static_cast<size_t>(a.head_dim) * sizeof(float);
+    const dim3 grid(static_cast<unsigned>(a_rows + b_rows));
+    auto go = [&](auto* tag) {
+      using W = std::remove_pointer_t<decltype(tag)>;
+      cuda::Launch(cuda::HeadNormRopeKernel<W>, grid, threads, smem, stream_, a.x, a_rows,
+                   a.num_heads, static_cast<const W*>(wa.data), b.num_heads,
+                   static_cast<const W*>(wb.data), eps, a.positions, a.inv_freq, a.head_dim,
+                   a.rotary_dim / 2, a.attention_factor);
+    };
+    switch (wa.dtype) {
+      case DType::kF32: return go(static_cast<float*>(nullptr));
+      case DType::kBF16: return go(static_cast<__nv_bfloat16*>(nullptr));
+      case DType::kF16: return go(static_cast<__half*>(nullptr));
+      default: MOE_CHECK(false) << "HeadNormRope: unsupported weight dtype " << DTypeName(wa.dtype);
+    }
+  };
+  if (one) {
+    launch(q, q_rows, q_norm, k, k_rows, k_norm);
+  } else {
+    launch(q, q_rows, q_norm, q, 0, q_norm);
+    launch(k, k_rows, k_norm, k, 0, k_norm);
   }
 }
 

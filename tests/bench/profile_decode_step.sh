@@ -36,9 +36,9 @@ sections=(--section LaunchStats --section Occupancy --section SpeedOfLight --sec
 ncu --clock-control none "${sections[@]}" -k regex:Int4MmaMatVec --launch-skip 0 --launch-count 1 \
   "$bin/matvec_bench" >"$out/lm_head_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'Int4MmaMatVecKernel<(1|true)' --launch-skip 2 --launch-count 1 \
+  -k regex:'Int4MmaMatVecKernel<.bool.1' --launch-skip 2 --launch-count 1 \
   "$bin/matvec_bench" >"$out/glu_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'Int4MmaMatVecKernel<(0|false)' --launch-skip 108 --launch-count 1 \
+  -k regex:'Int4MmaMatVecKernel<.bool.0' --launch-skip 108 --launch-count 1 \
   "$bin/matvec_bench" >"$out/down_int4.txt" 2>&1
 ls -la "$out"

@@ -203,19 +203,37 @@ INSTANTIATE_TEST_SUITE_P(Cases, RopeParity,
                                            RopeCase{733, 16, 128, 128, 1.f},
                                            RopeCase{3, 3, 80, 40, 1.f}));
 
-// HeadNormRope: per-head RmsNorm then RoPE in one pass (CUDA) vs RmsNorm, then Rope (CPU).
+// HeadNormRope: per-head RmsNorm then RoPE in one pass (CUDA) vs RmsNorm, then Rope (CPU). The
+// case's heads split into a "q" of heads - heads/4 and a "k" of the rest, with their own weights:
+// k's rows right after q's (CUDA: one launch), and the two passed the other way round (two).
 TEST_P(RopeParity, HeadNormRopeMatchesCpu) {
   const RopeCase c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.T * 23 + c.heads * 7 + c.head_dim));
-  std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim, -3.f, 3.f);
-  const HostWeight w = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
-  const std::vector<float> got =
-      RopeOnBoth(c, x, rng, [&](Backend& be, const kernels::RopeArgs& a, bool on_gpu) {
-        be.HeadNormRope(a, on_gpu ? w.gpu.view : w.cpu, 1e-6f);
-      });
-  ExpectClose("HeadNormRope",
-              Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim), got, x,
-              kTolF32);
+  const int hk = std::max(1, c.heads / 4), hq = c.heads - hk;
+  ASSERT_GE(hq, 1);
+  for (const bool k_follows_q : {true, false}) {
+    std::mt19937 rng(static_cast<uint32_t>(c.T * 23 + c.heads * 7 + c.head_dim + k_follows_q));
+    std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim, -3.f, 3.f);
+    const HostWeight wq = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
+    const HostWeight wk = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
+    const std::vector<float> got =
+        RopeOnBoth(c, x, rng, [&](Backend& be, const kernels::RopeArgs& a, bool on_gpu) {
+          kernels::RopeArgs first = a, second = a;
+          first.num_heads = hq;
+          second.num_heads = hk;
+          second.x = a.x + a.num_tokens * hq * a.head_dim;
+          const TensorView& q_norm = on_gpu ? wq.gpu.view : wq.cpu;
+          const TensorView& k_norm = on_gpu ? wk.gpu.view : wk.cpu;
+          if (k_follows_q) {
+            be.HeadNormRope(first, q_norm, second, k_norm, 1e-6f);
+          } else {
+            be.HeadNormRope(second, k_norm, first, q_norm, 1e-6f);
+          }
+        });
+    ExpectClose("HeadNormRope",
+                Name("T", c.T, "heads", c.heads, "D", c.head_dim, "rot", c.rotary_dim,
+                     "k follows q", k_follows_q),
+                got, x, kTolF32);
+  }
 }
 
 // ---- Attention ---------------------------------------------------------------------------------
