@@ -46,7 +46,7 @@ CudaBackend::~CudaBackend() {
   cudaEventDestroy(compute_done_);
   cudaEventDestroy(host_copies_done_);
   cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_}) cudaFree(s->data);
+  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_}) cudaFree(s->data);
   cudaFree(kv_verdict_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   cudaStreamDestroy(stream_);

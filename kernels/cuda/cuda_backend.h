@@ -90,10 +90,21 @@ class CudaBackend final : public Backend {
   void* Reserve(Scratch& s, size_t bytes);
   // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
   void* StageHostArgs(Scratch& s, const void* host, size_t bytes);
-  // ExpertFfn's launches from a device table of groups (expert_ffn.cu).
-  void LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups, int64_t max_rows,
-                       int64_t total_rows, const ExpertWeights& w0, const float* x,
-                       const int32_t* rows, const float* row_weights, float* out, int64_t H);
+  // The groups of an expert FFN's launches: a device table [gate | up | down] of `count` groups
+  // each (ExpertFfn), or Route's expert ids read directly with the layer's device pointer tables
+  // (ExpertFfnRouted: group y is routed pair y).
+  struct ExpertGroups {
+    int count = 0;
+    const cuda::GemmGroup* table = nullptr;
+    const int32_t* routed_ids = nullptr;
+    const void* const* gate = nullptr;
+    const void* const* up = nullptr;
+    const void* const* down = nullptr;
+  };
+  // ExpertFfn's and ExpertFfnRouted's launches (expert_ffn.cu).
+  void LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, int64_t total_rows,
+                       const ExpertWeights& w0, const float* x, const int32_t* rows,
+                       const float* row_weights, float* out, int64_t H);
 
   // The TurboQuant rotation signs and codebook of a cache layer as the kernels read them
   // (attention.cu), uploaded once per layer: keyed by the layer's codec array and uploaded again
@@ -118,6 +129,10 @@ class CudaBackend final : public Backend {
   Scratch work_;       // intermediates: expert activations, attention partials
   Scratch paged_;      // TurboQuant paged attention: rotated queries and outputs
   Scratch sampled_;    // Sample's results before their copy to the host
+  // ExpertFfnRouted's rows: routed pair y is token y / top_k; made once per top_k.
+  Scratch routed_rows_;
+  int routed_rows_top_k_ = 0;
+  int64_t routed_rows_count_ = 0;
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).
   unsigned long long* kv_verdict_ = nullptr;
   bool kv_verdict_pending_ = false;

@@ -8,6 +8,9 @@
 //   out[rows[r]]   += row_weights[r] * act[r] Down_e^T   one grouped launch, atomicAdd scatter
 // The atomics make the order of the (at most K) additions into one out element vary from run to
 // run: results can differ in the last bit, unlike the CPU reference.
+// ExpertFfnRouted (decode with every expert of the layer in a device pointer table): group y is
+// routed pair y, its matrices looked up by the kernels themselves from Route's expert ids.
+#include <algorithm>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -15,30 +18,6 @@
 #include "kernels/cuda/launch.cuh"
 
 namespace moe::kernels {
-
-namespace cuda {
-namespace {
-
-// One routed (token, k) pair per group, from the router's output on the device: group y = t K + k
-// uses expert ids[y]'s matrices for row y (x row t, scale weights[y], out row t); no rows when
-// that expert is not resident (null pointers).
-__global__ void PlanRoutedKernel(GemmGroup* groups, int32_t* rows, const int32_t* ids,
-                                 const void* const* gate, const void* const* up,
-                                 const void* const* down, int64_t n, int top_k) {
-  WaitForPriorKernel();
-  for (int64_t y = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; y < n;
-       y += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t e = ids[y];
-    const int64_t count = gate[e] != nullptr ? 1 : 0;
-    groups[y] = {gate[e], y, count};
-    groups[n + y] = {up[e], y, count};
-    groups[2 * n + y] = {down[e], y, count};
-    rows[y] = static_cast<int32_t>(y / top_k);
-  }
-}
-
-}  // namespace
-}  // namespace cuda
 
 void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   const int64_t H = a.hidden_size;
@@ -72,10 +51,11 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
     max_rows = std::max(max_rows, work.row_count);
   }
   if (max_rows == 0) return;
-  const auto* groups = static_cast<const cuda::GemmGroup*>(
+  ExpertGroups groups;
+  groups.count = num_experts;
+  groups.table = static_cast<const cuda::GemmGroup*>(
       StageHostArgs(args_, table.data(), table.size() * sizeof(cuda::GemmGroup)));
-  LaunchExpertFfn(groups, num_experts, max_rows, total_rows, w0, a.x, a.rows, a.row_weights, a.out,
-                  H);
+  LaunchExpertFfn(groups, max_rows, total_rows, w0, a.x, a.rows, a.row_weights, a.out, H);
 }
 
 void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
@@ -89,24 +69,38 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
     if (a.experts->views[e].gate.data != nullptr) w0 = &a.experts->views[e];
   }
   if (w0 == nullptr) return;
-  // [gate groups | up groups | down groups] then the rows, planned on the GPU.
-  const size_t groups_bytes = 3 * static_cast<size_t>(n) * sizeof(cuda::GemmGroup);
-  auto* plan = static_cast<uint8_t*>(Reserve(args_, groups_bytes + n * sizeof(int32_t)));
-  auto* groups = reinterpret_cast<cuda::GemmGroup*>(plan);
-  auto* rows = reinterpret_cast<int32_t*>(plan + groups_bytes);
-  cuda::Launch(cuda::PlanRoutedKernel, static_cast<unsigned>(cuda::CeilDiv(n, 256)), 256, 0,
-               stream_, groups, rows, a.expert_ids, a.experts->gate, a.experts->up,
-               a.experts->down, n, a.top_k);
-  LaunchExpertFfn(groups, static_cast<int>(n), 1, n, *w0, a.x, rows, a.weights, a.out,
-                  a.hidden_size);
+  // Routed pair y reads token y / top_k: a table made once per top_k (and grown with n).
+  if (a.top_k != routed_rows_top_k_ || n > routed_rows_count_) {
+    routed_rows_count_ = std::max<int64_t>(n, 1024);
+    routed_rows_top_k_ = a.top_k;
+    std::vector<int32_t> rows(routed_rows_count_);
+    for (int64_t y = 0; y < routed_rows_count_; ++y) rows[y] = static_cast<int32_t>(y / a.top_k);
+    StageHostArgs(routed_rows_, rows.data(), rows.size() * sizeof(int32_t));
+  }
+  ExpertGroups groups;
+  groups.count = static_cast<int>(n);
+  groups.routed_ids = a.expert_ids;
+  groups.gate = a.experts->gate;
+  groups.up = a.experts->up;
+  groups.down = a.experts->down;
+  LaunchExpertFfn(groups, 1, n, *w0, a.x, static_cast<const int32_t*>(routed_rows_.data),
+                  a.weights, a.out, a.hidden_size);
 }
 
-// The grouped SwiGLU launches over `num_groups` groups in `groups` (device: gate, then up, then
-// down groups); every expert has w0's dtype and shapes.
-void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups, int64_t max_rows,
-                                  int64_t total_rows, const ExpertWeights& w0, const float* x,
-                                  const int32_t* rows, const float* row_weights, float* out,
-                                  int64_t H) {
+// The grouped SwiGLU launches over `groups` (every expert has w0's dtype and shapes).
+void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, int64_t total_rows,
+                                  const ExpertWeights& w0, const float* x, const int32_t* rows,
+                                  const float* row_weights, float* out, int64_t H) {
+  // Projection `which` (0 gate, 1 up, 2 down) of every group, into q.
+  auto set_groups = [&](cuda::GemmParams& q, int which) {
+    q.num_groups = groups.count;
+    if (groups.table != nullptr) {
+      q.groups = groups.table + which * groups.count;
+    } else {
+      q.routed_ids = groups.routed_ids;
+      q.routed_w = which == 0 ? groups.gate : which == 1 ? groups.up : groups.down;
+    }
+  };
   const int64_t I = w0.gate.dim(0);
   const DType dtype = w0.gate.dtype;
   // [R, 2I] gate|up, then [R, I] act
@@ -115,7 +109,7 @@ void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups,
   float* act = gate_up + total_rows * 2 * I;
 
   cuda::GemmParams p;
-  p.num_groups = num_groups;
+  set_groups(p, 0);  // gate
   p.max_rows = max_rows;
   p.w_dtype = dtype;
   p.group_size = w0.gate.group_size;
@@ -125,10 +119,13 @@ void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups,
   p.lda = H;
   p.a_rows = rows;
   p.num_sms = num_sms_;
-  p.groups = groups;  // gate
   if (max_rows <= cuda::kMatVecMaxRows) {
     // Decode: gate, up and SiLU* in one matrix-vector launch, straight into act.
-    p.up_groups = groups + num_groups;
+    if (groups.table != nullptr) {
+      p.up_groups = groups.table + groups.count;
+    } else {
+      p.routed_up = groups.up;
+    }
     p.c = act;
     p.ldc = I;
     cuda::LaunchGroupedGemm(p, stream_);
@@ -136,15 +133,14 @@ void CudaBackend::LaunchExpertFfn(const cuda::GemmGroup* groups, int num_groups,
     p.ldc = 2 * I;
     p.c = gate_up;
     cuda::LaunchGroupedGemm(p, stream_);
-    p.groups = groups + num_groups;  // up
+    set_groups(p, 1);  // up
     p.c = gate_up + I;
     cuda::LaunchGroupedGemm(p, stream_);
     cuda::LaunchSiluMul(act, gate_up, total_rows, I, num_sms_, stream_);
   }
 
   cuda::GemmParams d;  // down, weighted scatter-add into out
-  d.groups = groups + 2 * num_groups;
-  d.num_groups = num_groups;
+  set_groups(d, 2);
   d.max_rows = max_rows;
   d.w_dtype = dtype;
   d.group_size = w0.down.group_size;

@@ -8,7 +8,16 @@ namespace moe::kernels::cuda {
 
 __device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGroup& single,
                                              int g) {
+  if (p.routed_ids != nullptr) {
+    const void* w = p.routed_w[p.routed_ids[g]];
+    return {w, g, w != nullptr ? 1 : 0};
+  }
   return p.groups != nullptr ? p.groups[g] : single;
+}
+
+// U_g of the SwiGLU form.
+__device__ __forceinline__ const void* UpOf(const GemmParams& p, int g) {
+  return p.routed_ids != nullptr ? p.routed_up[p.routed_ids[g]] : p.up_groups[g].w;
 }
 
 // C[rc, n] (+)= scale * v for logical row r (see GemmParams).

@@ -46,6 +46,15 @@ struct GemmParams {
   // When set (matrix-vector sizes only: max_rows <= kMatVecMaxRows), the call computes the SwiGLU
   // product instead: C[rc, n] = F.silu(A W_g^T)[n] * (A U_g^T)[n], U_g = up_groups[g].w.
   const GemmGroup* up_groups = nullptr;
+  // Routed groups in place of `groups` / `up_groups` (ExpertFfnRouted: read straight from Route's
+  // output, no planning kernel): group g is {routed_w[routed_ids[g]], g, 1}, no rows when that
+  // pointer is null; U_g = routed_up[routed_ids[g]].
+  const int32_t* routed_ids = nullptr;
+  const void* const* routed_w = nullptr;
+  const void* const* routed_up = nullptr;
+
+  bool glu() const { return up_groups != nullptr || routed_up != nullptr; }
+  bool has_groups() const { return groups != nullptr || routed_ids != nullptr; }
   int num_sms = 132;  // of the device: sizes the matrix-vector grid
   // Quantized w_dtype (kQ8/kQ4/kQ2, kernels/quant.h) only: every group's w points at the start of
   // one [N, K] quantized matrix (codes, then fp16 {scale, offset} pairs at QuantParamsOffset).

@@ -95,7 +95,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
   constexpr int V = Vec16<W>::kVec;
   const int64_t K = p.K;
   const W* w = static_cast<const W*>(g.w) + (active ? n : 0) * K;  // [K]
-  const W* wu = kGlu ? static_cast<const W*>(p.up_groups[blockIdx.y].w) + (active ? n : 0) * K
+  const W* wu = kGlu ? static_cast<const W*>(UpOf(p, blockIdx.y)) + (active ? n : 0) * K
                      : nullptr;
   const bool vec = K % V == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
                    (!kGlu || (reinterpret_cast<uintptr_t>(wu) & 15) == 0) &&
@@ -245,7 +245,7 @@ __global__ void AddBiasKernel(float* out, int64_t T, int64_t N, const W* bias) {
 
 template <typename W>
 void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  if (p.up_groups != nullptr) {
+  if (p.glu()) {
     LaunchMatVec<W, true>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
     LaunchMatVec<W, false>(p, single, stream);
@@ -262,7 +262,7 @@ void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream)
             p.max_rows <= 65535LL * kBM)
       << "GroupedGemm: groups " << p.num_groups << " N " << p.N << " K " << p.K << " rows "
       << p.max_rows;
-  MOE_CHECK(p.up_groups == nullptr || (p.groups != nullptr && p.max_rows <= kMatVecMaxRows))
+  MOE_CHECK(!p.glu() || (p.has_groups() && p.max_rows <= kMatVecMaxRows))
       << "GroupedGemm: the SwiGLU form needs a groups table and at most " << kMatVecMaxRows
       << " rows per group, got " << p.max_rows;
   if (p.max_rows == 0) return;
@@ -280,7 +280,7 @@ void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream)
 }  // namespace
 
 void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream) {
-  MOE_CHECK(p.groups != nullptr) << "GroupedGemm: groups table is null";
+  MOE_CHECK(p.has_groups()) << "GroupedGemm: no groups table and no routed groups";
   Dispatch(p, GemmGroup{}, stream);
 }
 

@@ -96,11 +96,11 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
   for (int i = 0; i < kRowsPerWarp; ++i) {
     const int64_t n = n0 + i < p.N ? n0 + i : 0;
     w[i] = RowOf(g.w, n, p.N, row_bytes, groups);
-    if constexpr (kGlu) w[kRowsPerWarp + i] = RowOf(p.up_groups[blockIdx.y].w, n, p.N, row_bytes, groups);
+    if constexpr (kGlu) w[kRowsPerWarp + i] = RowOf(UpOf(p, blockIdx.y), n, p.N, row_bytes, groups);
   }
   bool vec = K % F::kPerChunk == 0 && (reinterpret_cast<uintptr_t>(g.w) & 15) == 0 &&
              (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
-  if constexpr (kGlu) vec = vec && (reinterpret_cast<uintptr_t>(p.up_groups[blockIdx.y].w) & 15) == 0;
+  if constexpr (kGlu) vec = vec && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 15) == 0;
 
   for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {  // block-uniform trip count
     const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
@@ -322,7 +322,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   const uint8_t* params[NW][2];
 #pragma unroll
   for (int m = 0; m < NW; ++m) {
-    const uint8_t* base = static_cast<const uint8_t*>(m == 0 ? grp.w : p.up_groups[blockIdx.y].w);
+    const uint8_t* base = static_cast<const uint8_t*>(m == 0 ? grp.w : UpOf(p, blockIdx.y));
     const uint8_t* pbase = base + (p.N * row_bytes + 15) / 16 * 16;  // QuantParamsOffset
     codes[m][0] = base + ra * row_bytes + 8 * t;
     codes[m][1] = base + rb * row_bytes + 8 * t;
@@ -334,7 +334,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   // 8-byte code loads where every matrix is 8-byte aligned (the store aligns to 256 bytes);
   // byte loads otherwise (block-uniform).
   bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
-  if constexpr (kGlu) aligned = aligned && (reinterpret_cast<uintptr_t>(p.up_groups[blockIdx.y].w) & 7) == 0;
+  if constexpr (kGlu) aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 7) == 0;
   const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
   const uint32_t* xrow = xf + g * row_words + 4 * t;
 
@@ -526,7 +526,7 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
       smem > kMmaMaxSmem || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
-  const bool glu = p.up_groups != nullptr;
+  const bool glu = p.glu();
   // K split over ws warps while the blocks still fit one wave: more loads in flight, and no
   // second wave repeating the staging of x.
   const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
@@ -614,7 +614,7 @@ __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmP
 
 template <int B>
 void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  if (p.up_groups != nullptr) {
+  if (p.glu()) {
     LaunchQuantMatVec<B, true>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
     LaunchQuantMatVec<B, false>(p, single, stream);
