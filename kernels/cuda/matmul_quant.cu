@@ -48,9 +48,13 @@ __device__ __forceinline__ float OnePlusCode(uint32_t w, int i) {
   return __uint_as_float((s & (QFmt<B>::kMask << (23 - B))) | 0x3f800000u);
 }
 
+// {s, m} of group g of a row, at any alignment (the scalar paths serve unaligned matrices too).
 __device__ __forceinline__ float2 LoadParams(const uint8_t* params_row, int64_t g) {
-  const __half* h = reinterpret_cast<const __half*>(params_row) + 2 * g;
-  return make_float2(__half2float(h[0]), __half2float(h[1]));
+  const uint8_t* b = params_row + 4 * g;
+  __half_raw s, m;
+  s.x = static_cast<unsigned short>(b[0] | b[1] << 8);
+  m.x = static_cast<unsigned short>(b[2] | b[3] << 8);
+  return make_float2(__half2float(__half(s)), __half2float(__half(m)));
 }
 
 struct QuantMatrix {

@@ -890,6 +890,36 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{8, 2048, 768, DType::kQ4, false}, 256},
                       QuantMatMulCase{{2, 40, 8192, DType::kQ4, false}, 64}));
 
+// Weights at an address that is not 8-byte aligned (a view into a larger buffer): the int4
+// tensor-core kernel reads codes and scales byte by byte there, the SIMT kernel (int8) element by
+// element.
+TEST(QuantMatMulUnaligned, MatchesCpu) {
+  const int64_t N = 733, K = 2048;
+  for (const DType dtype : {DType::kQ4, DType::kQ8}) {
+    for (const int64_t T : {1, 3}) {
+      for (const size_t offset : {1, 4}) {
+        std::mt19937 rng(static_cast<uint32_t>(T * 31 + offset));
+        const std::vector<float> x = Random(rng, T * K);
+        const HostWeight w = MakeAnyWeight(Random(rng, N * K), dtype, 64, {N, K});
+        std::vector<float> want(T * N);
+        Cpu().MatMul(want.data(), x.data(), T, w.cpu, nullptr);
+        const size_t bytes = w.gpu.view.bytes();
+        absl::StatusOr<kernels::Buffer> buf = Gpu().Allocate(bytes + 8);
+        ASSERT_TRUE(buf.ok()) << buf.status();
+        Gpu().CopyOnDevice(static_cast<uint8_t*>(buf->data()) + offset, w.gpu.view.data, bytes);
+        TensorView moved = w.gpu.view;
+        moved.data = static_cast<const uint8_t*>(buf->data()) + offset;
+        DeviceArray<float> dx(x);
+        DeviceArray<float> out = PoisonedOutput(want.size());
+        Gpu().MatMul(out.get(), dx.get(), T, moved, nullptr);
+        ExpectClose("MatMul",
+                    Name("T", T, "N", N, "K", K, DTypeName(dtype), "g64 at byte offset", offset),
+                    out.Read(), want, TolFor(dtype));
+      }
+    }
+  }
+}
+
 struct QuantFfnCase {
   FfnCase ffn;
   int32_t group;
