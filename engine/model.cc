@@ -324,7 +324,8 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     // One token: one launch for q, k and v (its output row is [q | k | v]), where they stack.
     if (T == 1 && L.qkv_proj.view.data != nullptr &&
         (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
-      backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view, c.attention_bias ? &L.qkv_bias.view : nullptr);
+      backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view,
+                      c.attention_bias ? &L.qkv_bias.view : nullptr);
     } else {
       backend_.MatMul(q_, h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
       backend_.MatMul(k_, h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);

@@ -29,7 +29,9 @@ class Loader {
     int64_t rows = 0;
     for (size_t i = 0; i < names.size(); ++i) {
       MOE_ASSIGN_OR_RETURN(host.emplace_back(), checkpoint_.Get(names[i], shapes[i]));
-      if (kernels::IsQuantized(host[i].dtype) || host[i].dtype != host[0].dtype) return kernels::DeviceTensor{};
+      if (kernels::IsQuantized(host[i].dtype) || host[i].dtype != host[0].dtype) {
+        return kernels::DeviceTensor{};
+      }
       rows += shapes[i][0];
     }
     size_t total = 0;

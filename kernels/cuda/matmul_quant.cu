@@ -338,7 +338,9 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   // 8-byte code loads where every matrix is 8-byte aligned (the store aligns to 256 bytes);
   // byte loads otherwise (block-uniform).
   bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
-  if constexpr (kGlu) aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 7) == 0;
+  if constexpr (kGlu) {
+    aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 7) == 0;
+  }
   const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
   const uint32_t* xrow = xf + g * row_words + 4 * t;
 
@@ -534,7 +536,8 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
   // K split over ws warps while the blocks still fit one wave: more loads in flight, and no
   // second wave repeating the staging of x.
   const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
-  const int64_t wave = p.num_sms * (glu ? Int4MmaBlocksPerSm<true>(smem) : Int4MmaBlocksPerSm<false>(smem));
+  const int64_t per_sm = glu ? Int4MmaBlocksPerSm<true>(smem) : Int4MmaBlocksPerSm<false>(smem);
+  const int64_t wave = p.num_sms * per_sm;
   int ws = 1;
   while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
   const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),

@@ -213,8 +213,10 @@ TEST_P(RopeParity, HeadNormRopeMatchesCpu) {
   for (const bool k_follows_q : {true, false}) {
     std::mt19937 rng(static_cast<uint32_t>(c.T * 23 + c.heads * 7 + c.head_dim + k_follows_q));
     std::vector<float> x = Random(rng, c.T * c.heads * c.head_dim, -3.f, 3.f);
-    const HostWeight wq = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
-    const HostWeight wk = MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
+    const HostWeight wq =
+        MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
+    const HostWeight wk =
+        MakeWeight(Random(rng, c.head_dim, 0.5f, 1.5f), DType::kBF16, {c.head_dim});
     const std::vector<float> got =
         RopeOnBoth(c, x, rng, [&](Backend& be, const kernels::RopeArgs& a, bool on_gpu) {
           kernels::RopeArgs first = a, second = a;
