@@ -249,7 +249,7 @@ void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
     LaunchMatVec<W, true>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
     LaunchMatVec<W, false>(p, single, stream);
-  } else {
+  } else if (!LaunchGemmMma(p, single, stream)) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
                     static_cast<unsigned>(p.num_groups));

@@ -93,7 +93,10 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{65, 733, 129, DType::kBF16, false},  // first tiled size
                       MatMulCase{130, 300, 2048, DType::kBF16, false},
                       MatMulCase{733, 733, 733, DType::kF32, false},
-                      MatMulCase{512, 2048, 2048, DType::kBF16, false}));  // prefill
+                      MatMulCase{512, 2048, 2048, DType::kBF16, false},  // prefill
+                      // tensor-core GEMM: partial tiles of rows and columns, K of 3 k-tiles
+                      MatMulCase{100, 200, 96, DType::kBF16, true},
+                      MatMulCase{2048, 5120, 2048, DType::kBF16, false}));  // Qwen3-30B q/k/v
 
 // ---- RmsNorm -----------------------------------------------------------------------------------
 struct NormCase {
@@ -752,7 +755,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(FfnCase{1, 2048, 768, 128, 8, DType::kBF16},  // Qwen3-30B-A3B decode
                       FfnCase{7, 733, 257, 16, 4, DType::kF32},
                       FfnCase{3, 64, 32, 8, 2, DType::kF16},
-                      FfnCase{733, 256, 96, 32, 8, DType::kBF16},  // prefill, tiled kernel
+                      FfnCase{733, 256, 96, 32, 8, DType::kBF16},  // prefill: tensor-core GEMM
                       FfnCase{200, 512, 129, 4, 2, DType::kF32},
                       FfnCase{64, 512, 129, 8, 2, DType::kBF16},  // ~16 rows: matvec passes
                       FfnCase{1, 7, 1, 3, 1, DType::kBF16},
@@ -887,18 +890,21 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{65, 733, 129, DType::kQ4, false}, 64},  // first tiled size
                       QuantMatMulCase{{130, 300, 2048, DType::kQ8, false}, 128},
                       QuantMatMulCase{{512, 2048, 768, DType::kQ4, false}, 64},  // prefill
+                      QuantMatMulCase{{100, 200, 96, DType::kQ4, false}, 64},  // group past K
+                      QuantMatMulCase{{257, 130, 2048, DType::kQ2, true}, 32},
+                      QuantMatMulCase{{65, 1000, 256, DType::kQ8, false}, 256},
                       QuantMatMulCase{{1, 733, 2048, DType::kQ4, false}, 64},  // tensor cores
                       QuantMatMulCase{{5, 1000, 1024, DType::kQ4, true}, 128},
                       QuantMatMulCase{{8, 2048, 768, DType::kQ4, false}, 256},
                       QuantMatMulCase{{2, 40, 8192, DType::kQ4, false}, 64}));
 
 // Weights at an address that is not 8-byte aligned (a view into a larger buffer): the int4
-// tensor-core kernel reads codes and scales byte by byte there, the SIMT kernel (int8) element by
-// element.
+// tensor-core kernels (matrix-vector, GEMM) read codes and scales byte by byte there, the SIMT
+// kernel (int8 matrix-vector) element by element.
 TEST(QuantMatMulUnaligned, MatchesCpu) {
   const int64_t N = 733, K = 2048;
   for (const DType dtype : {DType::kQ4, DType::kQ8}) {
-    for (const int64_t T : {1, 3}) {
+    for (const int64_t T : {1, 3, 100}) {  // 100: the tensor-core GEMM
       for (const size_t offset : {1, 4}) {
         std::mt19937 rng(static_cast<uint32_t>(T * 31 + offset));
         const std::vector<float> x = Random(rng, T * K);
@@ -942,7 +948,7 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{3, 64, 32, 8, 2, DType::kQ8}, 32},
                       QuantFfnCase{{1, 7, 1, 3, 1, DType::kQ2}, 32},
                       QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // ~32 rows: passes
-                      QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill, tiled
+                      QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill: tensor cores
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
                       QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128},
                       QuantFfnCase{{8, 2048, 768, 64, 8, DType::kQ4}, 128},  // tensor cores
