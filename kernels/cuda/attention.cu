@@ -2139,18 +2139,28 @@ bool DecodeShapeFits(const AttentionArgs& a, const Src& src) {
   return (D == 64 || D == 128 || (D == 256 && G <= 8)) && G <= 16 && src.DecodeAligned();
 }
 
-// RunAttention for a batch of one-token sequences on the decode kernel; false (nothing
-// launched) when a sequence has more than one token or the shape does not fit the kernel.
+// RunAttention on the decode kernel; false (nothing launched) when the shape does not fit it.
+// A sequence of n tokens (a prefill chunk) becomes n one-token rows of the grid, each with its
+// own causal end: 2048-token prefill attention 2.8 ms -> MEASURE a layer of the Qwen3-30B-A3B
+// shape against the SIMT kernel (H200, tests/bench/NOTES.md).
 template <typename Src, typename Reserve, typename Stage>
-bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs, const Src& src,
-                        int num_sms, Reserve reserve, Stage stage, cudaStream_t stream) {
+bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& multi,
+                        const Src& src, int num_sms, Reserve reserve, Stage stage,
+                        cudaStream_t stream) {
   if (!DecodeShapeFits(a, src)) return false;
   AttnParams p;
   p.a = a;
   p.group = a.num_heads / a.num_kv_heads;
   int64_t keys = 0;
-  for (const SeqDesc& sq : seqs) {
-    if (sq.num_tokens > 1) return false;
+  std::vector<SeqDesc> seqs;
+  for (const SeqDesc& sq : multi) {
+    for (int64_t j = 0; j < sq.num_tokens; ++j) {
+      SeqDesc row = sq;
+      row.start_pos += j;
+      row.num_tokens = 1;
+      row.token_offset += j;
+      seqs.push_back(row);
+    }
     p.total_tokens += sq.num_tokens;
     keys = std::max(keys, sq.start_pos + sq.num_tokens);
   }
@@ -2409,7 +2419,8 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   auto stage = [this](const void* host, size_t bytes) {
     return StageHostArgs(args2_, host, bytes);
   };
-  // Decode steps (one token per sequence) on the tensor-core kernel, the rest on the SIMT one.
+  // The tensor-core kernel where the shape fits it (decode steps and prefill chunks), the SIMT
+  // one otherwise.
   auto run = [&](const AttentionArgs& args, const auto& src) {
     if (!cuda::RunDecodeAttention(args, seqs, src, num_sms_, reserve, stage, stream_)) {
       cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_);
