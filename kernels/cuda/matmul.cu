@@ -1,6 +1,7 @@
 // MatMul on the GPU: a grouped matrix-vector kernel (decode, weight-bandwidth bound) and a tiled
 // grouped GEMM (prefill), both fp32 accumulation over fp32/bf16/fp16 weights; bias added after.
-// Quantized weights (kQ8/kQ4/kQ2) take the kernels of matmul_quant.cu.
+// bf16 GEMMs go to the tensor cores where they can (gemm_mma.cu); quantized weights
+// (kQ8/kQ4/kQ2) take the kernels of matmul_quant.cu.
 //
 // Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
 // Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
@@ -193,8 +194,8 @@ void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t str
 }
 
 // ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 -----------------
-// SIMT fp32 FMA, so prefill runs near fp32 peak, far from tensor-core speed (no tensor-core path
-// yet: kernels/cuda/README.md, "Not done yet").
+// SIMT fp32 FMA, far from tensor-core speed: for fp32 and fp16 weights and the shapes
+// `GemmMmaKernel` (gemm_mma.cu) does not take.
 
 template <typename W>
 __global__ __launch_bounds__(kTileThreads) void GroupedGemmTiledKernel(const GemmParams p,

@@ -17,7 +17,8 @@
 // Each warp takes 4 weight rows, so that an x value loaded from L1 serves 4 (SwiGLU: 8) rows.
 // Rows whose length in bytes is not a multiple of 16 (odd K) take a scalar path that
 // dequantizes element by element.
-// GEMM (prefill): the tiled SIMT kernel of matmul.cu with a loader that dequantizes each element.
+// GEMM (prefill) where the tensor-core kernel (gemm_mma.cu) does not apply: the tiled SIMT kernel
+// of matmul.cu with a loader that dequantizes each element.
 #include <algorithm>
 #include <type_traits>
 
@@ -571,7 +572,8 @@ void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_
   }
 }
 
-// ---- tiled GEMM (prefill): 64x64 output tile per block, 4x4 per thread, K in steps of 16 -------
+// ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 (the shapes -----
+// `GemmMmaKernel` does not take: K not a multiple of 32, unaligned A)
 
 template <int B>
 __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmParams p,
