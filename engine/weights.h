@@ -20,8 +20,9 @@ struct LayerWeights {
   kernels::DeviceTensor q_proj, k_proj, v_proj;    // [NH*D, H], [NKV*D, H], [NKV*D, H]
   kernels::DeviceTensor q_bias, k_bias, v_bias;    // present when config.attention_bias
   // q, k and v stacked, [NH*D + 2 NKV*D, H], when they share a dense dtype (their biases too, if
-  // any): q_proj/k_proj/v_proj (and the biases) are then views of its rows and own nothing.
-  // Empty otherwise. Decoding one token takes it as one matrix-vector product.
+  // any) on a GPU backend: q_proj/k_proj/v_proj (and the biases) are then views of its rows and
+  // own nothing. Empty otherwise (and always on the CPU backend, which reads the checkpoint in
+  // place). Decoding one token takes it as one matrix-vector product.
   kernels::DeviceTensor qkv_proj, qkv_bias;
   kernels::DeviceTensor o_proj;                    // [H, NH*D]
   kernels::DeviceTensor q_norm, k_norm;            // [D] per head, or [NH*D]/[NKV*D] whole

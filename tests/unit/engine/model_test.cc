@@ -7,7 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
+#include "engine/weights.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
@@ -71,6 +73,27 @@ TEST_F(ModelLoadTest, NoWeightsAtAll) {
   testing::TempDir dir;
   fs::copy_file(kFixture + "/config.json", dir.File("config.json"));
   EXPECT_EQ(Model::Load(dir.path(), *backend_).status().code(), absl::StatusCode::kNotFound);
+}
+
+// The CPU backend computes on the mapped checkpoint: q/k/v are views of its bytes, never a
+// stacked copy (one matrix in place of three pays only where it saves launches, on CUDA).
+TEST_F(ModelLoadTest, CpuBackendReadsTheAttentionProjectionsInPlace) {
+  auto config = LoadModelConfig(kFixture);
+  ASSERT_TRUE(config.ok()) << config.status();
+  auto ckpt = store::Checkpoint::Open(kFixture);
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto weights = LoadDenseWeights(*config, **ckpt, *backend_);
+  ASSERT_TRUE(weights.ok()) << weights.status();
+  for (size_t l = 0; l < weights->layers.size(); ++l) {
+    const LayerWeights& L = weights->layers[l];
+    EXPECT_EQ(L.qkv_proj.view.data, nullptr) << "layer " << l;
+    for (const auto& [proj, view] : {std::pair{"q_proj", L.q_proj.view}, {"k_proj", L.k_proj.view},
+                                      {"v_proj", L.v_proj.view}}) {
+      auto mapped = (*ckpt)->Get(absl::StrCat("model.layers.", l, ".self_attn.", proj, ".weight"));
+      ASSERT_TRUE(mapped.ok()) << mapped.status();
+      EXPECT_EQ(view.data, mapped->data) << "layer " << l << " " << proj;
+    }
+  }
 }
 
 TEST_F(ModelLoadTest, ForwardRejectsBadInputWithoutTouchingTheCache) {
