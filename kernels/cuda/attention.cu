@@ -1849,10 +1849,24 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   const Src src = all_src.ForSeq(sq.table_offset);
   src.Prepare();
   __syncthreads();
-  const int64_t pos = sq.start_pos;
-  const int64_t first = a.sliding_window > 0 ? Max64(0, pos - a.sliding_window + 1) : 0;
+  // The block's rows: its nt tokens (consecutive positions) x the kv head's G query heads; row r
+  // is head r % G of token r / G. Keys up to the last token's position, each row masked to its own.
+  const int nt = static_cast<int>(sq.num_tokens), rows = nt * G;
+  const int64_t pos = sq.start_pos + nt - 1;
+  const int64_t first =
+      a.sliding_window > 0 ? Max64(0, sq.start_pos - a.sliding_window + 1) : 0;
   const int64_t s_begin = Max64(first, split * p.keys_per_split);
   const int64_t s_end = Min64(pos + 1, (split + 1) * p.keys_per_split);
+  // The token (of the block's) of each row this lane's scores belong to: rows 8r + 2t + i.
+  int row_token[kRowTiles][2];
+#pragma unroll
+  for (int r = 0; r < kRowTiles; ++r) {
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int row = 8 * r + 2 * t + i;
+      row_token[r][i] = row < rows ? row / G : nt - 1;  // padding rows: any token's keys
+    }
+  }
 
   // Qᵀ as the B operand of every k-step, in shared memory (registers go to the loads in flight):
   // row tile r's b0 (slots 2t, 2t+1 of row 8r + g) and b1 (slots 2t+8, 2t+9); slot pair
@@ -1862,13 +1876,15 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   float* o_s = dsmem + kSteps * kWarp * kQWords;       // the merge: [warp][row][D + 1]
   float* m_s = o_s + kDecodeWarps * kRows * (D + 1);   // [warp][row]
   float* l_s = m_s + kDecodeWarps * kRows;
-  float* rows_s = l_s + kDecodeWarps * kRows;          // [G][D]
+  float* rows_s = l_s + kDecodeWarps * kRows;          // [rows][D]
   float* row_den_s = rows_s + kRows * D;               // [row]: the merge's denominator
   {
-    const float* q = a.q + (sq.token_offset * a.num_heads + kvh * G) * D;
-    for (int i = threadIdx.x; i < G * D; i += blockDim.x) rows_s[i] = q[i];
+    for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
+      const int r = i / D;
+      rows_s[i] = a.q[((sq.token_offset + r / G) * a.num_heads + kvh * G + r % G) * D + i % D];
+    }
     __syncthreads();
-    src.template RotateQuery<D>(rows_s, G, kvh);
+    src.template RotateQuery<D>(rows_s, rows, kvh);
     __syncthreads();
     for (int kk = warp; kk < kSteps; kk += kDecodeWarps) {
       uint32_t* dst = q_s + (kk * kWarp + lane) * kQWords;
@@ -1879,7 +1895,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
           const int row = g + 8 * r;
           const int d = Src::template KeyChunkDim<D>(t, kk / 2) + 4 * (kk % 2) + 2 * j;
           float x = 0.f, y = 0.f;
-          if (row < G) x = rows_s[row * D + d], y = rows_s[row * D + d + 1];
+          if (row < rows) x = rows_s[row * D + d], y = rows_s[row * D + d + 1];
           uint32_t parts[3];
           SplitBf16(x, y, parts);
 #pragma unroll
@@ -1955,10 +1971,13 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     uint32_t pp[Src::kParts][kRowTiles][2][3];  // [part][row tile][b0, b1][hi, mid, lo]
     float corr[kRowTiles][2];
     bool key_ok[2];
+    int key_token[2];  // the key's position less the block's first token's: a row with a token
+                       // at or past it sees the key (and, windowed, one less than W past it)
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int64_t key = s0 + 8 * n + g;
       key_ok[n] = key >= s_begin && key < s_end;
+      key_token[n] = static_cast<int>(Min64(key - sq.start_pos, nt));
     }
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
@@ -1968,10 +1987,13 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         float x[2];
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
+          const int tok = row_token[r][i];
+          const bool seen = key_ok[n] && (nt == 1 || (key_token[n] <= tok &&
+                            (a.sliding_window <= 0 || key_token[n] > tok - a.sliding_window)));
           if constexpr (Src::kParts == 1) {
-            x[n] = key_ok[n] ? st[0][r][2 * n + i] * a.scale * cur.k_scale[0][n] : -INFINITY;
+            x[n] = seen ? st[0][r][2 * n + i] * a.scale * cur.k_scale[0][n] : -INFINITY;
           } else {
-            x[n] = key_ok[n] ? (st[0][r][2 * n + i] * cur.k_scale[0][n] +
+            x[n] = seen ? (st[0][r][2 * n + i] * cur.k_scale[0][n] +
                                 st[1][r][2 * n + i] * cur.k_scale[1][n]) * a.scale
                              : -INFINITY;
           }
@@ -2063,7 +2085,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   __syncthreads();
   // Each row's max M, its warps' weights e^(m_w - M) (in place of m_w) and denominator, once a
   // row (once an element, the 16 warps' exponentials were the epilogue's largest cost).
-  if (threadIdx.x < G) {
+  if (threadIdx.x < rows) {
     const int r = threadIdx.x;
     float M = -INFINITY, den = 0.f;
 #pragma unroll
@@ -2077,30 +2099,32 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     }
     row_den_s[r] = den;
     if (p.num_splits > 1) {
-      const int64_t prow =
-          split * p.total_tokens * a.num_heads + sq.token_offset * a.num_heads + kvh * G + r;
+      const int64_t prow = split * p.total_tokens * a.num_heads +
+                           (sq.token_offset + r / G) * a.num_heads + kvh * G + r % G;
       p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
     }
   }
   __syncthreads();
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) {
+  for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
     const int r = idx / D, d = idx % D;
     float num = 0.f;
 #pragma unroll
     for (int w = 0; w < kDecodeWarps; ++w) {
       num = fmaf(m_s[w * kRows + r], o_s[(w * kRows + r) * (D + 1) + d], num);
     }
-    // den > 0 with one split: key pos is in it.
+    // den > 0 with one split: the row's own position is in it.
     rows_s[idx] = p.num_splits == 1 ? num / row_den_s[r] : num;
   }
   __syncthreads();
-  src.template RotateOutput<D>(rows_s, G, kvh);
+  src.template RotateOutput<D>(rows_s, rows, kvh);
   __syncthreads();
   float* dst = p.num_splits == 1
                    ? a.out
                    : p.part_o + split * p.total_tokens * a.num_heads * D;
-  dst += (sq.token_offset * a.num_heads + kvh * G) * D;
-  for (int idx = threadIdx.x; idx < G * D; idx += blockDim.x) dst[idx] = rows_s[idx];
+  for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
+    const int r = idx / D;
+    dst[((sq.token_offset + r / G) * a.num_heads + kvh * G + r % G) * D + idx % D] = rows_s[idx];
+  }
 }
 
 // Blocks of DecodeAttentionKernel<D, kRows, Src> that fit on one SM (registers, shared memory);
@@ -2140,9 +2164,10 @@ bool DecodeShapeFits(const AttentionArgs& a, const Src& src) {
 }
 
 // RunAttention on the decode kernel; false (nothing launched) when the shape does not fit it.
-// A sequence of n tokens (a prefill chunk) becomes n one-token rows of the grid, each with its
-// own causal end: a 2048-token prefill's attention took 1.24 ms a layer of the Qwen3-30B-A3B
-// shape here against 2.83 on the SIMT kernel (H200, tests/bench/NOTES.md).
+// A sequence of n tokens (a prefill chunk) becomes blocks of kRows / G consecutive tokens (16
+// rows: two tokens of 8 heads share each K/V tile), each row masked to its own causal end: a
+// 2048-token prefill's attention took 1.24 ms a layer of the Qwen3-30B-A3B shape with one token
+// a block, against 2.83 on the SIMT kernel (H200, tests/bench/NOTES.md).
 template <typename Src, typename Reserve, typename Stage>
 bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& multi,
                         const Src& src, int num_sms, Reserve reserve, Stage stage,
@@ -2151,23 +2176,28 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
   AttnParams p;
   p.a = a;
   p.group = a.num_heads / a.num_kv_heads;
+  const int D = a.head_dim;
+  const bool prefill = std::any_of(multi.begin(), multi.end(),
+                                   [](const SeqDesc& sq) { return sq.num_tokens > 1; });
+  // 16 rows a block for more than 8 heads a group, and for prefill (several tokens a block).
+  const bool wide = p.group > 8 || (prefill && D != 256);
+  const int64_t per_block = std::max(1, (wide ? 16 : 8) / p.group);  // tokens a block
   int64_t keys = 0;
   std::vector<SeqDesc> seqs;
   for (const SeqDesc& sq : multi) {
-    for (int64_t j = 0; j < sq.num_tokens; ++j) {
-      SeqDesc row = sq;
-      row.start_pos += j;
-      row.num_tokens = 1;
-      row.token_offset += j;
-      seqs.push_back(row);
+    for (int64_t j = 0; j < sq.num_tokens; j += per_block) {
+      SeqDesc chunk = sq;
+      chunk.start_pos += j;
+      chunk.num_tokens = std::min(per_block, sq.num_tokens - j);
+      chunk.token_offset += j;
+      seqs.push_back(chunk);
     }
     p.total_tokens += sq.num_tokens;
     keys = std::max(keys, sq.start_pos + sq.num_tokens);
   }
   if (p.total_tokens == 0) return true;
-  const int D = a.head_dim;
   // f(head_dim, rows) with both as std::integral_constant: the kernel instance for this call.
-  auto with_shape = [D, wide = p.group > 8](auto&& f) {
+  auto with_shape = [D, wide](auto&& f) {
     using std::integral_constant;
     if constexpr (Src::kParts == 2) {  // the split formats: head_dim 128 only (ChoosePath)
       return wide ? f(integral_constant<int, 128>{}, integral_constant<int, 16>{})
