@@ -1971,8 +1971,9 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     uint32_t pp[Src::kParts][kRowTiles][2][3];  // [part][row tile][b0, b1][hi, mid, lo]
     float corr[kRowTiles][2];
     bool key_ok[2];
-    int key_token[2];  // the key's position less the block's first token's: a row with a token
-                       // at or past it sees the key (and, windowed, one less than W past it)
+    // The key's position less the block's first token's (at most nt): the row of token tok sees
+    // it when key_token <= tok and, with a window W, key_token > tok - W.
+    int key_token[2];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
       const int64_t key = s0 + 8 * n + g;
@@ -1994,8 +1995,8 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
             x[n] = seen ? st[0][r][2 * n + i] * a.scale * cur.k_scale[0][n] : -INFINITY;
           } else {
             x[n] = seen ? (st[0][r][2 * n + i] * cur.k_scale[0][n] +
-                                st[1][r][2 * n + i] * cur.k_scale[1][n]) * a.scale
-                             : -INFINITY;
+                           st[1][r][2 * n + i] * cur.k_scale[1][n]) * a.scale
+                        : -INFINITY;
           }
         }
         float mx = fmaxf(x[0], x[1]);
@@ -2166,8 +2167,8 @@ bool DecodeShapeFits(const AttentionArgs& a, const Src& src) {
 // RunAttention on the decode kernel; false (nothing launched) when the shape does not fit it.
 // A sequence of n tokens (a prefill chunk) becomes blocks of kRows / G consecutive tokens (16
 // rows: two tokens of 8 heads share each K/V tile), each row masked to its own causal end: a
-// 2048-token prefill's attention took 1.24 ms a layer of the Qwen3-30B-A3B shape with one token
-// a block, against 2.83 on the SIMT kernel (H200, tests/bench/NOTES.md).
+// 2048-token prefill's attention takes 1.06 ms a layer of the Qwen3-30B-A3B shape (1.24 with one
+// token a block; 2.83 on the SIMT kernel; H200, tests/bench/NOTES.md).
 template <typename Src, typename Reserve, typename Stage>
 bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& multi,
                         const Src& src, int num_sms, Reserve reserve, Stage stage,

@@ -960,7 +960,7 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{3, 64, 32, 8, 2, DType::kQ8}, 32},
                       QuantFfnCase{{1, 7, 1, 3, 1, DType::kQ2}, 32},
                       QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // ~32 rows: passes
-                      QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill: tensor cores
+                      QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill: GEMM
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
                       QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128},
                       QuantFfnCase{{8, 2048, 768, 64, 8, DType::kQ4}, 128},  // tensor cores
