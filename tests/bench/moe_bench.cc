@@ -21,7 +21,8 @@
 // blocks); the batched runs start from random keys/values at positions [0, context) (FillRandom).
 // --kv_formats adds the KV sweep: decode tokens/s per cache format at --kv_contexts x
 // --kv_batches, the bytes moved per step against the measured copy bandwidth, points whose cache
-// exceeds --kv_budget_gb reported as not fitting, and the context tokens each format fits in it.
+// exceeds --kv_budget_gb reported as not fitting, and the context tokens each format fits in it;
+// --kv_repeats runs every point that many times, in interleaved rounds, and reports the median.
 // --timings adds engine::PhaseTimes per layer and per token (host clock: on CUDA the phases
 // that do not synchronize measure launch time, not GPU time; expert wait is where the step
 // synchronizes).
@@ -88,6 +89,9 @@ ABSL_FLAG(std::string, kv_batches, "1,64", "Concurrent sequences of the KV sweep
 ABSL_FLAG(int64_t, kv_steps, 4, "Timed decode steps per KV sweep point");
 ABSL_FLAG(double, kv_budget_gb, 100,
           "KV cache budget of the sweep (GB): a point whose cache does not fit is reported so");
+ABSL_FLAG(int64_t, kv_repeats, 1,
+          "KV sweep rounds: every point runs once a round, rounds in turn; rows report the "
+          "median round");
 ABSL_FLAG(bool, kv_only, false, "Run only the KV sweep");
 
 namespace moe {
@@ -553,58 +557,88 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
     for (auto& x : t) x = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(c.vocab_size));
     return t;
   };
-  std::printf("\nKV sweep: decode with every expert resident; positions [0, context) of each "
-              "sequence hold random keys/values; budget %.0f GB\n",
-              budget / 1e9);
-  std::printf("%-9s %10s %8s %6s %12s %10s %10s %12s %11s\n", "format", "B/position", "context",
-              "batch", "decode tok/s", "step ms", "KV GB/step", "all GB/step", "of HBM BW");
+  const int64_t repeats = absl::GetFlag(FLAGS_kv_repeats);
+  if (repeats < 1) return absl::InvalidArgumentError("--kv_repeats must be at least 1");
+  // Every point, then the measurements: the points run in turn, `repeats` rounds of all of them,
+  // so that a slow spell of the machine does not fall on one format only; each row reports the
+  // median round (and the slowest and fastest when there are several).
+  struct Point {
+    kernels::KvFormat format;
+    int64_t ctx, batch;
+    double per_position, cache;
+    std::vector<double> step_s;
+  };
+  std::vector<Point> points;
   double bf16_position = 0;
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
     MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(name));
+    // Bytes per position from the cache's own layout (one block's worth, all layers).
+    MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
+                         engine::KvStorage::Create(format, static_cast<int>(c.num_hidden_layers),
+                                                   static_cast<int>(c.num_key_value_heads),
+                                                   static_cast<int>(c.head_dim), kBlockSize, 1));
+    const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
+    if (format == kernels::KvFormat::kBf16) bf16_position = per_position;
     for (int64_t ctx : ints(absl::GetFlag(FLAGS_kv_contexts))) {
       for (int64_t B : ints(absl::GetFlag(FLAGS_kv_batches))) {
-        // Bytes per position from the cache's own layout (one block's worth, all layers).
-        MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
-                             engine::KvStorage::Create(
-                                 format, static_cast<int>(c.num_hidden_layers),
-                                 static_cast<int>(c.num_key_value_heads),
-                                 static_cast<int>(c.head_dim), kBlockSize, 1));
-        const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
-        if (format == kernels::KvFormat::kBf16) bf16_position = per_position;
-        const double cache = per_position * static_cast<double>(B * (ctx + steps + 2));
-        if (cache > budget) {
-          std::printf("%-9s %10.0f %8lld %6lld %12s   (cache %.1f GB > budget: does not fit)\n",
-                      kernels::KvFormatName(format), per_position, static_cast<long long>(ctx),
-                      static_cast<long long>(B), "-", cache / 1e9);
-          continue;
-        }
-        MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
-                             MakePagedSeqs(c, backend, format, B, ctx + steps + 2));
-        MOE_RETURN_IF_ERROR(FillRandom(backend, c, seqs, ctx, rng));
-        MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B)));  // warm-up
-        const auto t0 = std::chrono::steady_clock::now();
-        for (int64_t i = 0; i < steps; ++i) {
-          MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(B)));
-        }
-        const double step_s = Seconds(t0, std::chrono::steady_clock::now()) / steps;
-        const double kv_read = per_position * static_cast<double>(B * ctx);
-        // Weights once per step (B tokens share the dense weights; experts: at most all) + KV.
-        const double weights = BytesPerToken(c, expert_bytes, 0, 0) +
-                               static_cast<double>(c.num_hidden_layers) *
-                                   static_cast<double>(std::min<int64_t>(
-                                       (B - 1) * c.num_experts_per_tok,
-                                       c.num_experts - c.num_experts_per_tok)) *
-                                   static_cast<double>(expert_bytes);
-        std::printf("%-9s %10.0f %8lld %6lld %12.1f %10.2f %10.3f %12.3f %10.1f%%\n",
-                    kernels::KvFormatName(format), per_position, static_cast<long long>(ctx),
-                    static_cast<long long>(B), static_cast<double>(B) / step_s, step_s * 1e3,
-                    kv_read / 1e9, (kv_read + weights) / 1e9,
-                    100 * (kv_read + weights) / step_s / copy_bps);
+        points.push_back({format, ctx, B, per_position,
+                          per_position * static_cast<double>(B * (ctx + steps + 2)), {}});
       }
     }
-    std::fflush(stdout);
   }
+  for (int64_t round = 0; round < repeats; ++round) {
+    for (Point& pt : points) {
+      if (pt.cache > budget) continue;
+      MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
+                           MakePagedSeqs(c, backend, pt.format, pt.batch, pt.ctx + steps + 2));
+      MOE_RETURN_IF_ERROR(FillRandom(backend, c, seqs, pt.ctx, rng));
+      MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(pt.batch)));  // warm-up
+      const auto t0 = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < steps; ++i) {
+        MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(pt.batch)));
+      }
+      pt.step_s.push_back(Seconds(t0, std::chrono::steady_clock::now()) / steps);
+    }
+    if (repeats > 1) std::fprintf(stderr, "KV sweep: round %lld of %lld done\n",
+                                  static_cast<long long>(round + 1),
+                                  static_cast<long long>(repeats));
+  }
+
+  std::printf("\nKV sweep: decode with every expert resident; positions [0, context) of each "
+              "sequence hold random keys/values; budget %.0f GB; median of %lld round(s)\n",
+              budget / 1e9, static_cast<long long>(repeats));
+  std::printf("%-9s %10s %8s %6s %12s %10s %10s %12s %11s %s\n", "format", "B/position", "context",
+              "batch", "decode tok/s", "step ms", "KV GB/step", "all GB/step", "of HBM BW",
+              repeats > 1 ? "  tok/s slowest-fastest" : "");
+  for (Point& pt : points) {
+    const long long ctx = static_cast<long long>(pt.ctx), B = static_cast<long long>(pt.batch);
+    if (pt.cache > budget) {
+      std::printf("%-9s %10.0f %8lld %6lld %12s   (cache %.1f GB > budget: does not fit)\n",
+                  kernels::KvFormatName(pt.format), pt.per_position, ctx, B, "-", pt.cache / 1e9);
+      continue;
+    }
+    std::sort(pt.step_s.begin(), pt.step_s.end());
+    const double step_s = pt.step_s[pt.step_s.size() / 2];
+    const double kv_read = pt.per_position * static_cast<double>(pt.batch * pt.ctx);
+    // Weights once per step (B tokens share the dense weights; experts: at most all) + KV.
+    const double weights =
+        BytesPerToken(c, expert_bytes, 0, 0) +
+        static_cast<double>(c.num_hidden_layers) *
+            static_cast<double>(std::min<int64_t>((pt.batch - 1) * c.num_experts_per_tok,
+                                                  c.num_experts - c.num_experts_per_tok)) *
+            static_cast<double>(expert_bytes);
+    std::printf("%-9s %10.0f %8lld %6lld %12.1f %10.2f %10.3f %12.3f %10.1f%%",
+                kernels::KvFormatName(pt.format), pt.per_position, ctx, B,
+                static_cast<double>(pt.batch) / step_s, step_s * 1e3, kv_read / 1e9,
+                (kv_read + weights) / 1e9, 100 * (kv_read + weights) / step_s / copy_bps);
+    if (repeats > 1) {
+      std::printf("   %.1f-%.1f", static_cast<double>(pt.batch) / pt.step_s.back(),
+                  static_cast<double>(pt.batch) / pt.step_s.front());
+    }
+    std::printf("\n");
+  }
+  std::fflush(stdout);
   if (bf16_position > 0) {
     std::printf("\ncontext tokens that fit in the %.0f GB budget (all layers): bf16 %.0f", budget / 1e9,
                 budget / bf16_position);
