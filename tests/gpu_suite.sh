@@ -29,5 +29,9 @@ run store_bench 180 "$bin/moe-store-bench" --backend=cuda --dir=/tmp/moe_store_b
 run matvec_bench 180 "$bin/matvec_bench"
 run moe_bench 500 "$bin/moe-bench" --timings --model_dir=/tmp/moe_bench_model \
   --kv_formats=bf16,fp8_e4m3,tq4,tq3.5,tq3,tq2.5,tq2
+# Issue 5's 32k comparison, robust to a slow spell: five interleaved rounds, median reported.
+run kv_32k_rounds 300 "$bin/moe-bench" --kv_only --model_dir=/tmp/moe_bench_model \
+  --kv_formats=bf16,fp8_e4m3,tq4,tq3.5,tq3,tq2.5,tq2 --kv_contexts=32768 --kv_batches=1 \
+  --kv_steps=8 --kv_repeats=5
 OUT=$out/service BIN=$bin run service_bench 300 tests/bench/service_bench.sh cuda 10
 printf '%s\n' "${status[@]}" | tee "$out/summary.txt"
