@@ -20,6 +20,24 @@ __device__ __forceinline__ const void* UpOf(const GemmParams& p, int g) {
   return p.routed_ids != nullptr ? p.routed_up[p.routed_ids[g]] : p.up_groups[g].w;
 }
 
+// (x, y) as bf16 pairs, x in the low halves: hi + lo = (x, y) to 2^-16; sum += what they hold.
+// How the tensor-core kernels take fp32 activations.
+__device__ __forceinline__ void SplitBf16x2(float x, float y, uint32_t& hi, uint32_t& lo,
+                                            float& sum) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+  const float2 hf = __bfloat1622float2(h);
+  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
+  const float2 lf = __bfloat1622float2(l);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+  sum += (hf.x + lf.x) + (hf.y + lf.y);
+}
+
+// 4 bytes at any alignment, little-endian (matrices at odd addresses).
+__device__ __forceinline__ uint32_t LoadU32Bytes(const uint8_t* p) {
+  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
+}
+
 // C[rc, n] (+)= scale * v for logical row r (see GemmParams).
 __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n, float v) {
   const int64_t rc = p.c_rows != nullptr ? p.c_rows[r] : r;

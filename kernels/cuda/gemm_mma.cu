@@ -30,10 +30,7 @@ __device__ __forceinline__ uint32_t PackBf16(float lo_half, float hi_half) {
 template <int n>
 __device__ __forceinline__ void LoadWordsBytewise(const uint8_t* p, uint32_t (&w)[n]) {
 #pragma unroll
-  for (int i = 0; i < n; ++i) {
-    w[i] = uint32_t{p[4 * i]} | uint32_t{p[4 * i + 1]} << 8 | uint32_t{p[4 * i + 2]} << 16 |
-           uint32_t{p[4 * i + 3]} << 24;
-  }
+  for (int i = 0; i < n; ++i) w[i] = LoadU32Bytes(p + 4 * i);
 }
 
 // The weight formats. Each loader thread takes 16 consecutive elements [k, k + 16) of one weight
@@ -91,9 +88,7 @@ struct QuantWeights {
       pw = __ldg(reinterpret_cast<const uint32_t*>(params));
     } else {
       LoadWordsBytewise(codes, raw);
-      uint32_t one[1];
-      LoadWordsBytewise(params, one);
-      pw = one[0];
+      pw = LoadU32Bytes(params);
     }
     __half_raw s, m;
     s.x = static_cast<unsigned short>(pw & 0xffffu);
@@ -131,7 +126,7 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
   __shared__ __align__(16) uint32_t a_hi[kTileM][kRowWords];
   __shared__ __align__(16) uint32_t a_lo[kTileM][kRowWords];
   __shared__ __align__(16) uint32_t w_s[kTileN][kRowWords];
-  __shared__ float a_sum[kTileM];   // quantized: sum_k a over the k-tile, per row
+  __shared__ float a_sum[kTileM];   // quantized: sum_k (a_hi + a_lo) over the k-tile, per row
   __shared__ float2 w_sm[kTileN];   // quantized: {s, m} of the k-tile's group, per weight row
 
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -165,13 +160,7 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
     uint32_t hi[4], lo[4];
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const __nv_bfloat162 h = __floats2bfloat162_rn(x[2 * i], x[2 * i + 1]);
-      const float2 hf = __bfloat1622float2(h);
-      hi[i] = *reinterpret_cast<const uint32_t*>(&h);
-      lo[i] = PackBf16(x[2 * i] - hf.x, x[2 * i + 1] - hf.y);
-      sum += x[2 * i] + x[2 * i + 1];
-    }
+    for (int i = 0; i < 4; ++i) SplitBf16x2(x[2 * i], x[2 * i + 1], hi[i], lo[i], sum);
     *reinterpret_cast<uint4*>(&a_hi[la][lka / 2]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
     *reinterpret_cast<uint4*>(&a_lo[la][lka / 2]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
     uint32_t wp[8];

@@ -275,23 +275,6 @@ __host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) 
   return sizeof(uint32_t) * (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaTokens);
 }
 
-// (x, y) as bf16 pairs, x in the low halves: hi + lo = (x, y) to 2^-16.
-__device__ __forceinline__ void SplitBf16x2(float x, float y, uint32_t& hi, uint32_t& lo,
-                                            float& sum) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-  const float2 hf = __bfloat1622float2(h);
-  const __nv_bfloat162 l = __floats2bfloat162_rn(x - hf.x, y - hf.y);
-  const float2 lf = __bfloat1622float2(l);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
-  sum += (hf.x + lf.x) + (hf.y + lf.y);
-}
-
-// 4 bytes at any alignment, little-endian.
-__device__ __forceinline__ uint32_t LoadU32Bytes(const uint8_t* p) {
-  return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
-}
-
 // Codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf as the bf16 pair (128 + q, 128 + q').
 __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
   return ((w >> shift) & 0x000f000fu) | 0x43004300u;
