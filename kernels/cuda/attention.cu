@@ -2312,7 +2312,7 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   cuda::PagedGeom g{kv.layer_base, kv.block_stride, kv.tile_bytes, kv.block_size,
                     kv.num_kv_heads, kv.head_dim, nullptr};
   const auto* dev_where = static_cast<const int2*>(
-      StageHostArgs(args_, where.data(), where.size() * sizeof(int2)));
+      StageHostArgs(kv_slots_, where.data(), where.size() * sizeof(int2)));
   if (kv_verdict_ == nullptr) {
     MOE_CUDA_CHECK(cudaMalloc(&kv_verdict_, sizeof(unsigned long long)));
     MOE_CUDA_CHECK(cudaMemsetAsync(kv_verdict_, 0xff, sizeof(unsigned long long), stream_));
@@ -2437,7 +2437,7 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   cuda::PagedGeom g{kv.layer_base, kv.block_stride, kv.tile_bytes, kv.block_size,
                     kv.num_kv_heads, kv.head_dim, nullptr};
   g.table = static_cast<const int32_t*>(
-      StageHostArgs(args_, tables.data(), tables.size() * sizeof(int32_t)));
+      StageHostArgs(kv_tables_, tables.data(), tables.size() * sizeof(int32_t)));
   AttentionArgs c;
   c.out = a.out;
   c.q = a.q;
@@ -2448,7 +2448,7 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   c.sliding_window = a.sliding_window;
   auto reserve = [this](size_t bytes) { return Reserve(work_, bytes); };
   auto stage = [this](const void* host, size_t bytes) {
-    return StageHostArgs(args2_, host, bytes);
+    return StageHostArgs(kv_seqs_, host, bytes);
   };
   // The tensor-core kernel where the shape fits it (decode steps and prefill chunks), the SIMT
   // one otherwise.

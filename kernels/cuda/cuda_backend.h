@@ -84,11 +84,14 @@ class CudaBackend final : public Backend {
   struct Scratch {
     void* data = nullptr;
     size_t bytes = 0;
+    std::vector<unsigned char> staged;  // the host bytes StageHostArgs last copied in
   };
   enum class OverlapLaunches { kNever, kSmallSteps, kAlways };
   CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap);
   void* Reserve(Scratch& s, size_t bytes);
   // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
+  // Bytes equal to the ones `s` holds already are not copied again: the layers of a step stage
+  // the same block tables, and a copy between two kernels stops the next one's early launch.
   void* StageHostArgs(Scratch& s, const void* host, size_t bytes);
   // The groups of an expert FFN's launches: a device table [gate | up | down] of `count` groups
   // each (ExpertFfn), or Route's expert ids read directly with the layer's device pointer tables
@@ -129,6 +132,11 @@ class CudaBackend final : public Backend {
   Scratch work_;       // intermediates: expert activations, attention partials
   Scratch paged_;      // TurboQuant paged attention: rotated queries and outputs
   Scratch sampled_;    // Sample's results before their copy to the host
+  // The paged write's slots, the attention's block tables and sequences: the same for every
+  // layer of a step, so each has its own buffer and is staged once a step (StageHostArgs).
+  Scratch kv_slots_;
+  Scratch kv_tables_;
+  Scratch kv_seqs_;
   // ExpertFfnRouted's rows: routed pair y is token y / top_k; made once per top_k.
   Scratch routed_rows_;
   int routed_rows_top_k_ = 0;
