@@ -139,7 +139,8 @@ void CudaBackend::Zero(void* dst, size_t bytes) {
   const int64_t n = static_cast<int64_t>(bytes / 16);
   if (n == 0) return;
   constexpr int kThreads = 256;
-  const auto blocks = static_cast<unsigned>(std::min<int64_t>(cuda::CeilDiv(n, kThreads), 4 * num_sms_));
+  const auto blocks =
+      static_cast<unsigned>(std::min<int64_t>(cuda::CeilDiv(n, kThreads), 4 * num_sms_));
   cuda::Launch(ZeroKernel, blocks, kThreads, 0, stream_, static_cast<uint4*>(dst), n);
 }
 

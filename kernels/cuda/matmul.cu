@@ -22,7 +22,7 @@ constexpr int kMvWarps = 8;
 // 8 loads in flight a lane (4 before): batch-1 decode of the Qwen3-30B-A3B shape 273.8 -> 279.4
 // tokens/s over three interleaved rounds, though alone the 2048 x 4096 o projection gains (35.6
 // -> 37.0% of HBM) while the 4096 x 2048 and the lm head lose (40.7 -> 36.3%, 89.5 -> 83.4%):
-// within a step the kernels overlap (PDL) and the isolated bench does not see that (H200, NOTES.md).
+// within a step the kernels overlap (PDL), which the isolated bench does not see (H200, NOTES.md).
 constexpr int kUnroll = 8;
 
 // acc[r][j] += w[r][k] * xr[j][k] for the NW weight rows w[r], over the k of thread `t` of
