@@ -908,7 +908,8 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{1, 733, 2048, DType::kQ4, false}, 64},  // tensor cores
                       QuantMatMulCase{{5, 1000, 1024, DType::kQ4, true}, 128},
                       QuantMatMulCase{{8, 2048, 768, DType::kQ4, false}, 256},
-                      QuantMatMulCase{{2, 40, 8192, DType::kQ4, false}, 64}));
+                      QuantMatMulCase{{2, 40, 8192, DType::kQ4, false}, 64},
+                      QuantMatMulCase{{2, 100003, 2048, DType::kQ4, false}, 64}));  // vocab-like
 
 // Weights at an address that is not 8-byte aligned (a view into a larger buffer): the int4
 // tensor-core kernels (matrix-vector, GEMM) read codes and scales byte by byte there, the SIMT
