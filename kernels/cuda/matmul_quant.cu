@@ -280,20 +280,17 @@ __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
   return ((w >> shift) & 0x000f000fu) | 0x43004300u;
 }
 
-// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
-// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
-template <bool kGlu, int ws>
-__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(const GemmParams p,
-                                                                          const GemmGroup single) {
-  WaitForPriorKernel();
+// The kernel below for group `grp`, its matrices 8-byte aligned (kAligned: 8- and 4-byte loads)
+// or not (byte loads). partial: [kMmaWarps][NW * 4][kWarp] floats when ws > 1.
+template <bool kGlu, int ws, bool kAligned>
+__device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGroup& grp,
+                                              float* partial) {
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
   constexpr int kU = kGlu ? 2 : 4;  // chunks a round; two rounds in flight (registers)
   extern __shared__ uint32_t xsmem[];
-  __shared__ float partial[ws > 1 ? kMmaWarps : 1][NW * 4][kWarp];
-  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
-  if (grp.row_count == 0) return;  // block-uniform
   const int nt = static_cast<int>(grp.row_count);
-  const int64_t K = p.K, chunks = K / kMmaChunk, row_words = MmaRowWords(chunks);
+  const int64_t K = p.K, row_words = MmaRowWords(K / kMmaChunk);
+  const int chunks = static_cast<int>(K / kMmaChunk);
   uint32_t* xf = xsmem;                                                  // [row][chunk][4][t][4]
   float* xpart = reinterpret_cast<float*>(xf + p.max_rows * row_words);  // [row][chunk][t]
   float* xsum = xpart + p.max_rows * chunks * 4;                         // [chunk][8 rows]
@@ -317,14 +314,8 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
     params[m][0] = pbase + ra * groups * 4;
     params[m][1] = pbase + rb * groups * 4;
   }
-  const int64_t per_slice = CeilDiv(chunks, ws);
-  const int64_t c_begin = slice * per_slice, c_end = Min64(chunks, c_begin + per_slice);
-  // 8-byte code loads where every matrix is 8-byte aligned (the store aligns to 256 bytes);
-  // byte loads otherwise (block-uniform).
-  bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
-  if constexpr (kGlu) {
-    aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 7) == 0;
-  }
+  const int per_slice = (chunks + ws - 1) / ws;
+  const int c_begin = slice * per_slice, c_end = min(chunks, c_begin + per_slice);
   const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
   const uint32_t* xrow = xf + g * row_words + 4 * t;
 
@@ -333,21 +324,22 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   // round's products, so each warp keeps loads in flight while it computes.
   uint2 w[2][kU][NW][2];
   uint32_t sm[2][kU][NW][2];
-  auto load_round = [&](auto buffer, int64_t c0) {
+  // Chunks past c_end are not loaded (nor computed). Addresses: the round's codes from one base
+  // (constant offsets), the scales by a 32-bit index.
+  auto load_round = [&](auto buffer, int c0) {
     constexpr int b = decltype(buffer)::value;
 #pragma unroll
-    for (int u = 0; u < kU; ++u) {
-      const int64_t c = c0 + u;
+    for (int m = 0; m < NW; ++m) {
 #pragma unroll
-      for (int m = 0; m < NW; ++m) {
+      for (int h = 0; h < 2; ++h) {
+        const uint8_t* round_codes = codes[m][h] + c0 * 32;
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          w[b][u][m][h] = make_uint2(0u, 0u);
-          sm[b][u][m][h] = 0u;
+        for (int u = 0; u < kU; ++u) {
+          const int c = c0 + u;
           if (c >= c_end) continue;
-          const uint8_t* q = codes[m][h] + c * 32;
+          const uint8_t* q = round_codes + u * 32;
           const uint8_t* pm = params[m][h] + ((c * kMmaChunk) >> g_shift) * 4;
-          if (aligned) {
+          if constexpr (kAligned) {
             w[b][u][m][h] = __ldg(reinterpret_cast<const uint2*>(q));
             sm[b][u][m][h] = __ldg(reinterpret_cast<const uint32_t*>(pm));
           } else {
@@ -366,8 +358,8 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
   // x fragments: unit (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order
   // of the k-steps: k-step s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0)
   // and i + 1, i + 5 (b1), as hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s.
-  for (int64_t u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
-    const int tq = static_cast<int>(u % 4);
+  for (int u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
+    const int tq = u % 4;
     const int64_t c = (u / 4) % chunks, j = u / (4 * chunks);
     const int64_t r = grp.row_begin + j;
     const float4* x4 = reinterpret_cast<const float4*>(
@@ -395,19 +387,19 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
     xpart[u] = sum;
   }
   __syncthreads();
-  for (int64_t i = threadIdx.x; i < chunks * kMmaTokens; i += blockDim.x) {
-    const int64_t c = i / kMmaTokens, j = i % kMmaTokens;
+  for (int i = threadIdx.x; i < chunks * kMmaTokens; i += blockDim.x) {
+    const int c = i / kMmaTokens, j = i % kMmaTokens;
     const float* s4 = xpart + (j * chunks + c) * 4;
     xsum[i] = j < nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
   }
   __syncthreads();
 
   float acc[NW][4] = {};
-  auto compute_round = [&](auto buffer, int64_t c0) {
+  auto compute_round = [&](auto buffer, int c0) {
     constexpr int b = decltype(buffer)::value;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
-      const int64_t c = c0 + u;
+      const int c = c0 + u;
       if (c >= c_end) break;
       uint32_t xw[16];
       if (has_x) {
@@ -445,7 +437,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
       }
     }
   };
-  for (int64_t c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
+  for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
     if (c0 + kU < c_end) load_round(Second{}, c0 + kU);
     compute_round(First{}, c0);
     if (c0 + kU >= c_end) break;
@@ -456,7 +448,7 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
 #pragma unroll
     for (int m = 0; m < NW; ++m) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[warp][4 * m + i][lane] = acc[m][i];
+      for (int i = 0; i < 4; ++i) partial[(warp * NW * 4 + 4 * m + i) * kWarp + lane] = acc[m][i];
     }
     __syncthreads();
     if (slice != 0) return;
@@ -464,7 +456,9 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
     for (int m = 0; m < NW; ++m) {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        for (int s2 = 1; s2 < ws; ++s2) acc[m][i] += partial[warp + s2][4 * m + i][lane];
+        for (int s2 = 1; s2 < ws; ++s2) {
+          acc[m][i] += partial[((warp + s2) * NW * 4 + 4 * m + i) * kWarp + lane];
+        }
       }
     }
   }
@@ -475,6 +469,28 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
     float v = acc[0][i];
     if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[1][i];
     if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
+  }
+}
+
+// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
+// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
+template <bool kGlu, int ws>
+__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(const GemmParams p,
+                                                                          const GemmGroup single) {
+  WaitForPriorKernel();
+  __shared__ float partial[ws > 1 ? kMmaWarps * (kGlu ? 8 : 4) * kWarp : 1];
+  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
+  if (grp.row_count == 0) return;  // block-uniform
+  // 8-byte code loads where every matrix is 8-byte aligned (the store aligns to 256 bytes), byte
+  // loads otherwise: the body twice, chosen once per block, so no branch is left in its loop.
+  bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
+  if constexpr (kGlu) {
+    aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 7) == 0;
+  }
+  if (aligned) {
+    Int4MmaMatVec<kGlu, ws, true>(p, grp, partial);
+  } else {
+    Int4MmaMatVec<kGlu, ws, false>(p, grp, partial);
   }
 }
 
