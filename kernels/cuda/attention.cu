@@ -1777,10 +1777,10 @@ struct DecodeTile {
 
   // Keys s0 + j in [s_begin, s_end) only. s0 is a multiple of 16: with blocks of a multiple of
   // 16 positions the tile lies in one block, one table lookup.
-  __device__ __forceinline__ void Load(const Src& src, int kvh, int64_t s0, int64_t s_begin,
-                                       int64_t s_end, int g, int t) {
+  __device__ __forceinline__ void Load(const Src& src, int kvh, int s0, int s_begin, int s_end,
+                                       int g, int t) {
     const int bs = src.g.block_size;
-    const Place p0{static_cast<int32_t>(s0 / bs), static_cast<int32_t>(s0 % bs)};
+    const Place p0{s0 / bs, s0 % bs};
     const bool one_block = bs % kTileKeys == 0;
     const uint8_t* block_tile = one_block ? src.g.TileOfBlock(p0.block, kvh, 0) : nullptr;
     auto key_tile = [&](int j, int& slot) {
@@ -1852,11 +1852,13 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   // The block's rows: its nt tokens (consecutive positions) x the kv head's G query heads; row r
   // is head r % G of token r / G. Keys up to the last token's position, each row masked to its own.
   const int nt = static_cast<int>(sq.num_tokens), rows = nt * G;
-  const int64_t pos = sq.start_pos + nt - 1;
-  const int64_t first =
-      a.sliding_window > 0 ? Max64(0, sq.start_pos - a.sliding_window + 1) : 0;
-  const int64_t s_begin = Max64(first, split * p.keys_per_split);
-  const int64_t s_end = Min64(pos + 1, (split + 1) * p.keys_per_split);
+  // Positions in 32 bits (DecodeAttention checks they fit): a tile compares and offsets ~20 of
+  // them, and 64-bit ones cost two instructions each.
+  const int start = static_cast<int>(sq.start_pos), pos = start + nt - 1;
+  const int window = static_cast<int>(Min64(a.sliding_window, start + 1));  // 0: none
+  const int first = window > 0 ? start + 1 - window : 0;
+  const int s_begin = max(first, split * static_cast<int>(p.keys_per_split));
+  const int s_end = min(pos + 1, (split + 1) * static_cast<int>(p.keys_per_split));
   // The token (of the block's) of each row this lane's scores belong to: rows 8r + 2t + i.
   int row_token[kRowTiles][2];
 #pragma unroll
@@ -1921,11 +1923,11 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   // bytes of a bf16 tile at head_dim 256 do not).
   constexpr bool kPrefetch = sizeof(DecodeTile<D, Src>) <= 320;
   DecodeTile<D, Src> cur, next;
-  int64_t s0 = s_begin / kTileKeys * kTileKeys + kTileKeys * warp;  // tiles at multiples of 16
+  int s0 = s_begin / kTileKeys * kTileKeys + kTileKeys * warp;  // tiles at multiples of 16
   if (kPrefetch && s0 < s_end) cur.Load(src, kvh, s0, s_begin, s_end, g, t);
   for (; s0 < s_end; s0 += kTileKeys * kDecodeWarps) {
     if constexpr (kPrefetch) {
-      const int64_t s_next = s0 + kTileKeys * kDecodeWarps;
+      const int s_next = s0 + kTileKeys * kDecodeWarps;
       if (s_next < s_end) next.Load(src, kvh, s_next, s_begin, s_end, g, t);
     } else {
       cur.Load(src, kvh, s0, s_begin, s_end, g, t);
@@ -1976,9 +1978,9 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     int key_token[2];
 #pragma unroll
     for (int n = 0; n < 2; ++n) {
-      const int64_t key = s0 + 8 * n + g;
+      const int key = s0 + 8 * n + g;
       key_ok[n] = key >= s_begin && key < s_end;
-      key_token[n] = static_cast<int>(Min64(key - sq.start_pos, nt));
+      key_token[n] = min(key - start, nt);
     }
 #pragma unroll
     for (int r = 0; r < kRowTiles; ++r) {
@@ -2228,8 +2230,10 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
                    kMaxSplits}));
   p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
-  MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535)
-      << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits;
+  MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535 &&
+            keys + p.keys_per_split <= 0x7fffffff)  // the kernel's positions are 32-bit
+      << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits << ", " << keys
+      << " positions";
   StageSeqsAndPartials(p, seqs, reserve, stage);
   const dim3 grid(static_cast<unsigned>(seqs.size()), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(p.num_splits));

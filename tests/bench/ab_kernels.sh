@@ -26,7 +26,7 @@ fi
 for r in $(seq "$rounds"); do
   for v in base new; do
     "$work/$v/bin/moe-bench" --model_dir="$model" "$@" >"$out/bench_${v}_$r.txt" 2>&1
-    grep -E 'decode tokens/s|throughput tokens/s|decode, batch 1, host' "$out/bench_${v}_$r.txt" |
+    grep -E 'decode tokens/s|throughput tokens/s|decode, batch 1, host|^(bf16|fp8|tq)' "$out/bench_${v}_$r.txt" |
       sed "s/^/$v $r /"
   done
 done
