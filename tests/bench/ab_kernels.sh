@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # A/B of the CUDA kernels library on the GPU machine, same binaries, same run: the bundle as built
 # ("new") against the bundle with an earlier libmoe_kernels.so ("base", xz-compressed in the
-# git-ignored build-alt/, e.g. `xz -c build-bundle/kernels/libmoe_kernels.so > build-alt/base.so.xz`
+# git-ignored build-alt/: `xz -c build-bundle/kernels/libmoe_kernels.so > build-alt/base.so.xz`
 # before rebuilding). From the repository root with bundle/ and build-alt/ carried along:
 #   tests/bench/ab_kernels.sh OUT_DIR BASE_XZ ROUNDS [moe-bench flags...]
 # Runs matvec_bench once per variant, then ROUNDS interleaved moe-bench runs (base, new, base,
-# ...) on one generated model, and prints the decode and throughput lines of each.
+# ...) on one generated model, and prints the decode and throughput lines of each (and the KV
+# sweep's rows, for --kv_only runs).
 set -uo pipefail
 out=${1:?usage: ab_kernels.sh OUT_DIR BASE_XZ ROUNDS [moe-bench flags...]}
 base_xz=${2:?base library (.so.xz)}
@@ -26,7 +27,8 @@ fi
 for r in $(seq "$rounds"); do
   for v in base new; do
     "$work/$v/bin/moe-bench" --model_dir="$model" "$@" >"$out/bench_${v}_$r.txt" 2>&1
-    grep -E 'decode tokens/s|throughput tokens/s|decode, batch 1, host|^(bf16|fp8|tq)' "$out/bench_${v}_$r.txt" |
+    grep -E 'decode tokens/s|throughput tokens/s|decode, batch 1, host|^(bf16|fp8|tq)' \
+      "$out/bench_${v}_$r.txt" |
       sed "s/^/$v $r /"
   done
 done
