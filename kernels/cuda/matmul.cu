@@ -5,6 +5,9 @@
 //
 // Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
 // Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
+#include <algorithm>
+#include <type_traits>
+
 #include "kernels/backend.h"
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -82,10 +85,12 @@ __device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
 }
 
 // kGlu: C = F.silu(A Wg^T) * (A Wu^T), Wg from groups, Wu from up_groups (same rows).
-// Block: kMvWarps / ws weight rows; grid (ceil(N * ws / kMvWarps), groups). ws in {1, 4}.
+// Block: kMvWarps / ws weight rows, each split over K into ws slices; grid (ceil(N * ws /
+// kMvWarps), groups). For matrices of few rows (StreamMatVecKernel below takes the others).
 template <typename W, int TB, bool kGlu, int ws>
 __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
                                                                        const GemmGroup single) {
+  static_assert(ws > 1);
   WaitForPriorKernel();
   __shared__ float partial[kMvWarps][TB][2];  // per warp: gate (or plain) and up sums
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
@@ -93,10 +98,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int slice = warp % ws;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * (kMvWarps / ws) + warp / ws;
-  const bool active = n < p.N;  // with ws > 1 no early return: a row's warps meet at barriers
-  if constexpr (ws == 1) {
-    if (!active) return;
-  }
+  const bool active = n < p.N;  // no early return: a row's warps meet at barriers
   constexpr int V = Vec16<W>::kVec;
   const int64_t K = p.K;
   const W* w = static_cast<const W*>(g.w) + (active ? n : 0) * K;  // [K]
@@ -135,26 +137,24 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
 #pragma unroll
       for (int j = 0; j < TB; ++j) acc[r][j] = WarpSum(acc[r][j]);
     }
-    if constexpr (ws > 1) {
-      if (lane == 0) {
+    if (lane == 0) {
 #pragma unroll
-        for (int r = 0; r < NW; ++r) {
+      for (int r = 0; r < NW; ++r) {
 #pragma unroll
-          for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
-        }
+        for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
       }
-      __syncthreads();
-      if (slice == 0) {  // slices summed in a fixed order: deterministic
-#pragma unroll
-        for (int r = 0; r < NW; ++r) {
-#pragma unroll
-          for (int j = 0; j < TB; ++j) {
-            for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
-          }
-        }
-      }
-      __syncthreads();  // partial is reused by the next chunk of rows
     }
+    __syncthreads();
+    if (slice == 0) {  // slices summed in a fixed order: deterministic
+#pragma unroll
+      for (int r = 0; r < NW; ++r) {
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
+        }
+      }
+    }
+    __syncthreads();  // partial is reused by the next chunk of rows
     if (active && slice == 0 && lane == 0) {
 #pragma unroll
       for (int j = 0; j < TB; ++j) {
@@ -164,6 +164,157 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
       }
     }
   }
+}
+
+// ---- streaming matrix-vector: one warp per weight row at a time, rows in a loop -----------------
+// The grid is what the GPU holds at once (no second wave); warp w of the grid takes rows w, w +
+// all warps, ... The weights go in rounds of kUnroll 16-byte vectors a lane (one row of K = 2048
+// bf16 per round), raw in registers, and the next round's loads are issued before this round's
+// products: each warp keeps a round in flight from its first row to its last, where a warp per
+// row (GroupedMatVecKernel) loaded one round, waited, computed and left, and the blocks after
+// it started from an empty pipe.
+template <typename W, int NW>
+struct MatVecRound {
+  uint4 w[NW][kUnroll / NW];
+};
+
+template <typename W, int TB, bool kGlu>
+__global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const GemmParams p,
+                                                                      const GemmGroup single) {
+  WaitForPriorKernel();
+  const GemmGroup g = GroupOf(p, single, blockIdx.y);
+  if (g.row_count == 0) return;  // block-uniform
+  constexpr int V = Vec16<W>::kVec;
+  constexpr int NW = kGlu ? 2 : 1;  // gate and up rows, or the one weight row
+  constexpr int kU = kUnroll / NW;  // vectors a lane loads of each row a round
+  constexpr int kStep = kWarp * V;  // elements of a row one vector load of the warp covers
+  const int lane = threadIdx.x % kWarp;
+  const int64_t K = p.K, N = p.N;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kMvWarps + threadIdx.x / kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kMvWarps;
+  const W* base[2] = {static_cast<const W*>(g.w),
+                      kGlu ? static_cast<const W*>(UpOf(p, blockIdx.y)) : nullptr};
+  const bool vec = K % V == 0 && (reinterpret_cast<uintptr_t>(base[0]) & 15) == 0 &&
+                   (!kGlu || (reinterpret_cast<uintptr_t>(base[1]) & 15) == 0) &&
+                   (reinterpret_cast<uintptr_t>(p.a) & 15) == 0 && p.lda % 4 == 0;
+  const int64_t rounds_per_row = CeilDiv(K, static_cast<int64_t>(kStep) * kU);
+  const int64_t my_rows = first < N ? CeilDiv(N - first, stride) : 0;
+  const int64_t rounds = my_rows * rounds_per_row;
+
+  for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {
+    const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
+    const float* xr[TB];  // [TB][K]
+#pragma unroll
+    for (int j = 0; j < TB; ++j) {
+      const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
+      xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+    }
+    auto store = [&](int64_t n, float (&acc)[NW][TB]) {
+#pragma unroll
+      for (int m = 0; m < NW; ++m) {
+#pragma unroll
+        for (int j = 0; j < TB; ++j) acc[m][j] = WarpSum(acc[m][j]);
+      }
+      if (lane == 0) {
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          float v = acc[0][j];
+          if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[NW - 1][j];
+          if (j < nt) StoreC(p, g.row_begin + m0 + j, n, v);
+        }
+      }
+    };
+    if (!vec) {  // odd K or unaligned rows: scalar loads, a row at a time
+      for (int64_t n = first; n < N; n += stride) {
+        float acc[NW][TB] = {};
+        const W* rows[NW];
+#pragma unroll
+        for (int m = 0; m < NW; ++m) rows[m] = base[m] + n * K;
+        RowDot<W, TB, kWarp, NW>(rows, K, xr, false, lane, acc);
+        store(n, acc);
+      }
+      continue;
+    }
+    // Round i: row first + (i / rounds_per_row) * stride, elements from (i % rounds_per_row) *
+    // kStep * kU; buffer b (a compile-time index: registers).
+    MatVecRound<W, NW> buf[2];
+    auto load = [&](auto buffer, int64_t i) {
+      constexpr int b = decltype(buffer)::value;
+      const int64_t n = first + (i / rounds_per_row) * stride;
+      const int64_t k0 = (i % rounds_per_row) * kStep * kU + lane * V;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+#pragma unroll
+        for (int m = 0; m < NW; ++m) {
+          if (k0 + u * kStep < K) {
+            buf[b].w[m][u] = __ldg(reinterpret_cast<const uint4*>(base[m] + n * K + k0 + u * kStep));
+          }
+        }
+      }
+    };
+    float acc[NW][TB] = {};
+    auto compute = [&](auto buffer, int64_t i) {
+      constexpr int b = decltype(buffer)::value;
+      const int64_t k0 = (i % rounds_per_row) * kStep * kU + lane * V;
+#pragma unroll
+      for (int u = 0; u < kU; ++u) {
+        const int64_t k = k0 + u * kStep;
+        if (k >= K) break;
+        float wv[NW][V];
+#pragma unroll
+        for (int m = 0; m < NW; ++m) {
+          const W* e = reinterpret_cast<const W*>(&buf[b].w[m][u]);
+#pragma unroll
+          for (int v = 0; v < V; ++v) wv[m][v] = ToF32(e[v]);
+        }
+#pragma unroll
+        for (int j = 0; j < TB; ++j) {
+          const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
+#pragma unroll
+          for (int v = 0; v < V / 4; ++v) {
+            const float4 xv = __ldg(x4 + v);
+#pragma unroll
+            for (int m = 0; m < NW; ++m) {
+              acc[m][j] = fmaf(wv[m][4 * v + 0], xv.x, acc[m][j]);
+              acc[m][j] = fmaf(wv[m][4 * v + 1], xv.y, acc[m][j]);
+              acc[m][j] = fmaf(wv[m][4 * v + 2], xv.z, acc[m][j]);
+              acc[m][j] = fmaf(wv[m][4 * v + 3], xv.w, acc[m][j]);
+            }
+          }
+        }
+      }
+      if (i % rounds_per_row == rounds_per_row - 1) {  // the row's last round
+        store(first + (i / rounds_per_row) * stride, acc);
+#pragma unroll
+        for (int m = 0; m < NW; ++m) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) acc[m][j] = 0.f;
+        }
+      }
+    };
+    using First = std::integral_constant<int, 0>;
+    using Second = std::integral_constant<int, 1>;
+    if (rounds > 0) load(First{}, 0);
+    for (int64_t i = 0; i < rounds; i += 2) {
+      if (i + 1 < rounds) load(Second{}, i + 1);
+      compute(First{}, i);
+      if (i + 1 >= rounds) break;
+      if (i + 2 < rounds) load(First{}, i + 2);
+      compute(Second{}, i + 1);
+    }
+  }
+}
+
+// Blocks of StreamMatVecKernel<W, TB, kGlu> the GPU holds at once (asked once per instance).
+template <typename W, int TB, bool kGlu>
+int64_t StreamMatVecResidentBlocks(int num_sms) {
+  static const int per_sm = [] {
+    int n = 0;
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &n, StreamMatVecKernel<W, TB, kGlu>, kMvWarps * kWarp, 0));
+    return n > 0 ? n : 1;
+  }();
+  return static_cast<int64_t>(per_sm) * num_sms;
 }
 
 // Warps per row: 4 (each a quarter of K) only when one warp per row leaves SMs without a block
@@ -178,9 +329,12 @@ void LaunchMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t
                     static_cast<unsigned>(p.num_groups));
     Launch(GroupedMatVecKernel<W, TB, kGlu, 4>, grid, block, 0, stream, p, single);
   } else {
-    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
+    // One wave: the groups share the resident blocks (at least one block a group).
+    const int64_t per_group = std::max<int64_t>(
+        1, StreamMatVecResidentBlocks<W, TB, kGlu>(static_cast<int>(p.num_sms)) / p.num_groups);
+    const dim3 grid(static_cast<unsigned>(std::min(CeilDiv(p.N, kMvWarps), per_group)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(GroupedMatVecKernel<W, TB, kGlu, 1>, grid, block, 0, stream, p, single);
+    Launch(StreamMatVecKernel<W, TB, kGlu>, grid, block, 0, stream, p, single);
   }
 }
 
