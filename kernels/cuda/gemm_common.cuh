@@ -50,6 +50,109 @@ __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n
   }
 }
 
+// ---- the tensor-core matrix-vector kernels (int4: matmul_quant.cu, bf16: matmul.cu) -----------
+// A warp takes 16 weight rows (the M of mma.m16n8k16) against up to 8 rows of A (the N: one token
+// a column), K in chunks of 64 elements, optionally split over ws warps. x goes in as bf16 hi +
+// lo (16 bits of mantissa, two products), made once per block into shared memory.
+constexpr int kMmaWarps = 8;
+constexpr int kMmaChunk = 64;   // elements (codes) per chunk
+constexpr int kMmaTokens = 8;   // rows of A per launch: the n of m16n8k16
+constexpr size_t kMmaMaxSmem = 100 * 1024;  // x fragments a block; leaves room for 2 blocks an SM
+
+// Shared memory of the x fragments: per row of A 64 words a chunk, [4 quarters][4 lanes t][4
+// words], so the 4 lanes of a row read 64 contiguous bytes at a time; rows 64 c + 16 words apart,
+// so rows g and g + 1 of one quarter-warp fall on different banks.
+__host__ __device__ constexpr int64_t MmaRowWords(int64_t chunks) { return chunks * 64 + 16; }
+__host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) {
+  // fragments, per-(row, chunk, t) partial sums, per-(chunk, row) sums
+  return sizeof(uint32_t) * (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaTokens);
+}
+
+// The nt rows of A of group grp as x fragments in shared memory, and their sums per chunk: unit
+// (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order of the k-steps: k-step
+// s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0) and i + 1, i + 5 (b1), as
+// hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s. xsum[c][j]: sum of row j's chunk c (of
+// hi + lo: the values the products see), zero for j >= nt. Ends with a barrier.
+__device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& grp, int nt,
+                                          int chunks, uint32_t* xf, float* xpart, float* xsum) {
+  const int64_t row_words = MmaRowWords(chunks);
+  for (int u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
+    const int tq = u % 4;
+    const int64_t c = (u / 4) % chunks, j = u / (4 * chunks);
+    const int64_t r = grp.row_begin + j;
+    const float4* x4 = reinterpret_cast<const float4*>(
+        p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda + c * kMmaChunk + 16 * tq);
+    float x[16];
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const float4 f = x4[v];
+      x[4 * v] = f.x, x[4 * v + 1] = f.y, x[4 * v + 2] = f.z, x[4 * v + 3] = f.w;
+    }
+    uint32_t frag[16];
+    float sum = 0.f;
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const int i = 8 * (s / 2) + 2 * (s % 2);
+      SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 1], sum);
+      SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 2], frag[4 * s + 3], sum);
+    }
+    uint32_t* dst = xf + j * row_words + c * 64 + 4 * tq;
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      *reinterpret_cast<uint4*>(dst + 16 * v) =
+          make_uint4(frag[4 * v], frag[4 * v + 1], frag[4 * v + 2], frag[4 * v + 3]);
+    }
+    xpart[u] = sum;
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < chunks * kMmaTokens; i += blockDim.x) {
+    const int c = i / kMmaTokens, j = i % kMmaTokens;
+    const float* s4 = xpart + (j * chunks + c) * 4;
+    xsum[i] = j < nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
+  }
+  __syncthreads();
+}
+
+// The end of a tensor-core matrix-vector warp: acc[m] = its mma accumulator (rows n0 + g and n0 +
+// g + 8, columns (rows of A) 2t and 2t + 1) of matrix m (gate, up); the ws K slices of a row
+// summed through `partial` ([kMmaWarps][NW * 4][kWarp] floats) in a fixed order, then stored
+// (SiLU(gate) * up for kGlu).
+template <bool kGlu, int ws>
+__device__ __forceinline__ void MmaMatVecStore(const GemmParams& p, const GemmGroup& grp,
+                                               int64_t n0, float (&acc)[kGlu ? 2 : 1][4],
+                                               float* partial) {
+  constexpr int NW = kGlu ? 2 : 1;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int g = lane / 4, t = lane % 4;
+  if constexpr (ws > 1) {
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) partial[(warp * NW * 4 + 4 * m + i) * kWarp + lane] = acc[m][i];
+    }
+    __syncthreads();
+    if (warp % ws != 0) return;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        for (int s2 = 1; s2 < ws; ++s2) {
+          acc[m][i] += partial[((warp + s2) * NW * 4 + 4 * m + i) * kWarp + lane];
+        }
+      }
+    }
+  }
+  const int nt = static_cast<int>(grp.row_count);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int64_t n = n0 + g + 8 * (i / 2);
+    const int j = 2 * t + i % 2;  // row of A
+    float v = acc[0][i];
+    if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[1][i];
+    if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
+  }
+}
+
 // The tiled GEMM both paths share: a 64x64 output tile per block of 256 threads, K staged 16 at a
 // time into shared memory (A and W transposed, +4 padding), each thread owning a 4x4 sub-tile.
 constexpr int kBM = 64, kBN = 64, kBK = 16, kTileThreads = 256;

@@ -85,12 +85,13 @@ __device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
 }
 
 // kGlu: C = F.silu(A Wg^T) * (A Wu^T), Wg from groups, Wu from up_groups (same rows).
-// Block: kMvWarps / ws weight rows, each split over K into ws slices; grid (ceil(N * ws /
-// kMvWarps), groups). For matrices of few rows (StreamMatVecKernel below takes the others).
+// Block: kMvWarps / ws weight rows, each split over K into ws slices (ws in {1, 4}); grid
+// (ceil(N * ws / kMvWarps), groups). For matrices of few rows (ws = 4) and for more than TB rows
+// of A (ws = 1: the passes over TB rows each re-read the warp's row from L1); StreamMatVecKernel
+// below takes the others.
 template <typename W, int TB, bool kGlu, int ws>
 __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const GemmParams p,
                                                                        const GemmGroup single) {
-  static_assert(ws > 1);
   WaitForPriorKernel();
   __shared__ float partial[kMvWarps][TB][2];  // per warp: gate (or plain) and up sums
   const GemmGroup g = GroupOf(p, single, blockIdx.y);
@@ -98,7 +99,10 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int slice = warp % ws;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * (kMvWarps / ws) + warp / ws;
-  const bool active = n < p.N;  // no early return: a row's warps meet at barriers
+  const bool active = n < p.N;  // with ws > 1 no early return: a row's warps meet at barriers
+  if constexpr (ws == 1) {
+    if (!active) return;
+  }
   constexpr int V = Vec16<W>::kVec;
   const int64_t K = p.K;
   const W* w = static_cast<const W*>(g.w) + (active ? n : 0) * K;  // [K]
@@ -137,24 +141,26 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
 #pragma unroll
       for (int j = 0; j < TB; ++j) acc[r][j] = WarpSum(acc[r][j]);
     }
-    if (lane == 0) {
+    if constexpr (ws > 1) {
+      if (lane == 0) {
 #pragma unroll
-      for (int r = 0; r < NW; ++r) {
+        for (int r = 0; r < NW; ++r) {
 #pragma unroll
-        for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
-      }
-    }
-    __syncthreads();
-    if (slice == 0) {  // slices summed in a fixed order: deterministic
-#pragma unroll
-      for (int r = 0; r < NW; ++r) {
-#pragma unroll
-        for (int j = 0; j < TB; ++j) {
-          for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
+          for (int j = 0; j < TB; ++j) partial[warp][j][r] = acc[r][j];
         }
       }
+      __syncthreads();
+      if (slice == 0) {  // slices summed in a fixed order: deterministic
+#pragma unroll
+        for (int r = 0; r < NW; ++r) {
+#pragma unroll
+          for (int j = 0; j < TB; ++j) {
+            for (int s2 = 1; s2 < ws; ++s2) acc[r][j] += partial[warp + s2][j][r];
+          }
+        }
+      }
+      __syncthreads();  // partial is reused by the next chunk of rows
     }
-    __syncthreads();  // partial is reused by the next chunk of rows
     if (active && slice == 0 && lane == 0) {
 #pragma unroll
       for (int j = 0; j < TB; ++j) {
@@ -317,6 +323,188 @@ int64_t StreamMatVecResidentBlocks(int num_sms) {
   return static_cast<int64_t>(per_sm) * num_sms;
 }
 
+// ---- tensor-core matrix-vector: bf16 weights, 2..8 rows of A ------------------------------------
+// With several rows of A the SIMT kernels above load x for every weight vector and every row (8
+// rows: 256 bytes of x from L1 per 16 bytes of weights); here the tensor cores take 16 weight
+// rows x 8 rows of A per instruction (gemm_common.cuh: StageMmaX's x, MmaMatVecStore). Lane (g,
+// t) loads 32 bytes of rows g and g + 8 at element 16t of each 64-element chunk, in memory order.
+// k-step s pairs x positions i, i + 4 (b0) and i + 1, i + 5 (b1), i = 8 (s / 2) + 2 (s % 2), so
+// the A operand pairs the same weights: a0 = (i, i + 4) of row g, a2 = (i + 1, i + 5), from the
+// words holding (i, i + 1) and (i + 4, i + 5) by two byte permutes.
+template <bool kGlu, int ws, bool kAligned>
+__device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGroup& grp,
+                                              float* partial) {
+  constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
+  constexpr int kU = kGlu ? 1 : 2;  // chunks a round; two rounds in flight (registers)
+  extern __shared__ uint32_t xsmem[];
+  const int nt = static_cast<int>(grp.row_count);
+  const int64_t K = p.K, row_words = MmaRowWords(K / kMmaChunk);
+  const int chunks = static_cast<int>(K / kMmaChunk);
+  uint32_t* xf = xsmem;                                                  // [row][chunk][4][t][4]
+  float* xpart = reinterpret_cast<float*>(xf + p.max_rows * row_words);  // [row][chunk][t]
+  float* xsum = xpart + p.max_rows * chunks * 4;                         // [chunk][8 rows]
+
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const int slice = warp % ws;
+  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kMmaWarps / ws) + warp / ws) * 16;
+  // Rows past N read row 0 (computed, never stored).
+  const int64_t ra = n0 + g < p.N ? n0 + g : 0, rb = n0 + g + 8 < p.N ? n0 + g + 8 : 0;
+  const __nv_bfloat16* rows[NW][2];
+#pragma unroll
+  for (int m = 0; m < NW; ++m) {
+    const auto* base = static_cast<const __nv_bfloat16*>(m == 0 ? grp.w : UpOf(p, blockIdx.y));
+    rows[m][0] = base + ra * K + 16 * t;
+    rows[m][1] = base + rb * K + 16 * t;
+  }
+  const int per_slice = (chunks + ws - 1) / ws;
+  const int c_begin = slice * per_slice, c_end = min(chunks, c_begin + per_slice);
+  const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
+  const uint32_t* xrow = xf + g * row_words + 4 * t;
+
+  // A round: kU chunks' 32 bytes per matrix and row, loads issued together, into buffer b (a
+  // compile-time index: registers); the next round's loads go out before this round's products.
+  uint32_t w[2][kU][NW][2][8];
+  auto load_round = [&](auto buffer, int c0) {
+    constexpr int b = decltype(buffer)::value;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int u = 0; u < kU; ++u) {
+          const int c = c0 + u;
+          if (c >= c_end) continue;
+          const __nv_bfloat16* q = rows[m][h] + c * kMmaChunk;
+          uint32_t(&dst)[8] = w[b][u][m][h];
+          if constexpr (kAligned) {
+            const uint4 lo = __ldg(reinterpret_cast<const uint4*>(q));
+            const uint4 hi = __ldg(reinterpret_cast<const uint4*>(q) + 1);
+            dst[0] = lo.x, dst[1] = lo.y, dst[2] = lo.z, dst[3] = lo.w;
+            dst[4] = hi.x, dst[5] = hi.y, dst[6] = hi.z, dst[7] = hi.w;
+          } else {
+#pragma unroll
+            for (int i = 0; i < 8; ++i) dst[i] = LoadU32Bytes(reinterpret_cast<const uint8_t*>(q + 2 * i));
+          }
+        }
+      }
+    }
+  };
+  using First = std::integral_constant<int, 0>;
+  using Second = std::integral_constant<int, 1>;
+  load_round(First{}, c_begin);  // before x is staged
+  StageMmaX(p, grp, nt, chunks, xf, xpart, xsum);
+
+  float acc[NW][4] = {};
+  auto compute_round = [&](auto buffer, int c0) {
+    constexpr int b = decltype(buffer)::value;
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int c = c0 + u;
+      if (c >= c_end) break;
+      uint32_t xw[16] = {};
+      if (has_x) {
+#pragma unroll
+        for (int v = 0; v < 4; ++v) {
+          const uint4 q = *reinterpret_cast<const uint4*>(xrow + c * 64 + 16 * v);
+          xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
+        }
+      }
+#pragma unroll
+      for (int m = 0; m < NW; ++m) {
+        const uint32_t(&wa)[8] = w[b][u][m][0];
+        const uint32_t(&wb)[8] = w[b][u][m][1];
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const int i = 4 * (s / 2) + (s % 2);  // word of positions (2i, 2i + 1); + 2: (2i + 4, ..)
+          const uint32_t a0 = __byte_perm(wa[i], wa[i + 2], 0x5410);
+          const uint32_t a2 = __byte_perm(wa[i], wa[i + 2], 0x7632);
+          const uint32_t a1 = __byte_perm(wb[i], wb[i + 2], 0x5410);
+          const uint32_t a3 = __byte_perm(wb[i], wb[i + 2], 0x7632);
+          MmaBf16(acc[m], a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
+          MmaBf16(acc[m], a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+        }
+      }
+    }
+  };
+  for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
+    if (c0 + kU < c_end) load_round(Second{}, c0 + kU);
+    compute_round(First{}, c0);
+    if (c0 + kU >= c_end) break;
+    if (c0 + 2 * kU < c_end) load_round(First{}, c0 + 2 * kU);
+    compute_round(Second{}, c0 + kU);
+  }
+  MmaMatVecStore<kGlu, ws>(p, grp, n0, acc, partial);
+}
+
+// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
+// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
+template <bool kGlu, int ws>
+__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Bf16MmaMatVecKernel(const GemmParams p,
+                                                                          const GemmGroup single) {
+  WaitForPriorKernel();
+  __shared__ float partial[ws > 1 ? kMmaWarps * (kGlu ? 8 : 4) * kWarp : 1];
+  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
+  if (grp.row_count == 0) return;  // block-uniform
+  bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 15) == 0;
+  if constexpr (kGlu) {
+    aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 15) == 0;
+  }
+  if (aligned) {
+    Bf16MmaMatVec<kGlu, ws, true>(p, grp, partial);
+  } else {
+    Bf16MmaMatVec<kGlu, ws, false>(p, grp, partial);
+  }
+}
+
+constexpr size_t kBf16MmaMaxSmem = 200 * 1024;
+
+template <bool kGlu, int ws>
+void LaunchBf16Mma(const GemmParams& p, const GemmGroup& single, dim3 grid, size_t smem,
+                   cudaStream_t stream) {
+  static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(Bf16MmaMatVecKernel<kGlu, ws>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kBf16MmaMaxSmem)));
+    return true;
+  }();
+  (void)attr;
+  Launch(Bf16MmaMatVecKernel<kGlu, ws>, grid, kMmaWarps * kWarp, smem, stream, p, single);
+}
+
+// The tensor-core path: bf16, 2..8 rows of A, whole chunks, aligned rows of A, enough rows of W
+// to give half the SMs a block (the k/v projections and the router, 32 blocks or fewer, stay on
+// the SIMT split kernel: a block's fixed cost, staging x, is most of their time); false when it
+// does not apply. K split over ws warps while the blocks still fit one wave; two blocks an SM where x
+// fits 100 KiB, one up to kBf16MmaMaxSmem (8 rows of K = 4096: 141 KB).
+bool LaunchBf16MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  const int64_t chunks = p.K / kMmaChunk;
+  const size_t smem = MmaSmemBytes(p.max_rows, chunks);
+  const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
+  if (p.max_rows < 2 || p.max_rows > kMmaTokens || p.K % kMmaChunk != 0 ||
+      smem > kBf16MmaMaxSmem || 2 * CeilDiv(tiles * 8, kMmaWarps) < p.num_sms ||
+      (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
+    return false;
+  }
+  const bool glu = p.glu();
+  const int64_t wave = p.num_sms * (smem <= kMmaMaxSmem ? 2 : 1);
+  int ws = 1;
+  while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),
+                  static_cast<unsigned>(p.num_groups));
+  switch (ws) {
+    case 1: glu ? LaunchBf16Mma<true, 1>(p, single, grid, smem, stream)
+                : LaunchBf16Mma<false, 1>(p, single, grid, smem, stream); break;
+    case 2: glu ? LaunchBf16Mma<true, 2>(p, single, grid, smem, stream)
+                : LaunchBf16Mma<false, 2>(p, single, grid, smem, stream); break;
+    case 4: glu ? LaunchBf16Mma<true, 4>(p, single, grid, smem, stream)
+                : LaunchBf16Mma<false, 4>(p, single, grid, smem, stream); break;
+    default: glu ? LaunchBf16Mma<true, 8>(p, single, grid, smem, stream)
+                 : LaunchBf16Mma<false, 8>(p, single, grid, smem, stream);
+  }
+  return true;
+}
+
 // Warps per row: 4 (each a quarter of K) only when one warp per row leaves SMs without a block
 // (k/v projections, the router). Measured on an H200 (tests/bench/NOTES.md): splitting whenever
 // there were under 16 blocks per SM made 2048x2048 to 8192x8192 and the expert FFN slower.
@@ -328,6 +516,10 @@ void LaunchMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kMvWarps)),
                     static_cast<unsigned>(p.num_groups));
     Launch(GroupedMatVecKernel<W, TB, kGlu, 4>, grid, block, 0, stream, p, single);
+  } else if (p.max_rows > TB) {  // passes over TB rows of A: each warp re-reads its row from L1
+    const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kMvWarps)),
+                    static_cast<unsigned>(p.num_groups));
+    Launch(GroupedMatVecKernel<W, TB, kGlu, 1>, grid, block, 0, stream, p, single);
   } else {
     // One wave: the groups share the resident blocks (at least one block a group).
     const int64_t per_group = std::max<int64_t>(
@@ -340,6 +532,9 @@ void LaunchMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t
 
 template <typename W, bool kGlu>
 void LaunchMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if constexpr (std::is_same_v<W, __nv_bfloat16>) {
+    if (LaunchBf16MmaMatVec(p, single, stream)) return;
+  }
   if (p.max_rows <= 1) {
     LaunchMatVecRows<W, 1, kGlu>(p, single, stream);
   } else if (p.max_rows <= 2) {

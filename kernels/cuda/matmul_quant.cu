@@ -262,18 +262,6 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
 //   sum_c x[c] (q[c] s + m) = s sum_c x[c] (128 + q[c]) + (m - 128 s) sum_c x[c]   (per chunk)
 // x goes in as bf16 hi + lo (16 bits of mantissa, two products), made once per block into shared
 // memory with each chunk's sum_c x[c] (of hi + lo: the values the products see).
-constexpr int kMmaWarps = 8;
-constexpr int kMmaChunk = 64;   // codes per chunk
-constexpr int kMmaTokens = 8;   // rows of A per launch: the n of m16n8k16
-
-// Shared memory of the x fragments: per row of A 64 words a chunk, [4 quarters][4 lanes t][4
-// words], so the 4 lanes of a row read 64 contiguous bytes at a time; rows 64 c + 16 words apart,
-// so rows g and g + 1 of one quarter-warp fall on different banks.
-__host__ __device__ constexpr int64_t MmaRowWords(int64_t chunks) { return chunks * 64 + 16; }
-__host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) {
-  // fragments, per-(row, chunk, t) partial sums, per-(chunk, row) sums
-  return sizeof(uint32_t) * (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaTokens);
-}
 
 // Codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf as the bf16 pair (128 + q, 128 + q').
 __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
@@ -355,44 +343,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
   using Second = std::integral_constant<int, 1>;
   load_round(First{}, c_begin);
 
-  // x fragments: unit (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order
-  // of the k-steps: k-step s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0)
-  // and i + 1, i + 5 (b1), as hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s.
-  for (int u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
-    const int tq = u % 4;
-    const int64_t c = (u / 4) % chunks, j = u / (4 * chunks);
-    const int64_t r = grp.row_begin + j;
-    const float4* x4 = reinterpret_cast<const float4*>(
-        p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda + c * kMmaChunk + 16 * tq);
-    float x[16];
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      const float4 f = x4[v];
-      x[4 * v] = f.x, x[4 * v + 1] = f.y, x[4 * v + 2] = f.z, x[4 * v + 3] = f.w;
-    }
-    uint32_t frag[16];
-    float sum = 0.f;
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = 8 * (s / 2) + 2 * (s % 2);
-      SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 1], sum);
-      SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 2], frag[4 * s + 3], sum);
-    }
-    uint32_t* dst = xf + j * row_words + c * 64 + 4 * tq;
-#pragma unroll
-    for (int v = 0; v < 4; ++v) {
-      *reinterpret_cast<uint4*>(dst + 16 * v) =
-          make_uint4(frag[4 * v], frag[4 * v + 1], frag[4 * v + 2], frag[4 * v + 3]);
-    }
-    xpart[u] = sum;
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < chunks * kMmaTokens; i += blockDim.x) {
-    const int c = i / kMmaTokens, j = i % kMmaTokens;
-    const float* s4 = xpart + (j * chunks + c) * 4;
-    xsum[i] = j < nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
-  }
-  __syncthreads();
+  StageMmaX(p, grp, nt, chunks, xf, xpart, xsum);
 
   float acc[NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
@@ -444,32 +395,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
     if (c0 + 2 * kU < c_end) load_round(First{}, c0 + 2 * kU);
     compute_round(Second{}, c0 + kU);
   }
-  if constexpr (ws > 1) {
-#pragma unroll
-    for (int m = 0; m < NW; ++m) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) partial[(warp * NW * 4 + 4 * m + i) * kWarp + lane] = acc[m][i];
-    }
-    __syncthreads();
-    if (slice != 0) return;
-#pragma unroll
-    for (int m = 0; m < NW; ++m) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        for (int s2 = 1; s2 < ws; ++s2) {
-          acc[m][i] += partial[((warp + s2) * NW * 4 + 4 * m + i) * kWarp + lane];
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t n = n0 + g + 8 * (i / 2);
-    const int j = 2 * t + i % 2;  // row of A
-    float v = acc[0][i];
-    if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[1][i];
-    if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
-  }
+  MmaMatVecStore<kGlu, ws>(p, grp, n0, acc, partial);
 }
 
 // Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
@@ -493,8 +419,6 @@ __global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(cons
     Int4MmaMatVec<kGlu, ws, false>(p, grp, partial);
   }
 }
-
-constexpr size_t kMmaMaxSmem = 100 * 1024;  // leaves room for 2 blocks an SM
 
 template <bool kGlu, int ws>
 void LaunchInt4Mma(const GemmParams& p, const GemmGroup& single, dim3 grid, size_t smem,

@@ -95,6 +95,11 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{5, 100, 2048, DType::kF32, true},  // K split, 5 rows
                       MatMulCase{3, 733, 257, DType::kF16, true},
                       MatMulCase{7, 129, 2048, DType::kBF16, false},
+                      // tensor-core matvec: q of 8 sequences, o (one block an SM), a part tile
+                      MatMulCase{8, 4096, 2048, DType::kBF16, false},
+                      MatMulCase{8, 2048, 4096, DType::kBF16, false},
+                      MatMulCase{4, 2048, 4096, DType::kBF16, true},
+                      MatMulCase{5, 1100, 2048, DType::kBF16, false},
                       MatMulCase{8, 64, 733, DType::kF32, false},
                       MatMulCase{9, 733, 129, DType::kBF16, false},  // two passes of 8 rows
                       MatMulCase{33, 257, 67, DType::kF32, true},
@@ -768,6 +773,8 @@ INSTANTIATE_TEST_SUITE_P(
     Cases, ExpertFfnParity,
     ::testing::Values(FfnCase{1, 2048, 768, 128, 8, DType::kBF16},  // Qwen3-30B-A3B decode
                       FfnCase{7, 733, 257, 16, 4, DType::kF32},
+                      FfnCase{8, 2048, 768, 128, 8, DType::kBF16},  // 8 sequences: 1-3 rows
+                      FfnCase{4, 256, 64, 2, 2, DType::kBF16},  // 4 rows an expert
                       FfnCase{3, 64, 32, 8, 2, DType::kF16},
                       FfnCase{733, 256, 96, 32, 8, DType::kBF16},  // prefill: tensor-core GEMM
                       FfnCase{200, 512, 129, 4, 2, DType::kF32},
