@@ -7,7 +7,8 @@
 # the bundle once, not once per binary.
 # Usage: deploy/make_bundle.sh [extra cmake -D options]   (from anywhere; -j2: shared build box)
 # MOE_BUNDLE_TARGETS="parity_test matvec_bench": build and bundle only these executables (a full
-# build takes long on the 2-core build box); unset: everything.
+# build takes long on the 2-core build box); unset: everything but the kernel tracer, which
+# "moe_timeline" among them adds (tests/bench/kernel_timeline.cc).
 set -euo pipefail
 root="$(cd "$(dirname "$0")/.." && pwd)"
 build="$root/build-bundle"
@@ -37,7 +38,7 @@ if [[ ${#targets[@]} -gt 0 ]]; then
     find "$build" -path '*/CMakeFiles' -prune -o -type f -executable -name "$t" -print; done | sort)
 else
   mapfile -t bins < <({ find "$build/bin" -maxdepth 1 -type f -executable;
-    find "$build/tests/bench" -maxdepth 1 -type f -executable;
+    find "$build/tests/bench" -maxdepth 1 -type f -executable ! -name '*.so*';
     ls "$build/tests/parity/parity_test" "$build/tests/golden/golden_gpu_test" 2>/dev/null; } | sort)
 fi
 [[ ${#bins[@]} -gt 0 ]] || { echo "make_bundle: no executables in $build" >&2; exit 1; }
@@ -48,7 +49,9 @@ cp "${bins[@]}" "$bundle/bin/"
 system='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so)'
 # Our own shared libraries first (ldd cannot find them from the build tree: their RPATH is the
 # bundle's), then everything they and the binaries need, resolved against them.
+# The kernel tracer (libmoe_timeline.so and CUPTI, 4 MB) only when asked for by name.
 find "$build" -path '*/CMakeFiles' -prune -o -type f -name 'libmoe_*.so*' -print |
+  { if [[ " ${targets[*]} " == *" moe_timeline "* ]]; then cat; else grep -v libmoe_timeline; fi; } |
   xargs -r cp -t "$bundle/lib/"
 for b in "${bins[@]}" "$bundle"/lib/libmoe_*.so*; do
   LD_LIBRARY_PATH="$bundle/lib" ldd "$b" | awk '/=> \// {print $1, $3}'

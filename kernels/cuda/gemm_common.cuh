@@ -1,6 +1,8 @@
 // Device helpers shared by the dense (matmul.cu) and quantized (matmul_quant.cu) grouped GEMMs.
 #pragma once
 
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/launch.cuh"
 
@@ -150,6 +152,85 @@ __device__ __forceinline__ void MmaMatVecStore(const GemmParams& p, const GemmGr
     float v = acc[0][i];
     if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[1][i];
     if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
+  }
+}
+
+// The round loop of a tensor-core matrix-vector warp over chunks [c_begin, c_end), kU chunks a
+// round in two register buffers (compile-time indices): load_round(buffer, c0) issues a round's
+// loads, compute_round(buffer, c0) its products; the next round's loads go out before this
+// round's products. The caller has loaded the first round into buffer 0.
+template <int kU, typename Load, typename Compute>
+__device__ __forceinline__ void MmaRounds(int c_begin, int c_end, Load& load_round,
+                                          Compute& compute_round) {
+  using First = std::integral_constant<int, 0>;
+  using Second = std::integral_constant<int, 1>;
+  for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
+    if (c0 + kU < c_end) load_round(Second{}, c0 + kU);
+    compute_round(First{}, c0);
+    if (c0 + kU >= c_end) break;
+    if (c0 + 2 * kU < c_end) load_round(First{}, c0 + 2 * kU);
+    compute_round(Second{}, c0 + kU);
+  }
+}
+
+// The tensor-core matrix-vector kernel of weight format Fmt (Int4Mma in matmul_quant.cu, Bf16Mma
+// in matmul.cu): Fmt::kAlign, the alignment in bytes its wide loads need of every matrix;
+// Fmt::kMaxSmem, the most shared memory a block may ask; Fmt::Body<kGlu, ws, kAligned>(p, grp,
+// partial), a warp's work. The body is instanced for aligned matrices and for others (byte
+// loads) and chosen once per block, so that its loop has no branch.
+// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
+// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
+template <typename Fmt, bool kGlu, int ws>
+__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void MmaMatVecKernel(const GemmParams p,
+                                                                      const GemmGroup single) {
+  WaitForPriorKernel();
+  __shared__ float partial[ws > 1 ? kMmaWarps * (kGlu ? 8 : 4) * kWarp : 1];
+  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
+  if (grp.row_count == 0) return;  // block-uniform
+  bool aligned = reinterpret_cast<uintptr_t>(grp.w) % Fmt::kAlign == 0;
+  if constexpr (kGlu) {
+    aligned = aligned && reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) % Fmt::kAlign == 0;
+  }
+  if (aligned) {
+    Fmt::template Body<kGlu, ws, true>(p, grp, partial);
+  } else {
+    Fmt::template Body<kGlu, ws, false>(p, grp, partial);
+  }
+}
+
+template <typename Fmt, bool kGlu, int ws>
+void LaunchMmaMatVecAt(const GemmParams& p, const GemmGroup& single, size_t smem,
+                       cudaStream_t stream) {
+  static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(MmaMatVecKernel<Fmt, kGlu, ws>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Fmt::kMaxSmem)));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),
+                  static_cast<unsigned>(p.num_groups));
+  Launch(MmaMatVecKernel<Fmt, kGlu, ws>, grid, kMmaWarps * kWarp, smem, stream, p, single);
+}
+
+// MmaMatVecKernel<Fmt> with `smem` bytes of x, K split over ws warps (1, 2, 4 or 8) while
+// `wave` blocks (what the GPU holds at once) are not exceeded and each slice keeps 4 chunks.
+template <typename Fmt>
+void LaunchMmaMatVec(const GemmParams& p, const GemmGroup& single, size_t smem, int64_t wave,
+                     cudaStream_t stream) {
+  const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups, chunks = p.K / kMmaChunk;
+  int ws = 1;
+  while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
+  const bool glu = p.glu();
+  switch (ws) {
+    case 1: glu ? LaunchMmaMatVecAt<Fmt, true, 1>(p, single, smem, stream)
+                : LaunchMmaMatVecAt<Fmt, false, 1>(p, single, smem, stream); break;
+    case 2: glu ? LaunchMmaMatVecAt<Fmt, true, 2>(p, single, smem, stream)
+                : LaunchMmaMatVecAt<Fmt, false, 2>(p, single, smem, stream); break;
+    case 4: glu ? LaunchMmaMatVecAt<Fmt, true, 4>(p, single, smem, stream)
+                : LaunchMmaMatVecAt<Fmt, false, 4>(p, single, smem, stream); break;
+    default: glu ? LaunchMmaMatVecAt<Fmt, true, 8>(p, single, smem, stream)
+                 : LaunchMmaMatVecAt<Fmt, false, 8>(p, single, smem, stream);
   }
 }
 

@@ -34,6 +34,27 @@ constexpr int kUnroll = 8;
 // SwiGLU form does not wait for the gate row before loading the up row, and shares the x loads.
 // kThreads is a compile-time constant on purpose: the version with a run-time stride (and no
 // early exit) ran the 623 MB lm head at 76% of HBM bandwidth instead of 91% (H200, NOTES.md).
+// acc[r][j] += w[r][0..V) . xr[j][k..k + V) for the NW weight vectors w[r] (floats) and TB rows.
+template <int V, int TB, int NW>
+__device__ __forceinline__ void DotVector(const float (&w)[NW][V], const float* const (&xr)[TB],
+                                          int64_t k, float (&acc)[NW][TB]) {
+#pragma unroll
+  for (int j = 0; j < TB; ++j) {
+    const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
+#pragma unroll
+    for (int v = 0; v < V / 4; ++v) {
+      const float4 xv = __ldg(x4 + v);
+#pragma unroll
+      for (int r = 0; r < NW; ++r) {
+        acc[r][j] = fmaf(w[r][4 * v + 0], xv.x, acc[r][j]);
+        acc[r][j] = fmaf(w[r][4 * v + 1], xv.y, acc[r][j]);
+        acc[r][j] = fmaf(w[r][4 * v + 2], xv.z, acc[r][j]);
+        acc[r][j] = fmaf(w[r][4 * v + 3], xv.w, acc[r][j]);
+      }
+    }
+  }
+}
+
 template <typename W, int TB, int kThreads, int NW>
 __device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
                                        const float* const (&xr)[TB], bool vec, int t,
@@ -43,33 +64,19 @@ __device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
   if (vec) {
     constexpr int64_t step = static_cast<int64_t>(kThreads) * V;
     for (int64_t k0 = static_cast<int64_t>(t) * V; k0 < K; k0 += step * kU) {
-      float wv[NW][kU][V];
+      float wv[kU][NW][V];
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
 #pragma unroll
         for (int r = 0; r < NW; ++r) {
-          if (k0 + u * step < K) Vec16<W>::Load(w[r] + k0 + u * step, wv[r][u]);
+          if (k0 + u * step < K) Vec16<W>::Load(w[r] + k0 + u * step, wv[u][r]);
         }
       }
 #pragma unroll
       for (int u = 0; u < kU; ++u) {
         const int64_t k = k0 + u * step;
         if (k >= K) break;
-#pragma unroll
-        for (int j = 0; j < TB; ++j) {
-          const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
-#pragma unroll
-          for (int v = 0; v < V / 4; ++v) {
-            const float4 xv = __ldg(x4 + v);
-#pragma unroll
-            for (int r = 0; r < NW; ++r) {
-              acc[r][j] = fmaf(wv[r][u][4 * v + 0], xv.x, acc[r][j]);
-              acc[r][j] = fmaf(wv[r][u][4 * v + 1], xv.y, acc[r][j]);
-              acc[r][j] = fmaf(wv[r][u][4 * v + 2], xv.z, acc[r][j]);
-              acc[r][j] = fmaf(wv[r][u][4 * v + 3], xv.w, acc[r][j]);
-            }
-          }
-        }
+        DotVector(wv[u], xr, k, acc);
       }
     }
   } else {  // odd K or unaligned rows: scalar loads, still coalesced across the warp
@@ -273,21 +280,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const Gem
 #pragma unroll
           for (int v = 0; v < V; ++v) wv[m][v] = ToF32(e[v]);
         }
-#pragma unroll
-        for (int j = 0; j < TB; ++j) {
-          const float4* x4 = reinterpret_cast<const float4*>(xr[j] + k);
-#pragma unroll
-          for (int v = 0; v < V / 4; ++v) {
-            const float4 xv = __ldg(x4 + v);
-#pragma unroll
-            for (int m = 0; m < NW; ++m) {
-              acc[m][j] = fmaf(wv[m][4 * v + 0], xv.x, acc[m][j]);
-              acc[m][j] = fmaf(wv[m][4 * v + 1], xv.y, acc[m][j]);
-              acc[m][j] = fmaf(wv[m][4 * v + 2], xv.z, acc[m][j]);
-              acc[m][j] = fmaf(wv[m][4 * v + 3], xv.w, acc[m][j]);
-            }
-          }
-        }
+        DotVector(wv, xr, k, acc);
       }
       if (i % rounds_per_row == rounds_per_row - 1) {  // the row's last round
         store(first + (i / rounds_per_row) * stride, acc);
@@ -390,9 +383,7 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
       }
     }
   };
-  using First = std::integral_constant<int, 0>;
-  using Second = std::integral_constant<int, 1>;
-  load_round(First{}, c_begin);  // before x is staged
+  load_round(std::integral_constant<int, 0>{}, c_begin);  // before x is staged
   StageMmaX(p, grp, nt, chunks, xf, xpart, xsum);
 
   float acc[NW][4] = {};
@@ -427,56 +418,27 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
       }
     }
   };
-  for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
-    if (c0 + kU < c_end) load_round(Second{}, c0 + kU);
-    compute_round(First{}, c0);
-    if (c0 + kU >= c_end) break;
-    if (c0 + 2 * kU < c_end) load_round(First{}, c0 + 2 * kU);
-    compute_round(Second{}, c0 + kU);
-  }
+  MmaRounds<kU>(c_begin, c_end, load_round, compute_round);
   MmaMatVecStore<kGlu, ws>(p, grp, n0, acc, partial);
 }
 
-// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
-// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
-template <bool kGlu, int ws>
-__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Bf16MmaMatVecKernel(const GemmParams p,
-                                                                          const GemmGroup single) {
-  WaitForPriorKernel();
-  __shared__ float partial[ws > 1 ? kMmaWarps * (kGlu ? 8 : 4) * kWarp : 1];
-  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
-  if (grp.row_count == 0) return;  // block-uniform
-  bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 15) == 0;
-  if constexpr (kGlu) {
-    aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 15) == 0;
-  }
-  if (aligned) {
-    Bf16MmaMatVec<kGlu, ws, true>(p, grp, partial);
-  } else {
-    Bf16MmaMatVec<kGlu, ws, false>(p, grp, partial);
-  }
-}
-
+// One block an SM up to this much x (8 rows of K = 4096: 141 KB), two up to kMmaMaxSmem.
 constexpr size_t kBf16MmaMaxSmem = 200 * 1024;
 
-template <bool kGlu, int ws>
-void LaunchBf16Mma(const GemmParams& p, const GemmGroup& single, dim3 grid, size_t smem,
-                   cudaStream_t stream) {
-  static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(Bf16MmaMatVecKernel<kGlu, ws>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kBf16MmaMaxSmem)));
-    return true;
-  }();
-  (void)attr;
-  Launch(Bf16MmaMatVecKernel<kGlu, ws>, grid, kMmaWarps * kWarp, smem, stream, p, single);
-}
+struct Bf16Mma {
+  static constexpr uintptr_t kAlign = 16;  // 16-byte weight loads
+  static constexpr size_t kMaxSmem = kBf16MmaMaxSmem;
+  template <bool kGlu, int ws, bool kAligned>
+  __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
+                                              float* partial) {
+    Bf16MmaMatVec<kGlu, ws, kAligned>(p, grp, partial);
+  }
+};
 
 // The tensor-core path: bf16, 2..8 rows of A, whole chunks, aligned rows of A, enough rows of W
 // to give half the SMs a block (the k/v projections and the router, 32 blocks or fewer, stay on
 // the SIMT split kernel: a block's fixed cost, staging x, is most of their time); false when it
-// does not apply. K split over ws warps while the blocks still fit one wave; two blocks an SM where x
-// fits 100 KiB, one up to kBf16MmaMaxSmem (8 rows of K = 4096: 141 KB).
+// does not apply.
 bool LaunchBf16MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const int64_t chunks = p.K / kMmaChunk;
   const size_t smem = MmaSmemBytes(p.max_rows, chunks);
@@ -486,22 +448,7 @@ bool LaunchBf16MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
       (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
-  const bool glu = p.glu();
-  const int64_t wave = p.num_sms * (smem <= kMmaMaxSmem ? 2 : 1);
-  int ws = 1;
-  while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),
-                  static_cast<unsigned>(p.num_groups));
-  switch (ws) {
-    case 1: glu ? LaunchBf16Mma<true, 1>(p, single, grid, smem, stream)
-                : LaunchBf16Mma<false, 1>(p, single, grid, smem, stream); break;
-    case 2: glu ? LaunchBf16Mma<true, 2>(p, single, grid, smem, stream)
-                : LaunchBf16Mma<false, 2>(p, single, grid, smem, stream); break;
-    case 4: glu ? LaunchBf16Mma<true, 4>(p, single, grid, smem, stream)
-                : LaunchBf16Mma<false, 4>(p, single, grid, smem, stream); break;
-    default: glu ? LaunchBf16Mma<true, 8>(p, single, grid, smem, stream)
-                 : LaunchBf16Mma<false, 8>(p, single, grid, smem, stream);
-  }
+  LaunchMmaMatVec<Bf16Mma>(p, single, smem, p.num_sms * (smem <= kMmaMaxSmem ? 2 : 1), stream);
   return true;
 }
 

@@ -339,9 +339,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
     }
   };
   // The first round goes out before x is staged: the weights do not depend on the kernel before.
-  using First = std::integral_constant<int, 0>;
-  using Second = std::integral_constant<int, 1>;
-  load_round(First{}, c_begin);
+  load_round(std::integral_constant<int, 0>{}, c_begin);
 
   StageMmaX(p, grp, nt, chunks, xf, xpart, xsum);
 
@@ -388,59 +386,28 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
       }
     }
   };
-  for (int c0 = c_begin; c0 < c_end; c0 += 2 * kU) {
-    if (c0 + kU < c_end) load_round(Second{}, c0 + kU);
-    compute_round(First{}, c0);
-    if (c0 + kU >= c_end) break;
-    if (c0 + 2 * kU < c_end) load_round(First{}, c0 + 2 * kU);
-    compute_round(Second{}, c0 + kU);
-  }
+  MmaRounds<kU>(c_begin, c_end, load_round, compute_round);
   MmaMatVecStore<kGlu, ws>(p, grp, n0, acc, partial);
 }
 
-// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
-// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
-template <bool kGlu, int ws>
-__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void Int4MmaMatVecKernel(const GemmParams p,
-                                                                          const GemmGroup single) {
-  WaitForPriorKernel();
-  __shared__ float partial[ws > 1 ? kMmaWarps * (kGlu ? 8 : 4) * kWarp : 1];
-  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
-  if (grp.row_count == 0) return;  // block-uniform
-  // 8-byte code loads where every matrix is 8-byte aligned (the store aligns to 256 bytes), byte
-  // loads otherwise: the body twice, chosen once per block, so no branch is left in its loop.
-  bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 7) == 0;
-  if constexpr (kGlu) {
-    aligned = aligned && (reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) & 7) == 0;
+struct Int4Mma {
+  static constexpr uintptr_t kAlign = 8;  // 8-byte code loads (the store aligns to 256 bytes)
+  static constexpr size_t kMaxSmem = kMmaMaxSmem;
+  template <bool kGlu, int ws, bool kAligned>
+  __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
+                                              float* partial) {
+    Int4MmaMatVec<kGlu, ws, kAligned>(p, grp, partial);
   }
-  if (aligned) {
-    Int4MmaMatVec<kGlu, ws, true>(p, grp, partial);
-  } else {
-    Int4MmaMatVec<kGlu, ws, false>(p, grp, partial);
-  }
-}
+};
 
-template <bool kGlu, int ws>
-void LaunchInt4Mma(const GemmParams& p, const GemmGroup& single, dim3 grid, size_t smem,
-                   cudaStream_t stream) {
-  static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(Int4MmaMatVecKernel<kGlu, ws>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kMmaMaxSmem)));
-    return true;
-  }();
-  (void)attr;
-  Launch(Int4MmaMatVecKernel<kGlu, ws>, grid, kMmaWarps * kWarp, smem, stream, p, single);
-}
-
-// Blocks of Int4MmaMatVecKernel<kGlu, *> an SM holds with `smem` bytes of x (registers: asked
+// Blocks of MmaMatVecKernel<Int4Mma, kGlu, *> an SM holds with `smem` bytes of x (registers: asked
 // once; shared memory: 228 KiB an SM, 1 KiB of it reserved per block).
 template <bool kGlu>
 int64_t Int4MmaBlocksPerSm(size_t smem) {
   static const int by_registers = [] {
     int n = 0;
     MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, Int4MmaMatVecKernel<kGlu, 8>, kMmaWarps * kWarp, 0));
+        &n, MmaMatVecKernel<Int4Mma, kGlu, 8>, kMmaWarps * kWarp, 0));
     return n > 0 ? n : 1;
   }();
   const size_t per_block = smem + sizeof(float) * kMmaWarps * (kGlu ? 8 : 4) * kWarp + 1024;
@@ -456,26 +423,10 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
       smem > kMmaMaxSmem || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
-  const bool glu = p.glu();
   // K split over ws warps while the blocks still fit one wave: more loads in flight, and no
   // second wave repeating the staging of x.
-  const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
-  const int64_t per_sm = glu ? Int4MmaBlocksPerSm<true>(smem) : Int4MmaBlocksPerSm<false>(smem);
-  const int64_t wave = p.num_sms * per_sm;
-  int ws = 1;
-  while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),
-                  static_cast<unsigned>(p.num_groups));
-  switch (ws) {
-    case 1: glu ? LaunchInt4Mma<true, 1>(p, single, grid, smem, stream)
-                : LaunchInt4Mma<false, 1>(p, single, grid, smem, stream); break;
-    case 2: glu ? LaunchInt4Mma<true, 2>(p, single, grid, smem, stream)
-                : LaunchInt4Mma<false, 2>(p, single, grid, smem, stream); break;
-    case 4: glu ? LaunchInt4Mma<true, 4>(p, single, grid, smem, stream)
-                : LaunchInt4Mma<false, 4>(p, single, grid, smem, stream); break;
-    default: glu ? LaunchInt4Mma<true, 8>(p, single, grid, smem, stream)
-                 : LaunchInt4Mma<false, 8>(p, single, grid, smem, stream);
-  }
+  const int64_t per_sm = p.glu() ? Int4MmaBlocksPerSm<true>(smem) : Int4MmaBlocksPerSm<false>(smem);
+  LaunchMmaMatVec<Int4Mma>(p, single, smem, p.num_sms * per_sm, stream);
   return true;
 }
 

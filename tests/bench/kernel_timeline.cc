@@ -5,8 +5,9 @@
 //   LD_PRELOAD=bundle/lib/libmoe_timeline.so MOE_TIMELINE_OUT=k.csv bundle/bin/moe-bench ...
 //   tests/bench/timeline_report.py k.csv
 //
-// CUPTI's concurrent-kernel activity records (which do not serialise kernels) are collected from
-// load to exit and written as CSV: start_ns,end_ns,stream,grid,block,name (demangled).
+// CUPTI's concurrent-kernel activity records (which do not serialise kernels) and its memory copy
+// records are collected from load to exit and written as CSV: start_ns,end_ns,stream,grid,block,
+// name (demangled; a copy is "memcpy <kind> <bytes>", grid and block 0).
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -59,6 +60,15 @@ void CUPTIAPI BufferCompleted(CUcontext, uint32_t, uint8_t* buffer, size_t, size
   CUpti_Activity* record = nullptr;
   std::vector<KernelRecord> batch;
   while (cuptiActivityGetNextRecord(buffer, valid, &record) == CUPTI_SUCCESS) {
+    if (record->kind == CUPTI_ACTIVITY_KIND_MEMCPY) {
+      const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
+      const char* kind = m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_HTOD   ? "HtoD"
+                         : m->copyKind == CUPTI_ACTIVITY_MEMCPY_KIND_DTOH ? "DtoH"
+                                                                           : "other";
+      batch.push_back({m->start, m->end, m->streamId, 0, 0,
+                       std::string("memcpy ") + kind + " " + std::to_string(m->bytes)});
+      continue;
+    }
     if (record->kind != CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL) continue;
     const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
     const auto grid = static_cast<uint32_t>(k->gridX) * k->gridY * k->gridZ;
@@ -86,7 +96,7 @@ void WriteOnExit() {
                  r.name.c_str());
   }
   std::fclose(f);
-  std::fprintf(stderr, "kernel_timeline: %zu kernels\n", records->size());
+  std::fprintf(stderr, "kernel_timeline: %zu kernels and copies\n", records->size());
 }
 
 [[gnu::constructor]] void Start() {
@@ -94,6 +104,7 @@ void WriteOnExit() {
   Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
         "cuptiActivityRegisterCallbacks");
   Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
+  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable");
   std::atexit(WriteOnExit);
 }
 

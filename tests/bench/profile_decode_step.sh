@@ -33,12 +33,13 @@ PY
 sections=(--section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats
   --section SourceCounters)
-ncu --clock-control none "${sections[@]}" -k regex:Int4MmaMatVec --launch-skip 0 --launch-count 1 \
+ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
+  -k regex:'MmaMatVecKernel<.*Int4Mma' --launch-skip 0 --launch-count 1 \
   "$bin/matvec_bench" >"$out/lm_head_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'Int4MmaMatVecKernel<.bool.1' --launch-skip 2 --launch-count 1 \
+  -k regex:'MmaMatVecKernel<.*Int4Mma, .bool.1' --launch-skip 2 --launch-count 1 \
   "$bin/matvec_bench" >"$out/glu_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'Int4MmaMatVecKernel<.bool.0' --launch-skip 108 --launch-count 1 \
+  -k regex:'MmaMatVecKernel<.*Int4Mma, .bool.0' --launch-skip 108 --launch-count 1 \
   "$bin/matvec_bench" >"$out/down_int4.txt" 2>&1
 ls -la "$out"

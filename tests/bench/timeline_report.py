@@ -2,10 +2,12 @@
 """Where a decode step's GPU time goes, from a kernel_timeline.cc CSV (the GPU's own timeline,
 launches overlapped as in production).
 
-  timeline_report.py TIMELINE.csv [--marker SampleKernel] [--skip 8]
+  timeline_report.py TIMELINE.csv [--marker SampleKernel] [--skip 8] [--last N]
 
 Steps end at each kernel whose name holds --marker. Steps with the kernel count whose kernels
-run longest in all are kept (the decode steps of one shape), the first --skip of them dropped.
+run longest in all are kept (the decode steps of one shape), the first --skip of them dropped;
+with --last, the last N steps whatever their kernels (runs whose steps differ, as the expert
+store's). Memory copies are listed apart (count and time a step) and hold nothing.
 Each instant of a step is given to the oldest kernel still running (a kernel launched early by programmatic dependent launch
 waits for its predecessor: the predecessor is the one working), or to `idle` when none runs.
 Printed per kernel: launches a step, mean start-to-end time, and the median time a step it holds
@@ -35,12 +37,14 @@ def main():
     ap.add_argument("csv")
     ap.add_argument("--marker", default="SampleKernel")
     ap.add_argument("--skip", type=int, default=8)
+    ap.add_argument("--last", type=int, default=0)
     args = ap.parse_args()
 
-    rows = []
+    rows, copies = [], []
     with open(args.csv) as f:
         for r in csv.DictReader(f):
-            rows.append((int(r["start_ns"]), int(r["end_ns"]), short_name(r["name"])))
+            row = (int(r["start_ns"]), int(r["end_ns"]), short_name(r["name"]))
+            (copies if row[2].startswith("memcpy") else rows).append(row)
     rows.sort()
     steps, current = [], []
     for row in rows:
@@ -54,7 +58,10 @@ def main():
     for s in steps:
         time_by_count[len(s)] += sum(r[1] - r[0] for r in s)
     mode = time_by_count.most_common(1)[0][0]  # the shape that holds the GPU longest
-    steps = [s for s in steps if len(s) == mode][args.skip:]
+    if args.last > 0:
+        steps = steps[-args.last:]
+    else:
+        steps = [s for s in steps if len(s) == mode][args.skip:]
     if not steps:
         raise SystemExit("no steps left after --skip")
 
@@ -88,7 +95,18 @@ def main():
 
     n = len(steps)
     wall = statistics.median(walls)
-    print(f"{n} steps of {mode} kernels; median step {wall / 1e3:.1f} us")
+    counts = sorted({len(s) for s in steps})
+    shape = f"{counts[0]}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]}"
+    print(f"{n} steps of {shape} kernels; median step {wall / 1e3:.1f} us")
+    window = (steps[0][0][0], steps[-1][-1][1])
+    kinds = collections.defaultdict(lambda: [0, 0, 0])  # copies in the steps: count, ns, bytes
+    for a, b, name in copies:
+        if window[0] <= a < window[1]:
+            k = kinds[name.split()[1]]
+            k[0], k[1], k[2] = k[0] + 1, k[1] + b - a, k[2] + int(name.split()[2])
+    for kind, (count, ns, nbytes) in sorted(kinds.items()):
+        print(f"copies {kind}: {count / n:.1f} a step, {ns / n / 1e3:.1f} us a step, "
+              f"{nbytes / n / 1e6:.2f} MB a step ({nbytes / max(ns, 1):.1f} GB/s while copying)")
     print(f"{'held us/step':>12} {'share':>6} {'launches':>8} {'mean us':>8}  kernel")
     order = sorted(exposed, key=lambda k: -statistics.median(exposed[k]))
     for name in order:
