@@ -5,9 +5,11 @@
 //   LD_PRELOAD=bundle/lib/libmoe_timeline.so MOE_TIMELINE_OUT=k.csv bundle/bin/moe-bench ...
 //   tests/bench/timeline_report.py k.csv
 //
-// CUPTI's concurrent-kernel activity records (which do not serialise kernels) and its memory copy
-// records are collected from load to exit and written as CSV: start_ns,end_ns,stream,grid,block,
-// name (demangled; a copy is "memcpy <kind> <bytes>", grid and block 0).
+// CUPTI's concurrent-kernel activity records (which do not serialise kernels), and with
+// MOE_TIMELINE_COPIES=1 its memory copy records, are collected from load to exit and written as
+// CSV: start_ns,end_ns,stream,grid,block,name (demangled; a copy is "memcpy <kind> <bytes>", grid
+// and block 0). Kernels alone cost ~1% of batch-1 decode; copies cost the expert store's decode
+// path a quarter of its speed (it copies and waits every layer): read its figures as a shape.
 #include <cupti.h>
 #include <cxxabi.h>
 
@@ -104,7 +106,10 @@ void WriteOnExit() {
   Check(cuptiActivityRegisterCallbacks(BufferRequested, BufferCompleted),
         "cuptiActivityRegisterCallbacks");
   Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL), "cuptiActivityEnable");
-  Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable");
+  const char* copies = std::getenv("MOE_TIMELINE_COPIES");
+  if (copies != nullptr && std::strcmp(copies, "1") == 0) {
+    Check(cuptiActivityEnable(CUPTI_ACTIVITY_KIND_MEMCPY), "cuptiActivityEnable");
+  }
   std::atexit(WriteOnExit);
 }
 

@@ -85,7 +85,8 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(MatMulCase{1, 2048, 2048, DType::kBF16, false},  // decode projection
                       MatMulCase{1, 8192, 2048, DType::kBF16, false},
                       MatMulCase{1, 2048, 4096, DType::kBF16, false},  // o proj: 2 rounds a row
-                      MatMulCase{3, 40001, 1536, DType::kBF16, true},  // rows a warp, part rounds
+                      MatMulCase{1, 40001, 1536, DType::kBF16, true},  // rows a warp, part rounds
+                      MatMulCase{3, 40001, 1536, DType::kBF16, true},
                       MatMulCase{1, 733, 7, DType::kF32, false},
                       MatMulCase{1, 7, 733, DType::kBF16, true},
                       MatMulCase{1, 1, 1, DType::kF32, false},
