@@ -38,7 +38,7 @@ if [[ ${#targets[@]} -gt 0 ]]; then
     find "$build" -path '*/CMakeFiles' -prune -o -type f -executable -name "$t" -print; done | sort)
 else
   mapfile -t bins < <({ find "$build/bin" -maxdepth 1 -type f -executable;
-    find "$build/tests/bench" -maxdepth 1 -type f -executable ! -name '*.so*';
+    find "$build/tests/bench" -maxdepth 1 -type f -executable -not -name '*.so';
     ls "$build/tests/parity/parity_test" "$build/tests/golden/golden_gpu_test" 2>/dev/null; } | sort)
 fi
 [[ ${#bins[@]} -gt 0 ]] || { echo "make_bundle: no executables in $build" >&2; exit 1; }
@@ -50,9 +50,10 @@ system='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.
 # Our own shared libraries first (ldd cannot find them from the build tree: their RPATH is the
 # bundle's), then everything they and the binaries need, resolved against them.
 # The kernel tracer (libmoe_timeline.so and CUPTI, 4 MB) only when asked for by name.
+skip=libmoe_timeline
+[[ " ${targets[*]} " == *" moe_timeline "* ]] && skip='^$'
 find "$build" -path '*/CMakeFiles' -prune -o -type f -name 'libmoe_*.so*' -print |
-  { if [[ " ${targets[*]} " == *" moe_timeline "* ]]; then cat; else grep -v libmoe_timeline; fi; } |
-  xargs -r cp -t "$bundle/lib/"
+  grep -v "$skip" | xargs -r cp -t "$bundle/lib/"
 for b in "${bins[@]}" "$bundle"/lib/libmoe_*.so*; do
   LD_LIBRARY_PATH="$bundle/lib" ldd "$b" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do

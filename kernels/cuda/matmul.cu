@@ -28,12 +28,6 @@ constexpr int kMvWarps = 8;
 // within a step the kernels overlap (PDL), which the isolated bench does not see (H200, NOTES.md).
 constexpr int kUnroll = 8;
 
-// acc[r][j] += w[r][k] * xr[j][k] for the NW weight rows w[r], over the k of thread `t` of
-// kThreads (vector chunks of kVec, or single elements when !vec); the caller reduces over the
-// threads. The NW rows' loads are issued together (kUnroll in flight per lane in all), so the
-// SwiGLU form does not wait for the gate row before loading the up row, and shares the x loads.
-// kThreads is a compile-time constant on purpose: the version with a run-time stride (and no
-// early exit) ran the 623 MB lm head at 76% of HBM bandwidth instead of 91% (H200, NOTES.md).
 // acc[r][j] += w[r][0..V) . xr[j][k..k + V) for the NW weight vectors w[r] (floats) and TB rows.
 template <int V, int TB, int NW>
 __device__ __forceinline__ void DotVector(const float (&w)[NW][V], const float* const (&xr)[TB],
@@ -55,6 +49,12 @@ __device__ __forceinline__ void DotVector(const float (&w)[NW][V], const float* 
   }
 }
 
+// acc[r][j] += w[r][k] * xr[j][k] for the NW weight rows w[r], over the k of thread `t` of
+// kThreads (vector chunks of kVec, or single elements when !vec); the caller reduces over the
+// threads. The NW rows' loads are issued together (kUnroll in flight per lane in all), so the
+// SwiGLU form does not wait for the gate row before loading the up row, and shares the x loads.
+// kThreads is a compile-time constant on purpose: the version with a run-time stride (and no
+// early exit) ran the 623 MB lm head at 76% of HBM bandwidth instead of 91% (H200, NOTES.md).
 template <typename W, int TB, int kThreads, int NW>
 __device__ __forceinline__ void RowDot(const W* const (&w)[NW], int64_t K,
                                        const float* const (&xr)[TB], bool vec, int t,
@@ -186,11 +186,6 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
 // products: each warp keeps a round in flight from its first row to its last, where a warp per
 // row (GroupedMatVecKernel) loaded one round, waited, computed and left, and the blocks after
 // it started from an empty pipe.
-template <typename W, int NW>
-struct MatVecRound {
-  uint4 w[NW][kUnroll / NW];
-};
-
 template <typename W, int TB, bool kGlu>
 __global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const GemmParams p,
                                                                       const GemmGroup single) {
@@ -250,7 +245,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const Gem
     }
     // Round i: row first + (i / rounds_per_row) * stride, elements from (i % rounds_per_row) *
     // kStep * kU; buffer b (a compile-time index: registers).
-    MatVecRound<W, NW> buf[2];
+    uint4 buf[2][NW][kU];  // raw weights
     auto load = [&](auto buffer, int64_t i) {
       constexpr int b = decltype(buffer)::value;
       const int64_t n = first + (i / rounds_per_row) * stride;
@@ -260,7 +255,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const Gem
 #pragma unroll
         for (int m = 0; m < NW; ++m) {
           if (k0 + u * kStep < K) {
-            buf[b].w[m][u] = __ldg(reinterpret_cast<const uint4*>(base[m] + n * K + k0 + u * kStep));
+            buf[b][m][u] = __ldg(reinterpret_cast<const uint4*>(base[m] + n * K + k0 + u * kStep));
           }
         }
       }
@@ -276,7 +271,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const Gem
         float wv[NW][V];
 #pragma unroll
         for (int m = 0; m < NW; ++m) {
-          const W* e = reinterpret_cast<const W*>(&buf[b].w[m][u]);
+          const W* e = reinterpret_cast<const W*>(&buf[b][m][u]);
 #pragma unroll
           for (int v = 0; v < V; ++v) wv[m][v] = ToF32(e[v]);
         }
@@ -376,8 +371,9 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
             dst[0] = lo.x, dst[1] = lo.y, dst[2] = lo.z, dst[3] = lo.w;
             dst[4] = hi.x, dst[5] = hi.y, dst[6] = hi.z, dst[7] = hi.w;
           } else {
+            const auto* bytes = reinterpret_cast<const uint8_t*>(q);
 #pragma unroll
-            for (int i = 0; i < 8; ++i) dst[i] = LoadU32Bytes(reinterpret_cast<const uint8_t*>(q + 2 * i));
+            for (int i = 0; i < 8; ++i) dst[i] = LoadU32Bytes(bytes + 4 * i);
           }
         }
       }

@@ -8,8 +8,9 @@ Steps end at each kernel whose name holds --marker. Steps with the kernel count 
 run longest in all are kept (the decode steps of one shape), the first --skip of them dropped;
 with --last, the last N steps whatever their kernels (runs whose steps differ, as the expert
 store's). Memory copies are listed apart (count and time a step) and hold nothing.
-Each instant of a step is given to the oldest kernel still running (a kernel launched early by programmatic dependent launch
-waits for its predecessor: the predecessor is the one working), or to `idle` when none runs.
+Each instant of a step is given to the oldest kernel still running (a kernel launched early by
+programmatic dependent launch waits for its predecessor: the predecessor is the one working), or
+to `idle` when none runs.
 Printed per kernel: launches a step, mean start-to-end time, and the median time a step it holds
 the GPU; the step's median wall time last.
 """
