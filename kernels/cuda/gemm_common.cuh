@@ -40,6 +40,18 @@ __device__ __forceinline__ uint32_t LoadU32Bytes(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
 }
 
+// xr[j] = row j of the pass of rows [m0, m0 + nt) of group g's A, j < TB (rows past nt repeat
+// row m0: computed, never stored).
+template <int TB>
+__device__ __forceinline__ void RowsOfA(const GemmParams& p, const GemmGroup& g, int64_t m0,
+                                        int nt, const float* (&xr)[TB]) {
+#pragma unroll
+  for (int j = 0; j < TB; ++j) {
+    const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
+    xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
+  }
+}
+
 // C[rc, n] (+)= scale * v for logical row r (see GemmParams).
 __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n, float v) {
   const int64_t rc = p.c_rows != nullptr ? p.c_rows[r] : r;
@@ -69,6 +81,53 @@ __host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) 
   // fragments, per-(row, chunk, t) partial sums, per-(chunk, row) sums
   return sizeof(uint32_t) * (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaTokens);
 }
+
+// Where a tensor-core matrix-vector warp works: its block's x fragments in shared memory (StageMmaX
+// fills them), its 16 weight rows (ra, rb: lane g's rows g and g + 8, row 0 past N: computed,
+// never stored) and its K slice of chunks [c_begin, c_end).
+struct MmaWarp {
+  int nt, chunks, g, t;
+  int64_t row_words, n0, ra, rb;
+  int c_begin, c_end;
+  uint32_t* xf;   // [row][chunk][4][t][4]
+  float* xpart;   // [row][chunk][t]
+  float* xsum;    // [chunk][8 rows]
+  const uint32_t* xrow;  // lane g's row of x fragments at its t
+  bool has_x;     // lane g supplies row g of A (a column of B); zeros past nt
+
+  template <int ws>
+  __device__ __forceinline__ static MmaWarp Make(const GemmParams& p, const GemmGroup& grp,
+                                                 uint32_t* smem) {
+    MmaWarp w;
+    w.nt = static_cast<int>(grp.row_count);
+    w.chunks = static_cast<int>(p.K / kMmaChunk);
+    w.row_words = MmaRowWords(w.chunks);
+    w.xf = smem;
+    w.xpart = reinterpret_cast<float*>(w.xf + p.max_rows * w.row_words);
+    w.xsum = w.xpart + p.max_rows * w.chunks * 4;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    w.g = lane / 4, w.t = lane % 4;
+    w.n0 = (static_cast<int64_t>(blockIdx.x) * (kMmaWarps / ws) + warp / ws) * 16;
+    w.ra = w.n0 + w.g < p.N ? w.n0 + w.g : 0;
+    w.rb = w.n0 + w.g + 8 < p.N ? w.n0 + w.g + 8 : 0;
+    const int per_slice = (w.chunks + ws - 1) / ws;
+    w.c_begin = warp % ws * per_slice;
+    w.c_end = min(w.chunks, w.c_begin + per_slice);
+    w.has_x = w.g < w.nt;
+    w.xrow = w.xf + w.g * w.row_words + 4 * w.t;
+    return w;
+  }
+
+  // The lane's x fragments of chunk c (StageMmaX's order), zeros where it supplies no row.
+  __device__ __forceinline__ void LoadX(int c, uint32_t (&xw)[16]) const {
+#pragma unroll
+    for (int v = 0; v < 4; ++v) {
+      const uint4 q = has_x ? *reinterpret_cast<const uint4*>(xrow + c * 64 + 16 * v)
+                            : make_uint4(0u, 0u, 0u, 0u);
+      xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
+    }
+  }
+};
 
 // The nt rows of A of group grp as x fragments in shared memory, and their sums per chunk: unit
 // (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order of the k-steps: k-step

@@ -122,11 +122,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void GroupedMatVecKernel(const Ge
   for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {  // block-uniform trip count
     const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
     const float* xr[TB];  // [TB][K]
-#pragma unroll
-    for (int j = 0; j < TB; ++j) {
-      const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
-      xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
-    }
+    RowsOfA(p, g, m0, nt, xr);
     constexpr int NW = kGlu ? 2 : 1;  // gate and up rows, or the one weight row
     float acc[NW][TB];
 #pragma unroll
@@ -212,11 +208,7 @@ __global__ __launch_bounds__(kMvWarps * kWarp) void StreamMatVecKernel(const Gem
   for (int64_t m0 = 0; m0 < g.row_count; m0 += TB) {
     const int nt = static_cast<int>(Min64(TB, g.row_count - m0));
     const float* xr[TB];  // [TB][K]
-#pragma unroll
-    for (int j = 0; j < TB; ++j) {
-      const int64_t r = g.row_begin + m0 + (j < nt ? j : 0);
-      xr[j] = p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda;
-    }
+    RowsOfA(p, g, m0, nt, xr);
     auto store = [&](int64_t n, float (&acc)[NW][TB]) {
 #pragma unroll
       for (int m = 0; m < NW; ++m) {
@@ -325,30 +317,16 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
   constexpr int kU = kGlu ? 1 : 2;  // chunks a round; two rounds in flight (registers)
   extern __shared__ uint32_t xsmem[];
-  const int nt = static_cast<int>(grp.row_count);
-  const int64_t K = p.K, row_words = MmaRowWords(K / kMmaChunk);
-  const int chunks = static_cast<int>(K / kMmaChunk);
-  uint32_t* xf = xsmem;                                                  // [row][chunk][4][t][4]
-  float* xpart = reinterpret_cast<float*>(xf + p.max_rows * row_words);  // [row][chunk][t]
-  float* xsum = xpart + p.max_rows * chunks * 4;                         // [chunk][8 rows]
-
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int g = lane / 4, t = lane % 4;
-  const int slice = warp % ws;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kMmaWarps / ws) + warp / ws) * 16;
-  // Rows past N read row 0 (computed, never stored).
-  const int64_t ra = n0 + g < p.N ? n0 + g : 0, rb = n0 + g + 8 < p.N ? n0 + g + 8 : 0;
+  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem);
+  const int64_t K = p.K;
   const __nv_bfloat16* rows[NW][2];
 #pragma unroll
   for (int m = 0; m < NW; ++m) {
     const auto* base = static_cast<const __nv_bfloat16*>(m == 0 ? grp.w : UpOf(p, blockIdx.y));
-    rows[m][0] = base + ra * K + 16 * t;
-    rows[m][1] = base + rb * K + 16 * t;
+    rows[m][0] = base + mw.ra * K + 16 * mw.t;
+    rows[m][1] = base + mw.rb * K + 16 * mw.t;
   }
-  const int per_slice = (chunks + ws - 1) / ws;
-  const int c_begin = slice * per_slice, c_end = min(chunks, c_begin + per_slice);
-  const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
-  const uint32_t* xrow = xf + g * row_words + 4 * t;
+  const int c_end = mw.c_end;
 
   // A round: kU chunks' 32 bytes per matrix and row, loads issued together, into buffer b (a
   // compile-time index: registers); the next round's loads go out before this round's products.
@@ -379,8 +357,8 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
       }
     }
   };
-  load_round(std::integral_constant<int, 0>{}, c_begin);  // before x is staged
-  StageMmaX(p, grp, nt, chunks, xf, xpart, xsum);
+  load_round(std::integral_constant<int, 0>{}, mw.c_begin);  // before x is staged
+  StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
 
   float acc[NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
@@ -389,14 +367,8 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
     for (int u = 0; u < kU; ++u) {
       const int c = c0 + u;
       if (c >= c_end) break;
-      uint32_t xw[16] = {};
-      if (has_x) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const uint4 q = *reinterpret_cast<const uint4*>(xrow + c * 64 + 16 * v);
-          xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
-        }
-      }
+      uint32_t xw[16];
+      mw.LoadX(c, xw);
 #pragma unroll
       for (int m = 0; m < NW; ++m) {
         const uint32_t(&wa)[8] = w[b][u][m][0];
@@ -414,8 +386,8 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
       }
     }
   };
-  MmaRounds<kU>(c_begin, c_end, load_round, compute_round);
-  MmaMatVecStore<kGlu, ws>(p, grp, n0, acc, partial);
+  MmaRounds<kU>(mw.c_begin, c_end, load_round, compute_round);
+  MmaMatVecStore<kGlu, ws>(p, grp, mw.n0, acc, partial);
 }
 
 // One block an SM up to this much x (8 rows of K = 4096: 141 KB), two up to kMmaMaxSmem.

@@ -276,36 +276,23 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
   constexpr int kU = kGlu ? 2 : 4;  // chunks a round; two rounds in flight (registers)
   extern __shared__ uint32_t xsmem[];
-  const int nt = static_cast<int>(grp.row_count);
-  const int64_t K = p.K, row_words = MmaRowWords(K / kMmaChunk);
-  const int chunks = static_cast<int>(K / kMmaChunk);
-  uint32_t* xf = xsmem;                                                  // [row][chunk][4][t][4]
-  float* xpart = reinterpret_cast<float*>(xf + p.max_rows * row_words);  // [row][chunk][t]
-  float* xsum = xpart + p.max_rows * chunks * 4;                         // [chunk][8 rows]
-
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
-  const int g = lane / 4, t = lane % 4;
-  const int slice = warp % ws;
-  const int64_t n0 = (static_cast<int64_t>(blockIdx.x) * (kMmaWarps / ws) + warp / ws) * 16;
+  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem);
+  const int t = mw.t;
+  const int64_t K = p.K;
   const int64_t row_bytes = K / 2, groups = K / p.group_size;
   const int g_shift = __ffs(static_cast<int>(p.group_size)) - 1;
-  // Rows past N read row 0 (computed, never stored).
-  const int64_t ra = n0 + g < p.N ? n0 + g : 0, rb = n0 + g + 8 < p.N ? n0 + g + 8 : 0;
   const uint8_t* codes[NW][2];
   const uint8_t* params[NW][2];
 #pragma unroll
   for (int m = 0; m < NW; ++m) {
     const uint8_t* base = static_cast<const uint8_t*>(m == 0 ? grp.w : UpOf(p, blockIdx.y));
     const uint8_t* pbase = base + (p.N * row_bytes + 15) / 16 * 16;  // QuantParamsOffset
-    codes[m][0] = base + ra * row_bytes + 8 * t;
-    codes[m][1] = base + rb * row_bytes + 8 * t;
-    params[m][0] = pbase + ra * groups * 4;
-    params[m][1] = pbase + rb * groups * 4;
+    codes[m][0] = base + mw.ra * row_bytes + 8 * t;
+    codes[m][1] = base + mw.rb * row_bytes + 8 * t;
+    params[m][0] = pbase + mw.ra * groups * 4;
+    params[m][1] = pbase + mw.rb * groups * 4;
   }
-  const int per_slice = (chunks + ws - 1) / ws;
-  const int c_begin = slice * per_slice, c_end = min(chunks, c_begin + per_slice);
-  const bool has_x = g < nt;  // lane g supplies row g of A (a column of B); zeros past nt
-  const uint32_t* xrow = xf + g * row_words + 4 * t;
+  const int c_end = mw.c_end;
 
   // A round: kU chunks' codes and {s, m} (fp16 pairs) per matrix and row, loads issued together,
   // into buffer b (a compile-time index: registers). The next round's loads go out before this
@@ -339,9 +326,9 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
     }
   };
   // The first round goes out before x is staged: the weights do not depend on the kernel before.
-  load_round(std::integral_constant<int, 0>{}, c_begin);
+  load_round(std::integral_constant<int, 0>{}, mw.c_begin);
 
-  StageMmaX(p, grp, nt, chunks, xf, xpart, xsum);
+  StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
 
   float acc[NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
@@ -351,17 +338,8 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
       const int c = c0 + u;
       if (c >= c_end) break;
       uint32_t xw[16];
-      if (has_x) {
-#pragma unroll
-        for (int v = 0; v < 4; ++v) {
-          const uint4 q = *reinterpret_cast<const uint4*>(xrow + c * 64 + 16 * v);
-          xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
-        }
-      } else {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) xw[i] = 0u;
-      }
-      const float2 sx = *reinterpret_cast<const float2*>(xsum + c * kMmaTokens + 2 * t);
+      mw.LoadX(c, xw);
+      const float2 sx = *reinterpret_cast<const float2*>(mw.xsum + c * kMmaTokens + 2 * t);
 #pragma unroll
       for (int m = 0; m < NW; ++m) {
         float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -386,8 +364,8 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
       }
     }
   };
-  MmaRounds<kU>(c_begin, c_end, load_round, compute_round);
-  MmaMatVecStore<kGlu, ws>(p, grp, n0, acc, partial);
+  MmaRounds<kU>(mw.c_begin, c_end, load_round, compute_round);
+  MmaMatVecStore<kGlu, ws>(p, grp, mw.n0, acc, partial);
 }
 
 struct Int4Mma {
