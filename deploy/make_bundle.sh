@@ -39,7 +39,8 @@ if [[ ${#targets[@]} -gt 0 ]]; then
 else
   mapfile -t bins < <({ find "$build/bin" -maxdepth 1 -type f -executable;
     find "$build/tests/bench" -maxdepth 1 -type f -executable -not -name '*.so';
-    ls "$build/tests/parity/parity_test" "$build/tests/golden/golden_gpu_test" 2>/dev/null; } | sort)
+    ls "$build/tests/parity/parity_test" "$build/tests/golden/golden_gpu_test" \
+      "$build/tests/golden/golden_store_gpu_test" 2>/dev/null; } | sort)
 fi
 [[ ${#bins[@]} -gt 0 ]] || { echo "make_bundle: no executables in $build" >&2; exit 1; }
 cp "${bins[@]}" "$bundle/bin/"

@@ -176,6 +176,13 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   model->store_ = dynamic_cast<store::ExpertStore*>(experts.get());
   model->experts_ = std::move(experts);
   MOE_RETURN_IF_ERROR(model->MakeResidentTables());
+  if (model->store_ != nullptr) {
+    const int64_t n = c.num_hidden_layers * c.num_experts;
+    model->in_place_.resize(c.num_hidden_layers);
+    MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_tables_, 3 * n * sizeof(void*)));
+    MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_ids_, n * sizeof(int32_t)));
+    MOE_ASSIGN_OR_RETURN(model->in_place_ids_host_, backend.AllocateHost(n * sizeof(int32_t)));
+  }
   model->rope_ = ComputeRopeTable(c);
   const size_t freq_bytes = model->rope_.inv_freq.size() * sizeof(float);
   MOE_RETURN_IF_ERROR(Alloc(backend, &model->inv_freq_, std::max<size_t>(freq_bytes, 1)));
@@ -298,6 +305,7 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   // A KV-write verdict left by a step that failed before taking it belongs to that step, whose
   // caller already got an error: dropped here, so that it is not blamed on this one.
   backend_.TakeKvWriteError().IgnoreError();
+  for (InPlaceLayer& p : in_place_) p.routed = 0;  // a failed step's ids were not copied
   MOE_RETURN_IF_ERROR(Reserve(T));
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   q_ = qkv_.f32();
@@ -366,6 +374,14 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
       backend_.Add(x_.f32(), mlp_out_.f32(), T * H);
     }
     (L.sparse ? times_.expert_compute_us : times_.dense_us) += PhaseClock() - t0;
+  }
+
+  // The layers' routed ids of the in-place path, for the next step's Use: one copy, not waited
+  // for (the step's end waits for the device).
+  if (std::any_of(in_place_.begin(), in_place_.end(), [](const InPlaceLayer& p) { return p.routed > 0; })) {
+    backend_.CopyToHostQueued(in_place_ids_host_.data(), in_place_ids_.data(),
+                              in_place_ids_.bytes());
+    for (InPlaceLayer& p : in_place_) p.last_routed = std::exchange(p.routed, 0);
   }
 
   // Final norm and lm_head over the rows whose logits are wanted.
@@ -558,6 +574,10 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     backend_.Zero(mlp_out_.data(), T * H * sizeof(float));
   }
 
+  // Decoding through the tiered store with every expert of the layer in VRAM or in a host tier
+  // the backend reads in place: the routing stays on the device, as with all experts resident.
+  const bool in_place = store_ != nullptr && trace_ == nullptr && T * K <= c.num_experts &&
+                        PrepareInPlace(layer);
   backend_.MatMul(router_logits_.f32(), h_.f32(), T, L.router.view, nullptr);
   kernels::RouteArgs route;
   route.logits = router_logits_.f32();
@@ -566,8 +586,30 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
   route.top_k = static_cast<int>(K);
   route.renormalize = c.norm_topk_prob;
   route.weights = route_.f32();
-  route.expert_ids = reinterpret_cast<int32_t*>(route_.f32() + T * K);
+  route.expert_ids = in_place ? static_cast<int32_t*>(in_place_ids_.data()) + layer * c.num_experts
+                              : reinterpret_cast<int32_t*>(route_.f32() + T * K);
   backend_.Route(route);
+  if (in_place) {
+    times_.routing_us += PhaseClock() - t0;
+    const int64_t c0 = PhaseClock();
+    const int64_t E = c.num_experts;
+    const auto* dev = static_cast<const void* const*>(in_place_tables_.data()) + layer * 3 * E;
+    const kernels::ResidentExperts table{in_place_[layer].readable.views.data(), dev, dev + E,
+                                         dev + 2 * E, static_cast<int>(E)};
+    kernels::ExpertFfnRoutedArgs r;
+    r.out = mlp_out_.f32();
+    r.x = h_.f32();
+    r.num_tokens = T;
+    r.hidden_size = H;
+    r.top_k = static_cast<int>(K);
+    r.experts = &table;
+    r.expert_ids = route.expert_ids;
+    r.weights = route.weights;
+    backend_.ExpertFfnRouted(r);
+    in_place_[layer].routed = T * K;
+    times_.expert_compute_us += PhaseClock() - c0;
+    return absl::OkStatus();
+  }
   if (resident_[layer].table.num_experts > 0 && trace_ == nullptr && T * K <= c.num_experts) {
     // Every expert of the layer is resident: the experts read the routing where Route left it,
     // with no host synchronisation. Each (token, k) pair is its own group there, so an expert
@@ -715,6 +757,50 @@ bool Model::RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
   r.expert_ids = route.expert_ids;
   r.weights = route.weights;
   backend_.ExpertFfnRouted(r);
+  return true;
+}
+
+bool Model::PrepareInPlace(int64_t layer) {
+  const int64_t E = config_.num_experts, L = config_.num_hidden_layers;
+  // The last step's use of this layer and of the next few: counted, and what missed VRAM loaded
+  // into it (ExpertStore::Use) a few layers ahead of the table that would point at it (a copy of
+  // an expert takes ~50 us; the host makes a layer's table every ~40 us).
+  constexpr int64_t kUseAhead = 4;
+  for (int64_t j = layer; j < std::min(L, layer + kUseAhead); ++j) {
+    InPlaceLayer& q = in_place_[j];
+    if (q.last_routed == 0) continue;
+    const int32_t* ids = static_cast<const int32_t*>(in_place_ids_host_.data()) + j * E;
+    std::vector<int32_t> used(ids, ids + q.last_routed);
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    for (const int32_t e : used) {
+      if (e >= 0 && e < E && q.readable.in_host[e]) ++experts_read_in_host_;
+    }
+    store_->Use(static_cast<int32_t>(j), used);
+    q.last_routed = 0;
+  }
+  InPlaceLayer& p = in_place_[layer];
+  const auto l = static_cast<int32_t>(layer);
+  if (!p.readable.views.empty() && p.readable.version == store_->ReadableVersion(l)) return true;
+  // The pins of the old set go once the new one holds its own: an expert in both stays put.
+  p.readable = store_->PinReadable(l, static_cast<int32_t>(E));
+  bool usable = p.readable.complete();
+  for (int64_t e = 0; usable && e < E; ++e) usable = SameLayout(p.readable.views[e], p.readable.views[0]);
+  if (!usable) {
+    p.readable = {};
+    return false;
+  }
+  std::vector<const void*> ptrs(3 * E);
+  for (int64_t e = 0; e < E; ++e) {
+    ptrs[e] = p.readable.views[e].gate.data;
+    ptrs[E + e] = p.readable.views[e].up.data;
+    ptrs[2 * E + e] = p.readable.views[e].down.data;
+  }
+  if (ptrs != p.table) {  // in stream order: the kernels that read the old table come first
+    backend_.CopyToDevice(static_cast<const void**>(in_place_tables_.data()) + layer * 3 * E,
+                          ptrs.data(), ptrs.size() * sizeof(void*));
+    p.table = std::move(ptrs);
+  }
   return true;
 }
 

@@ -188,6 +188,11 @@ class Model {
   // last bits, as between budgets. Default: off.
   void set_prefetch_next_layer(bool on) { prefetch_next_layer_ = on; }
 
+  // Experts that decode steps read in place from the tiered store's host tier (MoeBlock's path
+  // with the routing left on the device), counted once per layer and step when the next step
+  // looks at that step's routing; the bytes that missed VRAM are this times the expert's size.
+  int64_t experts_read_in_host() const { return experts_read_in_host_; }
+
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
@@ -200,6 +205,12 @@ class Model {
   void PrefetchNextLayer(int64_t layer, int64_t T);
   bool RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
                          absl::Span<const store::ExpertHandle> pinned);
+  // The tiered store's decode path without host synchronisation (MoeBlock): counts and
+  // promotes the last step's use of `layer` and the next few (ExpertStore::Use), then, when the
+  // store's residency of `layer` changed, pins what the backend can read of it and remakes the
+  // layer's device table of their pointers. False when some expert is in neither VRAM nor a host
+  // tier the backend reads (the step then routes on the host).
+  bool PrepareInPlace(int64_t layer);
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
   // Grows the scratch buffers to hold a step of T tokens.
@@ -225,6 +236,19 @@ class Model {
   // the routing's copy for the host (weights, ids: [2][T, K], AllocateHost memory).
   std::vector<kernels::ExpertWeights> routed_views_;
   kernels::Buffer routed_table_, routed_host_;
+  // PrepareInPlace's state per layer: what the backend can read (its host-tier slots pinned
+  // until the layer's next set replaces it, so never under a queued kernel), the pointer table
+  // in in_place_tables_, and the routed ids of this step and of the last one (copied to
+  // in_place_ids_host_ at its end).
+  struct InPlaceLayer {
+    store::ExpertStore::ReadableLayer readable;
+    std::vector<const void*> table;  // [3][E]: gate, up, down data as uploaded
+    int64_t routed = 0, last_routed = 0;  // T*K ids at in_place_ids_ + layer * E
+  };
+  std::vector<InPlaceLayer> in_place_;
+  kernels::Buffer in_place_tables_;                   // [L][3][E] device pointers
+  kernels::Buffer in_place_ids_, in_place_ids_host_;  // [L][E] int32: each layer's routed ids
+  int64_t experts_read_in_host_ = 0;
   RopeTable rope_;
   PhaseTimes times_;
   bool exact_timings_ = false;

@@ -78,6 +78,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
     store->host_allocator_ = std::move(host_allocator);
   } else if (backend != nullptr) {
     store->host_allocator_ = MakeBackendHostAllocator(backend);  // pinned on CUDA
+    store->host_readable_ = true;
   } else {
     store->host_allocator_ = MakeAlignedHostAllocator();
   }
@@ -134,60 +135,63 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
   std::vector<ExpertHandle> handles;
   handles.reserve(experts.size());
   std::lock_guard<std::mutex> lock(mu_);
-  for (const int32_t e : experts) {
-    const ExpertId id{layer, e};
-    auto loc_it = locations_.find(id);
-    if (loc_it == locations_.end()) {
-      handles.push_back(
-          ExpertHandle{layer, e,
-                       Failed(absl::NotFoundError(absl::StrCat(
-                           ExpertName(layer, e), " is not in the index of ", options_.store_dir))),
-                       nullptr});
-      continue;
-    }
-    const BlobLocation& loc = loc_it->second;
-    if (device_) {
-      if (const int d = device_->Find(id); d >= 0) {
-        Slot& slot = device_->slot(d);
-        ++stats_.device.hits;
-        if (slot.state == SlotState::kLoading) ++stats_.joined;
-        if (slot.prefetched) {
-          ++stats_.prefetch_used;
-          slot.prefetched = false;
-        }
-        device_->Touch(d);
-        device_->Pin(d);
-        handles.push_back(SlotHandle(loc, d));
-        continue;
-      }
-      ++stats_.device.misses;
-      if (const int d = device_->Claim(id, base::NowMicros()); d >= 0) {
-        device_->Pin(d);
-        FillFromBelow(loc, Target{d, nullptr});
-        handles.push_back(SlotHandle(loc, d));
-        continue;
-      }
-    }
-    // No device tier, or every device slot is pinned: a buffer of this handle's own.
-    ++stats_.transient_loads;
-    auto t = std::make_shared<Transient>();
-    t->ready = t->promise.get_future().share();
-    t->start_us = base::NowMicros();
-    absl::StatusOr<kernels::Buffer> buffer = backend_->Allocate(loc.length);
-    if (!buffer.ok()) {
-      handles.push_back(ExpertHandle{
-          layer, e, Failed(base::Annotate(buffer.status(), ExpertName(layer, e))), nullptr});
-      continue;
-    }
-    t->device = std::move(*buffer);
-    FillFromBelow(loc, Target{-1, t});
-    auto* weights = new kernels::ExpertWeights(BlobWeights(loc, t->device.data()));
-    handles.push_back(
-        ExpertHandle{layer, e, t->ready,
-                     std::shared_ptr<const kernels::ExpertWeights>(
-                         weights, [t](const kernels::ExpertWeights* w) { delete w; })});
-  }
+  for (const int32_t e : experts) handles.push_back(AcquireLocked(layer, e, true));
   return handles;
+}
+
+void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (const int32_t e : experts) AcquireLocked(layer, e, false);
+}
+
+ExpertHandle ExpertStore::AcquireLocked(int32_t layer, int32_t e, bool hold) {
+  const ExpertId id{layer, e};
+  auto loc_it = locations_.find(id);
+  if (loc_it == locations_.end()) {
+    return ExpertHandle{layer, e,
+                        Failed(absl::NotFoundError(absl::StrCat(
+                            ExpertName(layer, e), " is not in the index of ", options_.store_dir))),
+                        nullptr};
+  }
+  const BlobLocation& loc = loc_it->second;
+  if (device_) {
+    if (const int d = device_->Find(id); d >= 0) {
+      Slot& slot = device_->slot(d);
+      ++stats_.device.hits;
+      if (slot.state == SlotState::kLoading) ++stats_.joined;
+      if (slot.prefetched) {
+        ++stats_.prefetch_used;
+        slot.prefetched = false;
+      }
+      device_->Touch(d);
+      if (!hold) return {};
+      device_->Pin(d);
+      return SlotHandle(loc, d);
+    }
+    ++stats_.device.misses;
+    if (const int d = device_->Claim(id, base::NowMicros()); d >= 0) {
+      if (hold) device_->Pin(d);
+      FillFromBelow(loc, Target{d, nullptr});
+      return hold ? SlotHandle(loc, d) : ExpertHandle{};
+    }
+  }
+  if (!hold) return {};
+  // No device tier, or every device slot is pinned: a buffer of this handle's own.
+  ++stats_.transient_loads;
+  auto t = std::make_shared<Transient>();
+  t->ready = t->promise.get_future().share();
+  t->start_us = base::NowMicros();
+  absl::StatusOr<kernels::Buffer> buffer = backend_->Allocate(loc.length);
+  if (!buffer.ok()) {
+    return ExpertHandle{layer, e, Failed(base::Annotate(buffer.status(), ExpertName(layer, e))),
+                        nullptr};
+  }
+  t->device = std::move(*buffer);
+  FillFromBelow(loc, Target{-1, t});
+  auto* weights = new kernels::ExpertWeights(BlobWeights(loc, t->device.data()));
+  return ExpertHandle{layer, e, t->ready,
+                      std::shared_ptr<const kernels::ExpertWeights>(
+                          weights, [t](const kernels::ExpertWeights* w) { delete w; })};
 }
 
 void ExpertStore::Prefetch(int32_t layer, absl::Span<const int32_t> experts) {
@@ -231,6 +235,61 @@ std::vector<ExpertHandle> ExpertStore::PinDeviceResident(int32_t layer, int32_t 
     handles.push_back(SlotHandle(locations_.at(id), d));
   }
   return handles;
+}
+
+bool ExpertStore::ReadableLayer::complete() const {
+  return std::all_of(views.begin(), views.end(),
+                     [](const kernels::ExpertWeights& w) { return w.gate.data != nullptr; });
+}
+
+ExpertStore::ReadableLayer ExpertStore::PinReadable(int32_t layer, int32_t num_experts) {
+  ReadableLayer r;
+  if (layer < 0 || layer >= num_layers_) return r;
+  r.views.resize(num_experts);
+  r.in_host.resize(num_experts);
+  std::vector<int> host_slots;
+  std::lock_guard<std::mutex> lock(mu_);
+  r.version = ReadableVersionLocked(layer);
+  for (int32_t e = 0; e < num_experts; ++e) {
+    const ExpertId id{layer, e};
+    auto loc = locations_.find(id);
+    if (loc == locations_.end()) continue;
+    if (const int d = device_ ? device_->Find(id) : -1;
+        d >= 0 && device_->slot(d).state == SlotState::kReady) {
+      r.views[e] = BlobWeights(loc->second, device_->data(d));
+      continue;
+    }
+    if (!host_ || !host_readable_) continue;
+    const int h = host_->Find(id);
+    if (h >= 0 && host_->slot(h).state == SlotState::kReady) {
+      host_->Pin(h);
+      host_slots.push_back(h);
+      r.views[e] = BlobWeights(loc->second, host_->data(h));
+      r.in_host[e] = true;
+    } else if (h < 0 && (!device_ || device_->Find(id) < 0) && host_->has_free_slot()) {
+      const int s = host_->Claim(id, base::NowMicros());
+      ++stats_.prefetch_issued;
+      ++stats_.host.misses;
+      host_->slot(s).prefetched = true;
+      ReadIntoHostSlot(loc->second, s);
+    }
+  }
+  if (!host_slots.empty()) {
+    r.host_pins = std::shared_ptr<void>(nullptr, [this, slots = std::move(host_slots)](void*) {
+      std::lock_guard<std::mutex> unpin_lock(mu_);
+      for (const int h : slots) host_->Unpin(h);
+    });
+  }
+  return r;
+}
+
+uint64_t ExpertStore::ReadableVersion(int32_t layer) const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return ReadableVersionLocked(layer);
+}
+
+uint64_t ExpertStore::ReadableVersionLocked(int32_t layer) const {
+  return (device_ ? device_->layer_changes(layer) : 0) + (host_ ? host_->layer_changes(layer) : 0);
 }
 
 ExpertHandle ExpertStore::SlotHandle(const BlobLocation& loc, int d) {

@@ -80,6 +80,36 @@ class ExpertStore final : public ExpertProvider {
   // for the experts a step uses. Empty for a layer outside [0, num_layers()).
   std::vector<ExpertHandle> PinDeviceResident(int32_t layer, int32_t num_experts);
 
+  // Where the backend can read each expert of a layer now (PinReadable).
+  struct ReadableLayer {
+    // [num_experts]: the expert's device-tier slot, else its host-tier slot when the backend
+    // reads host-tier memory in place; gate.data null when neither holds it ready.
+    std::vector<kernels::ExpertWeights> views;
+    std::vector<bool> in_host;  // [num_experts]: views[e] is in the host tier
+    // Holds the host slots of `views` (a blob read must not overwrite bytes a queued kernel
+    // reads); reset it once the work that reads them is done.
+    std::shared_ptr<void> host_pins;
+    uint64_t version = 0;   // ReadableVersion when made
+    bool complete() const;  // every expert readable
+  };
+  // For a decode step that leaves its routing on the device (engine/model.cc): every expert of
+  // `layer` (ids below num_experts) in the device tier, else in the host tier when that is the
+  // backend's own memory (Backend::AllocateHost: pinned on CUDA, read by the GPU over PCIe; not
+  // with a caller's HostAllocator). Device slots are not pinned: a load into a device slot
+  // evicted later is queued behind the compute queued before it (Backend::
+  // CopyToDeviceOnCopyQueue), so a kernel queued now reads the bytes it was given. Neither
+  // counted in the stats nor a use for the policy (Use is). An expert in neither tier starts
+  // loading into a free host slot (counted as a prefetch; nothing is evicted for it), so that a
+  // host tier that can hold the model fills up. Empty for a layer out of range.
+  ReadableLayer PinReadable(int32_t layer, int32_t num_experts);
+  // Changes whenever an expert of `layer` becomes ready in, or leaves, either tier: a
+  // ReadableLayer whose version is this is still what PinReadable would return.
+  uint64_t ReadableVersion(int32_t layer) const;
+  // What Acquire does for the experts a step used (stats, the policy's recency, loads of the
+  // misses into the device tier), without handles: the loads run on, and a miss that finds every
+  // device slot pinned or loading is not loaded. Ids the index lacks are ignored.
+  void Use(int32_t layer, absl::Span<const int32_t> experts);
+
   StoreStats Stats() const;
   int32_t num_layers() const { return num_layers_; }
   // Size of one slot: the largest blob in the index.
@@ -103,6 +133,9 @@ class ExpertStore final : public ExpertProvider {
   ExpertStore(const StoreOptions& options, kernels::Backend* backend);
 
   // All of these run with mu_ held.
+  // Acquire for one expert; with hold false (Use) no pin, no handle and no transient buffer.
+  ExpertHandle AcquireLocked(int32_t layer, int32_t expert, bool hold);
+  uint64_t ReadableVersionLocked(int32_t layer) const;
   void FillFromBelow(const BlobLocation& loc, const Target& target);
   void ReadIntoHostSlot(const BlobLocation& loc, int host_slot);
   void EnqueueCopy(const void* src, const BlobLocation& loc, const Target& target,
@@ -119,6 +152,7 @@ class ExpertStore final : public ExpertProvider {
   const StoreOptions options_;
   kernels::Backend* const backend_;
   std::unique_ptr<HostAllocator> host_allocator_;
+  bool host_readable_ = false;  // the host tier is the backend's memory (PinReadable)
   std::string model_;
   int32_t num_layers_ = 0;
   uint64_t slot_bytes_ = 0;

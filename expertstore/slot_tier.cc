@@ -38,6 +38,7 @@ int SlotTier::Claim(ExpertId id, int64_t now_us) {
     });
     if (!victim) return -1;
     s = where_.at(*victim);
+    Changed(victim->layer);
     where_.erase(*victim);
     policy_->OnErase(*victim);
     ++stats_->evictions;
@@ -60,6 +61,7 @@ std::vector<std::function<void(absl::Status)>> SlotTier::Complete(int s,
   MOE_CHECK(slot.state == SlotState::kLoading) << name_ << ": slot " << s << " completed twice";
   if (status.ok()) {
     slot.state = SlotState::kReady;
+    Changed(slot.id.layer);
   } else {
     slot.state = SlotState::kDetached;
     where_.erase(slot.id);
@@ -81,6 +83,11 @@ void SlotTier::Unpin(int s) {
 void SlotTier::Free(int s) {
   slots_[s] = Slot{};
   free_.push_back(s);
+}
+
+void SlotTier::Changed(int32_t layer) {
+  if (layer >= static_cast<int32_t>(changes_.size())) changes_.resize(layer + 1);
+  ++changes_[layer];
 }
 
 int64_t SlotTier::pinned_slots() const {

@@ -62,6 +62,12 @@ class SlotTier {
   uint8_t* data(int i) const { return static_cast<uint8_t*>(memory_.data()) + i * slot_bytes_; }
   int64_t num_slots() const { return static_cast<int64_t>(slots_.size()); }
   int64_t pinned_slots() const;
+  bool has_free_slot() const { return !free_.empty(); }
+  // Counts the times a slot of `layer` became ready or was evicted: what the tier holds ready for
+  // that layer changed since an earlier count when this one differs.
+  uint64_t layer_changes(int32_t layer) const {
+    return layer >= 0 && layer < static_cast<int32_t>(changes_.size()) ? changes_[layer] : 0;
+  }
 
  private:
   void Free(int slot);
@@ -74,6 +80,8 @@ class SlotTier {
   absl::flat_hash_map<ExpertId, int> where_;  // kLoading and kReady slots only
   std::unique_ptr<EvictionPolicy> policy_;
   TierStats* stats_;
+  std::vector<uint64_t> changes_;  // per layer: layer_changes
+  void Changed(int32_t layer);
 };
 
 }  // namespace moe::store

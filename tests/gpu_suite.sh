@@ -22,6 +22,7 @@ run() {  # run NAME TIMEOUT CMD...
 }
 run parity 240 "$bin/parity_test" --gtest_brief=1
 run golden_gpu 120 "$bin/golden_gpu_test"
+run golden_store_gpu 120 "$bin/golden_store_gpu_test"
 run generate_cuda 120 "$bin/moe-generate" --backend=cuda --max_tokens=64 --seed=1 \
   --temperature=0 --ignore_eos --timings
 run store_bench 180 "$bin/moe-store-bench" --backend=cuda --dir=/tmp/moe_store_bench \

@@ -32,8 +32,11 @@
 // store's own on-disk contract), opened by ExpertStore with the device budget at a quarter of the
 // experts and every expert in the host tier (pinned memory from Backend::AllocateHost). A 512-token
 // prefill loads most experts from disk into the host tier and one Acquire of every expert the
-// rest; then decode at batch 1 is timed and compared with (bytes copied into the device tier /
-// 52 GB/s + the all-resident step time).
+// rest; then decode at batch 1 is timed and compared with (bytes that missed VRAM / 52 GB/s +
+// the all-resident step time). The bytes that missed: the experts the steps read in place from
+// the host tier (Model::experts_read_in_host; each is also copied up for the steps after, which
+// the device tier's bytes in counts), plus, for a layer routed on the host, what it copied up
+// (none here: every layer is whole in the host tier).
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -833,8 +836,8 @@ absl::Status Run() {
   model->set_prefetch_next_layer(absl::GetFlag(FLAGS_store_prefetch));
   const double open_s = Seconds(t0, std::chrono::steady_clock::now());
   const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
-  // Positions: the prompt, two warm-up steps and the timed ones.
-  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + ssteps + 2));
+  // Positions: the prompt, two warm-up steps, the timed ones and one to count the last's reads.
+  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + ssteps + 3));
   t0 = std::chrono::steady_clock::now();
   MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
   const double cold_s = Seconds(t0, std::chrono::steady_clock::now());
@@ -849,15 +852,23 @@ absl::Status Run() {
   for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
   const store::StoreStats s0 = store_ptr->Stats();
   const engine::PhaseTimes st0 = model->phase_times();
+  int64_t in_host0 = 0;
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < ssteps; ++i) {
     MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
+    // A step counts the reads in place of the step before it: from here, the timed steps'.
+    if (i == 0) in_host0 = model->experts_read_in_host();
   }
   const double store_s = Seconds(t0, std::chrono::steady_clock::now());
   const store::StoreStats s1 = store_ptr->Stats();
+  // One step more: its Forward counts the reads in place of the last timed step.
+  MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
   const double per_tok = store_s / static_cast<double>(ssteps);
-  const double missed = static_cast<double>(s1.device.bytes_in - s0.device.bytes_in) /
+  const double in_host = static_cast<double>(model->experts_read_in_host() - in_host0) /
+                         static_cast<double>(ssteps);
+  const double copied = static_cast<double>(s1.device.bytes_in - s0.device.bytes_in) /
                         static_cast<double>(ssteps);
+  const double missed = in_host > 0 ? in_host * static_cast<double>(slot) : copied;
   const double disk = static_cast<double>(s1.blob_bytes_read - s0.blob_bytes_read) /
                       static_cast<double>(ssteps);
   const double predicted = missed / 52e9 + 1.0 / tok_s;
@@ -871,7 +882,9 @@ absl::Status Run() {
   std::printf("%-44s %12.1f\n", "decode tokens/s, quarter in VRAM", 1.0 / per_tok);
   std::printf("%-44s %12.1f\n", "device misses per token",
               static_cast<double>(s1.device.misses - s0.device.misses) / static_cast<double>(ssteps));
+  std::printf("%-44s %12.1f\n", "experts read in place from host per token", in_host);
   std::printf("%-44s %12.3f\n", "bytes missed per token (GB, host->device)", missed / 1e9);
+  std::printf("%-44s %12.3f\n", "copied into the device tier per token (GB)", copied / 1e9);
   std::printf("%-44s %12.3f\n", "disk bytes per token (GB)", disk / 1e9);
   std::printf("%-44s %12.2f\n", "measured ms/token", per_tok * 1e3);
   std::printf("%-44s %12.2f\n", "predicted ms (missed/52 GB/s + resident)", predicted * 1e3);

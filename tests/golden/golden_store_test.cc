@@ -1,7 +1,9 @@
 // Golden tests with the expert store between the engine and the weights: every architecture's
 // fixture is imported (moe-import's code path) in each expert format and served through the
-// tiered store at budgets of zero, a few experts and the whole model. f32 experts are exact
-// (same bound as golden_test); bf16/int8/int4 are held to the tolerances stated below.
+// tiered store at budgets of zero, a few experts, the host tier alone and the whole model, as
+// one prefill of every position and as decode steps of one token (which read the host tier in
+// place where it holds whole layers). f32 experts are exact (same bound as golden_test);
+// bf16/int8/int4 are held to the tolerances stated below. golden_store_gpu_test runs it on CUDA.
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -53,7 +55,12 @@ struct Budget {
   uint64_t device, host;
 };
 // A few experts: 128 KiB holds 4 f32 experts of the fixtures (24 KiB + header, 4 KiB aligned).
-constexpr Budget kBudgets[] = {{"zero", 0, 0}, {"few", 128 << 10, 256 << 10}, {"whole", 64 << 20, 64 << 20}};
+// "host": no device tier, every expert in the host tier, which decode steps read in place (as
+// they read the host tier's share at "few" once it holds whole layers).
+constexpr Budget kBudgets[] = {{"zero", 0, 0},
+                               {"few", 128 << 10, 256 << 10},
+                               {"host", 0, 64 << 20},
+                               {"whole", 64 << 20, 64 << 20}};
 
 struct Format {
   const char* name;
@@ -93,8 +100,12 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
   }
   ASSERT_TRUE(Model::IsStoreDir(dir.path()));
 
+#if MOE_GOLDEN_ON_CUDA  // golden_store_gpu_test: VRAM and a pinned host tier the GPU reads in place
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCuda, {});
+#else
   auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
-  ASSERT_TRUE(backend.ok());
+#endif
+  ASSERT_TRUE(backend.ok()) << backend.status();
   for (const Budget& budget : kBudgets) {
     store::StoreOptions so;
     so.device_budget_bytes = budget.device;
@@ -130,6 +141,41 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
     double drift = 0;
     for (size_t i = 0; i < logits.size(); ++i) drift = std::max(drift, double(std::abs(logits2[i] - logits[i])));
     EXPECT_LT(drift / max_ref, 1e-5) << "second pass drifted";
+
+    // Decode: the prompt, then the continuation one token a step (teacher-forced), each step's
+    // logits against the reference row. With every expert in VRAM or the host tier the steps
+    // route on the device and read the host tier's experts in place.
+    auto kv3 = SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(ref.tokens.size()));
+    const absl::Span<const int32_t> all(ref.tokens);
+    const ForwardItem prompt{all.subspan(0, ref.prompt_len), kv3->get()};
+    std::vector<float> step;
+    ASSERT_TRUE((*model)->Forward({&prompt, 1}, false, &step).ok());
+    double decode_err = 0;
+    int decode_agree = 0;
+    for (size_t p = ref.prompt_len; p < ref.tokens.size(); ++p) {
+      const ForwardItem next{all.subspan(p, 1), kv3->get()};
+      ASSERT_TRUE((*model)->Forward({&next, 1}, false, &step).ok()) << budget.name << " position " << p;
+      const float* want = ref.logits.data() + p * ref.vocab;
+      for (int64_t v = 0; v < ref.vocab; ++v) {
+        ASSERT_FALSE(std::isnan(step[v]));
+        decode_err = std::max(decode_err, std::abs(double(step[v]) - want[v]));
+      }
+      const auto ours = std::max_element(step.begin(), step.end()) - step.begin();
+      decode_agree += ours == std::max_element(want, want + ref.vocab) - want;
+    }
+    const int decode_steps = static_cast<int>(ref.tokens.size() - ref.prompt_len);
+    const int64_t in_host = (*model)->experts_read_in_host();
+    std::printf("%-9s %-4s budget %-5s: decode max rel logit error %.3g, agreement %d/%d, "
+                "experts read in place from the host tier %lld\n",
+                arch.c_str(), format.name, budget.name, decode_err / max_ref, decode_agree,
+                decode_steps, static_cast<long long>(in_host));
+    EXPECT_LT(decode_err / max_ref, format.max_rel_logit_error) << arch << " " << format.name << " " << budget.name;
+    EXPECT_GE(double(decode_agree) / decode_steps, format.min_argmax_agreement);
+    if (std::string(budget.name) == "host") {
+      EXPECT_GT(in_host, 0) << "decode with every expert in the host tier read none in place";
+    } else if (budget.host == 0) {
+      EXPECT_EQ(in_host, 0) << "read in place from a host tier that does not exist";
+    }
     const store::StoreStats stats = (*model)->expert_store()->Stats();
 
     std::printf("%-9s %-4s budget %-5s: max rel logit error %.3g, greedy agreement %d/%d, "
