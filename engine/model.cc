@@ -376,12 +376,13 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     (L.sparse ? times_.expert_compute_us : times_.dense_us) += PhaseClock() - t0;
   }
 
-  // The layers' routed ids of the in-place path, for the next step's Use: one copy, not waited
-  // for (the step's end waits for the device).
-  if (std::any_of(in_place_.begin(), in_place_.end(), [](const InPlaceLayer& p) { return p.routed > 0; })) {
+  // The in-place layers' routed ids, copied to the host in one copy read once the lm head is
+  // queued (UseInPlaceRouting).
+  const bool in_place_used = std::any_of(in_place_.begin(), in_place_.end(),
+                                         [](const InPlaceLayer& p) { return p.routed > 0; });
+  if (in_place_used) {
     backend_.CopyToHostQueued(in_place_ids_host_.data(), in_place_ids_.data(),
                               in_place_ids_.bytes());
-    for (InPlaceLayer& p : in_place_) p.last_routed = std::exchange(p.routed, 0);
   }
 
   // Final norm and lm_head over the rows whose logits are wanted.
@@ -404,7 +405,28 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   backend_.RmsNorm(h_.f32(), h_.f32(), R, weights_.norm.view, c.rms_norm_eps);
   backend_.MatMul(logits_.f32(), h_.f32(), R, weights_.lm_head.view, nullptr);
   times_.logits_us += PhaseClock() - t0;
+  if (in_place_used) UseInPlaceRouting();
   return R;
+}
+
+void Model::UseInPlaceRouting() {
+  const int64_t t0 = PhaseClock();
+  backend_.WaitForHostCopies();  // the layers are done; the GPU runs the lm head meanwhile
+  const int64_t E = config_.num_experts;
+  for (size_t l = 0; l < in_place_.size(); ++l) {
+    InPlaceLayer& p = in_place_[l];
+    if (p.routed == 0) continue;
+    const int32_t* ids = static_cast<const int32_t*>(in_place_ids_host_.data()) + l * E;
+    std::vector<int32_t> used(ids, ids + p.routed);
+    std::sort(used.begin(), used.end());
+    used.erase(std::unique(used.begin(), used.end()), used.end());
+    for (const int32_t e : used) {
+      if (e >= 0 && e < E && p.readable.in_host[e]) ++experts_read_in_host_;
+    }
+    store_->Use(static_cast<int32_t>(l), used);
+    p.routed = 0;
+  }
+  times_.routing_us += PhaseClock() - t0;
 }
 
 absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T) {
@@ -761,24 +783,7 @@ bool Model::RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
 }
 
 bool Model::PrepareInPlace(int64_t layer) {
-  const int64_t E = config_.num_experts, L = config_.num_hidden_layers;
-  // The last step's use of this layer and of the next few: counted, and what missed VRAM loaded
-  // into it (ExpertStore::Use) a few layers ahead of the table that would point at it (a copy of
-  // an expert takes ~50 us; the host makes a layer's table every ~40 us).
-  constexpr int64_t kUseAhead = 4;
-  for (int64_t j = layer; j < std::min(L, layer + kUseAhead); ++j) {
-    InPlaceLayer& q = in_place_[j];
-    if (q.last_routed == 0) continue;
-    const int32_t* ids = static_cast<const int32_t*>(in_place_ids_host_.data()) + j * E;
-    std::vector<int32_t> used(ids, ids + q.last_routed);
-    std::sort(used.begin(), used.end());
-    used.erase(std::unique(used.begin(), used.end()), used.end());
-    for (const int32_t e : used) {
-      if (e >= 0 && e < E && q.readable.in_host[e]) ++experts_read_in_host_;
-    }
-    store_->Use(static_cast<int32_t>(j), used);
-    q.last_routed = 0;
-  }
+  const int64_t E = config_.num_experts;
   InPlaceLayer& p = in_place_[layer];
   const auto l = static_cast<int32_t>(layer);
   if (!p.readable.views.empty() && p.readable.version == store_->ReadableVersion(l)) return true;

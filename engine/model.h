@@ -189,8 +189,8 @@ class Model {
   void set_prefetch_next_layer(bool on) { prefetch_next_layer_ = on; }
 
   // Experts that decode steps read in place from the tiered store's host tier (MoeBlock's path
-  // with the routing left on the device), counted once per layer and step when the next step
-  // looks at that step's routing; the bytes that missed VRAM are this times the expert's size.
+  // with the routing left on the device), counted once per layer and step at the step's end; the
+  // bytes that missed VRAM are this times the expert's size.
   int64_t experts_read_in_host() const { return experts_read_in_host_; }
 
  private:
@@ -205,12 +205,16 @@ class Model {
   void PrefetchNextLayer(int64_t layer, int64_t T);
   bool RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
                          absl::Span<const store::ExpertHandle> pinned);
-  // The tiered store's decode path without host synchronisation (MoeBlock): counts and
-  // promotes the last step's use of `layer` and the next few (ExpertStore::Use), then, when the
-  // store's residency of `layer` changed, pins what the backend can read of it and remakes the
-  // layer's device table of their pointers. False when some expert is in neither VRAM nor a host
-  // tier the backend reads (the step then routes on the host).
+  // The tiered store's decode path without host synchronisation (MoeBlock): when the store's
+  // residency of `layer` changed, pins what the backend can read of it and remakes the layer's
+  // device table of their pointers. False when some expert is in neither VRAM nor a host tier
+  // the backend reads (the step then routes on the host).
   bool PrepareInPlace(int64_t layer);
+  // At the end of a step that took that path, once the lm head is queued: waits for the layers'
+  // routed ids, counts the experts read in place and reports every layer's use to the store
+  // (ExpertStore::Use: the policy's recency, and the misses loaded into VRAM for the next step
+  // while the GPU finishes this one).
+  void UseInPlaceRouting();
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
   // Grows the scratch buffers to hold a step of T tokens.
@@ -238,12 +242,12 @@ class Model {
   kernels::Buffer routed_table_, routed_host_;
   // PrepareInPlace's state per layer: what the backend can read (its host-tier slots pinned
   // until the layer's next set replaces it, so never under a queued kernel), the pointer table
-  // in in_place_tables_, and the routed ids of this step and of the last one (copied to
-  // in_place_ids_host_ at its end).
+  // in in_place_tables_, and how many ids this step routed (copied to in_place_ids_host_ at its
+  // end).
   struct InPlaceLayer {
     store::ExpertStore::ReadableLayer readable;
     std::vector<const void*> table;  // [3][E]: gate, up, down data as uploaded
-    int64_t routed = 0, last_routed = 0;  // T*K ids at in_place_ids_ + layer * E
+    int64_t routed = 0;              // T*K ids at in_place_ids_ + layer * E
   };
   std::vector<InPlaceLayer> in_place_;
   kernels::Buffer in_place_tables_;                   // [L][3][E] device pointers
