@@ -180,6 +180,7 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     const int64_t n = c.num_hidden_layers * c.num_experts;
     model->in_place_.resize(c.num_hidden_layers);
     MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_tables_, 3 * n * sizeof(void*)));
+    MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_host_, n));
     MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_ids_, n * sizeof(int32_t)));
     MOE_ASSIGN_OR_RETURN(model->in_place_ids_host_, backend.AllocateHost(n * sizeof(int32_t)));
   }
@@ -616,8 +617,10 @@ absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
     const int64_t c0 = PhaseClock();
     const int64_t E = c.num_experts;
     const auto* dev = static_cast<const void* const*>(in_place_tables_.data()) + layer * 3 * E;
-    const kernels::ResidentExperts table{in_place_[layer].readable.views.data(), dev, dev + E,
-                                         dev + 2 * E, static_cast<int>(E)};
+    const InPlaceLayer& p = in_place_[layer];
+    const kernels::ResidentExperts table{
+        p.readable.views.data(), dev, dev + E, dev + 2 * E, static_cast<int>(E),
+        p.any_in_host ? static_cast<const uint8_t*>(in_place_host_.data()) + layer * E : nullptr};
     kernels::ExpertFfnRoutedArgs r;
     r.out = mlp_out_.f32();
     r.x = h_.f32();
@@ -804,7 +807,11 @@ bool Model::PrepareInPlace(int64_t layer) {
   if (ptrs != p.table) {  // in stream order: the kernels that read the old table come first
     backend_.CopyToDevice(static_cast<const void**>(in_place_tables_.data()) + layer * 3 * E,
                           ptrs.data(), ptrs.size() * sizeof(void*));
+    const std::vector<uint8_t> in_host(p.readable.in_host.begin(), p.readable.in_host.end());
+    backend_.CopyToDevice(static_cast<uint8_t*>(in_place_host_.data()) + layer * E, in_host.data(),
+                          E);
     p.table = std::move(ptrs);
+    p.any_in_host = std::find(in_host.begin(), in_host.end(), 1) != in_host.end();
   }
   return true;
 }

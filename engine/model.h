@@ -247,10 +247,12 @@ class Model {
   struct InPlaceLayer {
     store::ExpertStore::ReadableLayer readable;
     std::vector<const void*> table;  // [3][E]: gate, up, down data as uploaded
+    bool any_in_host = false;        // some expert of `table` is in the host tier
     int64_t routed = 0;              // T*K ids at in_place_ids_ + layer * E
   };
   std::vector<InPlaceLayer> in_place_;
   kernels::Buffer in_place_tables_;                   // [L][3][E] device pointers
+  kernels::Buffer in_place_host_;                     // [L][E] uint8: ResidentExperts::in_host
   kernels::Buffer in_place_ids_, in_place_ids_host_;  // [L][E] int32: each layer's routed ids
   int64_t experts_read_in_host_ = 0;
   RopeTable rope_;

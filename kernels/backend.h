@@ -101,6 +101,11 @@ struct ResidentExperts {
   const void* const* up = nullptr;       // [E] backend memory
   const void* const* down = nullptr;     // [E] backend memory
   int num_experts = 0;
+  // [E] backend memory, or null: 1 where expert e's data are host memory that the backend reads
+  // in place (the tiered store's host tier, AllocateHost memory). CUDA copies the routed ones
+  // into VRAM in one kernel at PCIe speed before the expert kernels read them (reading them
+  // over PCIe from inside those kernels ran at half that); the CPU backend reads them as they are.
+  const uint8_t* in_host = nullptr;
 };
 
 // ExpertFfn for a step whose routing stays in backend memory:

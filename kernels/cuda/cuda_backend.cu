@@ -47,8 +47,8 @@ CudaBackend::~CudaBackend() {
   cudaEventDestroy(compute_done_);
   cudaEventDestroy(host_copies_done_);
   cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &kv_slots_,
-                     &kv_tables_, &kv_seqs_}) {
+  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &staged_experts_,
+                     &kv_slots_, &kv_tables_, &kv_seqs_}) {
     cudaFree(s->data);
   }
   cudaFree(kv_verdict_);

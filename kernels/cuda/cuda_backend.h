@@ -139,6 +139,9 @@ class CudaBackend final : public Backend {
   Scratch kv_seqs_;
   // ExpertFfnRouted's rows: routed pair y is token y / top_k; made once per top_k.
   Scratch routed_rows_;
+  // ExpertFfnRouted with experts in host memory: the pointer table [3][E] the launches read,
+  // then the routed host experts copied into VRAM, one slot a routed pair.
+  Scratch staged_experts_;
   int routed_rows_top_k_ = 0;
   int64_t routed_rows_count_ = 0;
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).

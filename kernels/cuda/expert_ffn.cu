@@ -18,6 +18,68 @@
 #include "kernels/cuda/launch.cuh"
 
 namespace moe::kernels {
+namespace {
+
+constexpr int kStageBlocks = 32;  // per routed pair: ~2 MB of loads in flight, PCIe's latency
+constexpr size_t kStageAlign = 256;
+
+__host__ __device__ size_t StageAligned(size_t bytes) { return (bytes + kStageAlign - 1) / kStageAlign * kStageAlign; }
+
+// Copies `bytes` from src (host memory read over PCIe) to dst with the blocks of this pair,
+// four 16-byte loads in flight a thread.
+__device__ void StageCopy(uint8_t* dst, const uint8_t* src, uint64_t bytes) {
+  const uint64_t tid = blockIdx.x * uint64_t{blockDim.x} + threadIdx.x;
+  const uint64_t stride = uint64_t{gridDim.x} * blockDim.x;
+  uint64_t done = 0;
+  if (reinterpret_cast<uintptr_t>(src) % 16 == 0) {
+    const auto* s = reinterpret_cast<const uint4*>(src);
+    auto* d = reinterpret_cast<uint4*>(dst);
+    const uint64_t n = bytes / 16;
+    uint64_t i = tid;
+    for (; i + 3 * stride < n; i += 4 * stride) {
+      uint4 v[4];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) v[u] = s[i + u * stride];
+#pragma unroll
+      for (int u = 0; u < 4; ++u) d[i + u * stride] = v[u];
+    }
+    for (; i < n; i += stride) d[i] = s[i];
+    done = n * 16;
+  }
+  for (uint64_t i = done + tid; i < bytes; i += stride) dst[i] = src[i];
+}
+
+// Routed pair y = blockIdx.y names expert e = ids[y]. The pair that names e first writes e's
+// pointers into `table` (what the expert kernels read); when e is in host memory its blocks first
+// copy its three matrices into VRAM slot y and the pointers go there.
+__global__ void StageRoutedExpertsKernel(const int32_t* ids, int num_experts,
+                                         const uint8_t* in_host, const void* const* gate,
+                                         const void* const* up, const void* const* down,
+                                         const void** table, uint8_t* staged, uint64_t gate_bytes,
+                                         uint64_t up_bytes, uint64_t down_bytes,
+                                         uint64_t slot_bytes) {
+  cuda::WaitForPriorKernel();
+  const int y = static_cast<int>(blockIdx.y);
+  const int e = ids[y];
+  for (int z = 0; z < y; ++z) {
+    if (ids[z] == e) return;  // an earlier pair stages it
+  }
+  const bool host = in_host[e] != 0 && gate[e] != nullptr;  // null: not resident, skipped
+  uint8_t* g = staged + y * slot_bytes;
+  uint8_t* u = g + StageAligned(gate_bytes);
+  uint8_t* d = u + StageAligned(up_bytes);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    table[e] = host ? g : gate[e];
+    table[num_experts + e] = host ? u : up[e];
+    table[2 * num_experts + e] = host ? d : down[e];
+  }
+  if (!host) return;
+  StageCopy(g, static_cast<const uint8_t*>(gate[e]), gate_bytes);
+  StageCopy(u, static_cast<const uint8_t*>(up[e]), up_bytes);
+  StageCopy(d, static_cast<const uint8_t*>(down[e]), down_bytes);
+}
+
+}  // namespace
 
 void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   const int64_t H = a.hidden_size;
@@ -83,6 +145,22 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   groups.gate = a.experts->gate;
   groups.up = a.experts->up;
   groups.down = a.experts->down;
+  if (a.experts->in_host != nullptr) {
+    const int E = a.experts->num_experts;
+    const size_t table_bytes = StageAligned(3 * static_cast<size_t>(E) * sizeof(void*));
+    const size_t slot = StageAligned(w0->gate.bytes()) + StageAligned(w0->up.bytes()) +
+                        StageAligned(w0->down.bytes());
+    auto* base = static_cast<uint8_t*>(
+        Reserve(staged_experts_, table_bytes + static_cast<size_t>(n) * slot));
+    auto** table = reinterpret_cast<const void**>(base);
+    cuda::Launch(StageRoutedExpertsKernel, dim3(kStageBlocks, static_cast<unsigned>(n)), 256, 0,
+                 stream_, a.expert_ids, E, a.experts->in_host, a.experts->gate, a.experts->up,
+                 a.experts->down, table, base + table_bytes, uint64_t{w0->gate.bytes()},
+                 uint64_t{w0->up.bytes()}, uint64_t{w0->down.bytes()}, uint64_t{slot});
+    groups.gate = table;
+    groups.up = table + E;
+    groups.down = table + 2 * E;
+  }
   LaunchExpertFfn(groups, 1, n, *w0, a.x, static_cast<const int32_t*>(routed_rows_.data),
                   a.weights, a.out, a.hidden_size);
 }

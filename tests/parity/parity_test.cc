@@ -785,13 +785,16 @@ INSTANTIATE_TEST_SUITE_P(
 
 // ---- ExpertFfnRouted: the routing read on the device (CUDA plans the groups on the GPU) vs the
 // CPU, which copies the routing out and groups it on the host. `absent`: experts 0, 3, 6, ... are
-// not resident (null pointers, the tiered store's decode path): both skip their rows.
+// not resident (null pointers, the tiered store's decode path): both skip their rows. `in_host`:
+// the odd experts are in pinned host memory (the store's host tier read in place), which CUDA
+// copies into VRAM before its expert kernels.
 struct RoutedCase {
   int64_t T, H, I;
   int pool, K;
   DType dtype;
   int32_t group;
   bool absent = false;
+  bool in_host = false;
 };
 class ExpertFfnRoutedParity : public ::testing::TestWithParam<RoutedCase> {};
 
@@ -833,11 +836,29 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
     cpu_w[e] = gpu_w[e] = kernels::ExpertWeights{};
     for (int m = 0; m < 3; ++m) cpu_ptrs[m * c.pool + e] = gpu_ptrs[m * c.pool + e] = nullptr;
   }
+  std::vector<uint8_t> in_host(c.pool, 0);
+  std::vector<kernels::Buffer> pinned;
+  for (int e = 1; c.in_host && e < c.pool; e += 2) {
+    in_host[e] = 1;  // also where absent: CUDA must still skip those (null pointers)
+    if (cpu_w[e].gate.data == nullptr) continue;
+    kernels::TensorView* views[3] = {&gpu_w[e].gate, &gpu_w[e].up, &gpu_w[e].down};
+    const kernels::TensorView* from[3] = {&cpu_w[e].gate, &cpu_w[e].up, &cpu_w[e].down};
+    for (int m = 0; m < 3; ++m) {
+      auto buffer = Gpu().AllocateHost(from[m]->bytes());
+      ASSERT_TRUE(buffer.ok()) << buffer.status();
+      std::memcpy(buffer->data(), from[m]->data, from[m]->bytes());
+      views[m]->data = buffer->data();
+      gpu_ptrs[m * c.pool + e] = buffer->data();
+      pinned.push_back(std::move(*buffer));
+    }
+  }
   DeviceArray<const void*> dptrs(gpu_ptrs);
+  DeviceArray<uint8_t> dhost(in_host);
   const kernels::ResidentExperts cpu_table{cpu_w.data(), cpu_ptrs.data(), cpu_ptrs.data() + c.pool,
                                            cpu_ptrs.data() + 2 * c.pool, c.pool};
   const kernels::ResidentExperts gpu_table{gpu_w.data(), dptrs.get(), dptrs.get() + c.pool,
-                                           dptrs.get() + 2 * c.pool, c.pool};
+                                           dptrs.get() + 2 * c.pool, c.pool,
+                                           c.in_host ? dhost.get() : nullptr};
   const std::vector<float> x = Random(rng, c.T * c.H);
   std::vector<float> want = Random(rng, c.T * c.H);
   DeviceArray<float> out(want), dx(x), dweights(weights);
@@ -860,7 +881,8 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
   Gpu().ExpertFfnRouted(a);
   ExpectClose("ExpertFfnRouted",
               Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
-                   GroupTag(c.group), c.absent ? "some absent" : ""),
+                   GroupTag(c.group), c.absent ? "some absent" : "",
+                   c.in_host ? "odd in host" : ""),
               out.Read(), want, TolFor(c.dtype));
 }
 
@@ -871,7 +893,10 @@ INSTANTIATE_TEST_SUITE_P(
                       RoutedCase{3, 256, 96, 8, 2, DType::kBF16, 0},
                       RoutedCase{2, 64, 32, 4, 4, DType::kF32, 0},      // every expert
                       RoutedCase{1, 2048, 768, 32, 8, DType::kQ4, 64, true},
-                      RoutedCase{4, 256, 96, 8, 4, DType::kBF16, 0, true}));
+                      RoutedCase{4, 256, 96, 8, 4, DType::kBF16, 0, true},
+                      RoutedCase{1, 2048, 768, 32, 8, DType::kQ4, 64, false, true},
+                      RoutedCase{5, 255, 97, 8, 4, DType::kBF16, 0, true, true},  // odd sizes
+                      RoutedCase{6, 64, 32, 4, 4, DType::kF32, 0, false, true}));  // repeats
 
 // ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64
