@@ -421,10 +421,9 @@ void Model::UseInPlaceRouting() {
     std::vector<int32_t> used(ids, ids + p.routed);
     std::sort(used.begin(), used.end());
     used.erase(std::unique(used.begin(), used.end()), used.end());
-    for (const int32_t e : used) {
-      if (e >= 0 && e < E && p.readable.in_host[e]) ++experts_read_in_host_;
-    }
-    store_->Use(static_cast<int32_t>(l), used);
+    int64_t host_reads = 0;
+    for (const int32_t e : used) host_reads += e >= 0 && e < E && p.readable.in_host[e];
+    store_->Use(static_cast<int32_t>(l), used, host_reads);
     p.routed = 0;
   }
   times_.routing_us += PhaseClock() - t0;

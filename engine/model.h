@@ -188,11 +188,6 @@ class Model {
   // last bits, as between budgets. Default: off.
   void set_prefetch_next_layer(bool on) { prefetch_next_layer_ = on; }
 
-  // Experts that decode steps read in place from the tiered store's host tier (MoeBlock's path
-  // with the routing left on the device), counted once per layer and step at the step's end; the
-  // bytes that missed VRAM are this times the expert's size.
-  int64_t experts_read_in_host() const { return experts_read_in_host_; }
-
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
 
@@ -211,9 +206,9 @@ class Model {
   // the backend reads (the step then routes on the host).
   bool PrepareInPlace(int64_t layer);
   // At the end of a step that took that path, once the lm head is queued: waits for the layers'
-  // routed ids, counts the experts read in place and reports every layer's use to the store
-  // (ExpertStore::Use: the policy's recency, and the misses loaded into VRAM for the next step
-  // while the GPU finishes this one).
+  // routed ids and reports every layer's use to the store (ExpertStore::Use: the experts read from
+  // the host tier, StoreStats::host_reads; the policy's recency; the misses loaded into VRAM for
+  // the next steps while the GPU finishes this one).
   void UseInPlaceRouting();
   void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
                 const float* row_weights);
@@ -254,7 +249,6 @@ class Model {
   kernels::Buffer in_place_tables_;                   // [L][3][E] device pointers
   kernels::Buffer in_place_host_;                     // [L][E] uint8: ResidentExperts::in_host
   kernels::Buffer in_place_ids_, in_place_ids_host_;  // [L][E] int32: each layer's routed ids
-  int64_t experts_read_in_host_ = 0;
   RopeTable rope_;
   PhaseTimes times_;
   bool exact_timings_ = false;

@@ -139,8 +139,9 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
   return handles;
 }
 
-void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts) {
+void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts, int64_t host_reads) {
   std::lock_guard<std::mutex> lock(mu_);
+  stats_.host_reads += static_cast<uint64_t>(host_reads);
   for (const int32_t e : experts) AcquireLocked(layer, e, false);
 }
 

@@ -44,6 +44,7 @@ struct StoreStats {
   uint64_t prefetch_issued = 0;      // loads started by Prefetch
   uint64_t prefetch_used = 0;        // of those, later acquired before being evicted
   uint64_t prefetch_dropped = 0;     // Prefetch calls that found no evictable slot
+  uint64_t host_reads = 0;           // experts decode steps read from the host tier (Use)
   LatencyHistogram load_latency_us;  // Acquire -> ready, for requests that waited on a load
 };
 

@@ -208,12 +208,14 @@ absl::Status Run() {
     const store::StoreStats st = es->Stats();
     std::fprintf(stderr,
                  "[store] device hits %llu misses %llu, host hits %llu misses %llu, blob reads "
-                 "%llu; prefetch issued %llu used %llu dropped %llu (accuracy %s)\n",
+                 "%llu, experts read from the host tier %llu; prefetch issued %llu used %llu "
+                 "dropped %llu (accuracy %s)\n",
                  static_cast<unsigned long long>(st.device.hits),
                  static_cast<unsigned long long>(st.device.misses),
                  static_cast<unsigned long long>(st.host.hits),
                  static_cast<unsigned long long>(st.host.misses),
                  static_cast<unsigned long long>(st.blob_reads),
+                 static_cast<unsigned long long>(st.host_reads),
                  static_cast<unsigned long long>(st.prefetch_issued),
                  static_cast<unsigned long long>(st.prefetch_used),
                  static_cast<unsigned long long>(st.prefetch_dropped),

@@ -110,6 +110,9 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   blob_bytes_ = Counter(r, "moe_store_blob_read_bytes_total", "Bytes read from the blob files");
   blob_errors_ = Counter(r, "moe_store_blob_errors_total",
                          "Blob reads that failed (missing, truncated, checksum, I/O)");
+  host_reads_ = Counter(r, "moe_store_host_reads_total",
+                        "Experts that decode steps read from the host tier (not in VRAM when "
+                        "routed; each costs its bytes over PCIe)");
   // The store counts latency in power-of-two microsecond buckets; these are their bounds.
   prometheus::Histogram::BucketBoundaries load_bounds;
   for (int b = 0; b < 31; ++b) load_bounds.push_back(static_cast<double>(int64_t{1} << b) * 1e-6);
@@ -175,6 +178,7 @@ StoreCounters FromStoreStats(const store::StoreStats& s) {
   c.prefetch_issued = s.prefetch_issued;
   c.prefetch_used = s.prefetch_used;
   c.prefetch_dropped = s.prefetch_dropped;
+  c.host_reads = s.host_reads;
   c.load_latency_us_buckets.assign(s.load_latency_us.counts.begin(),
                                    s.load_latency_us.counts.end());
   c.load_total_us = s.load_latency_us.total_us;
@@ -197,6 +201,7 @@ void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
   AdvanceTo(*blob_reads_, static_cast<double>(store.blob_reads));
   AdvanceTo(*blob_bytes_, static_cast<double>(store.blob_bytes_read));
   AdvanceTo(*blob_errors_, static_cast<double>(store.blob_errors));
+  AdvanceTo(*host_reads_, static_cast<double>(store.host_reads));
   const std::pair<const char*, uint64_t> prefetches[] = {{"issued", store.prefetch_issued},
                                                          {"used", store.prefetch_used},
                                                          {"dropped", store.prefetch_dropped}};

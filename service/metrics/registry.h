@@ -47,6 +47,7 @@ struct StoreCounters {
   uint64_t blob_reads = 0, blob_bytes_read = 0, blob_errors = 0;
   // Next-layer prefetch (engine --prefetch): loads started, later acquired, found no slot.
   uint64_t prefetch_issued = 0, prefetch_used = 0, prefetch_dropped = 0;
+  uint64_t host_reads = 0;
   // Load latency: bucket b counts loads that took [2^(b-1), 2^b) microseconds (b = 0: < 1 us).
   std::vector<uint64_t> load_latency_us_buckets;
   uint64_t load_total_us = 0;
@@ -90,7 +91,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* store_prefetches_;
   prometheus::Family<prometheus::Gauge>* store_slots_;
   prometheus::Family<prometheus::Gauge>* store_slot_bytes_;
-  prometheus::Counter *blob_reads_, *blob_bytes_, *blob_errors_;
+  prometheus::Counter *blob_reads_, *blob_bytes_, *blob_errors_, *host_reads_;
   prometheus::Histogram* load_latency_;
   std::vector<uint64_t> load_buckets_seen_;  // cumulative bucket counts already observed
   uint64_t load_us_seen_ = 0;

@@ -34,7 +34,7 @@
 // prefill loads most experts from disk into the host tier and one Acquire of every expert the
 // rest; then decode at batch 1 is timed and compared with (bytes that missed VRAM / 52 GB/s +
 // the all-resident step time). The bytes that missed: the experts the steps read in place from
-// the host tier (Model::experts_read_in_host; each is also copied up for the steps after, which
+// the host tier (StoreStats::host_reads; each is also copied up for the steps after, which
 // the device tier's bytes in counts), plus, for a layer routed on the host, what it copied up
 // (none here: every layer is whole in the host tier).
 #include <algorithm>
@@ -852,7 +852,6 @@ absl::Status Run() {
   for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
   const store::StoreStats s0 = store_ptr->Stats();
   const engine::PhaseTimes st0 = model->phase_times();
-  const int64_t in_host0 = model->experts_read_in_host();
   t0 = std::chrono::steady_clock::now();
   for (int64_t i = 0; i < ssteps; ++i) {
     MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
@@ -860,7 +859,7 @@ absl::Status Run() {
   const double store_s = Seconds(t0, std::chrono::steady_clock::now());
   const store::StoreStats s1 = store_ptr->Stats();
   const double per_tok = store_s / static_cast<double>(ssteps);
-  const double in_host = static_cast<double>(model->experts_read_in_host() - in_host0) /
+  const double in_host = static_cast<double>(s1.host_reads - s0.host_reads) /
                          static_cast<double>(ssteps);
   const double copied = static_cast<double>(s1.device.bytes_in - s0.device.bytes_in) /
                         static_cast<double>(ssteps);

@@ -164,7 +164,7 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
       decode_agree += ours == std::max_element(want, want + ref.vocab) - want;
     }
     const int decode_steps = static_cast<int>(ref.tokens.size() - ref.prompt_len);
-    const int64_t in_host = (*model)->experts_read_in_host();
+    const auto in_host = static_cast<int64_t>((*model)->expert_store()->Stats().host_reads);
     std::printf("%-9s %-4s budget %-5s: decode max rel logit error %.3g, agreement %d/%d, "
                 "experts read in place from the host tier %lld\n",
                 arch.c_str(), format.name, budget.name, decode_err / max_ref, decode_agree,

@@ -21,6 +21,7 @@ TEST(WorkerMetrics, ExpertStoreCountersPlugIn) {
   s.device.misses = 2;
   s.host.bytes_in = 4096;
   s.blob_reads = 3;
+  s.host_reads = 7;
   s.load_latency_us_buckets.assign(32, 0);
   s.load_latency_us_buckets[11] = 2;  // [1024, 2048) us
   s.load_total_us = 3000;
@@ -33,6 +34,7 @@ TEST(WorkerMetrics, ExpertStoreCountersPlugIn) {
       << text;
   EXPECT_NE(text.find("moe_store_bytes_in_total{tier=\"host\"} 4096"), std::string::npos);
   EXPECT_NE(text.find("moe_store_blob_reads_total 3"), std::string::npos);
+  EXPECT_NE(text.find("moe_store_host_reads_total 7"), std::string::npos);
   EXPECT_NE(text.find("moe_store_load_latency_seconds_count 2"), std::string::npos);
   EXPECT_NE(text.find("moe_store_load_latency_seconds_bucket{le=\"0.002048\"} 2"),
             std::string::npos)
