@@ -312,7 +312,9 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   q_ = qkv_.f32();
   k_ = q_ + T * q_dim;
   v_ = k_ + T * c.num_key_value_heads * c.head_dim;
-  backend_.BeginStep(T);
+  // Replayable (CUDA graphs) unless something reads the device mid-step or the expert store's
+  // copy thread queues loads behind the step's kernels.
+  backend_.BeginStep(T, store_ == nullptr && !observer_ && trace_ == nullptr && !exact_timings_);
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
   ++trace_step_;  // before any layer: a step that fails half-way keeps its number

@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 
 
 #include "absl/status/statusor.h"
@@ -290,7 +291,13 @@ class Backend {
   virtual void Synchronize() = 0;
   // Called before each forward pass with the number of tokens it runs: a backend may pick its
   // launch mode by step size (CUDA overlaps kernel launches for small decode steps only).
-  virtual void BeginStep(int64_t num_tokens) {}
+  // `replayable`: until the next BeginStep, the caller issues nothing on the copy queue and
+  // reads results only through the ops that wait (CopyToHost, Synchronize, ...): CUDA may then
+  // record the step's launches and replay them as CUDA graphs.
+  virtual void BeginStep(int64_t num_tokens, bool replayable) {}
+  // How the backend issued its work, for benchmarks (CUDA: step-graph fragments replayed, built,
+  // issued directly); empty when there is nothing to say.
+  virtual std::string IssueStats() const { return ""; }
   // Host->device copies on a queue of their own (the expert store's loads from its pinned host
   // tier), so that they overlap the compute queued after them; each starts only once the compute
   // queued before it is done (it may overwrite memory that compute still reads: a device slot

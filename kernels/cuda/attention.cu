@@ -20,6 +20,7 @@
 
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
+#include "kernels/cuda/step_graph.cuh"
 
 namespace moe::kernels::cuda {
 namespace {
@@ -2319,7 +2320,7 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
       StageHostArgs(kv_slots_, where.data(), where.size() * sizeof(int2)));
   if (kv_verdict_ == nullptr) {
     MOE_CUDA_CHECK(cudaMalloc(&kv_verdict_, sizeof(unsigned long long)));
-    MOE_CUDA_CHECK(cudaMemsetAsync(kv_verdict_, 0xff, sizeof(unsigned long long), stream_));
+    graphs_->Memset(kv_verdict_, 0xff, sizeof(unsigned long long));
   }
   kv_verdict_pending_ = true;
   kv_verdict_format_ = kv.codecs[0]->format();
@@ -2382,14 +2383,13 @@ const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {
                                       : cuda::TqHostTables(kv);
   const size_t bytes = host.size() * sizeof(float);
   if (t.bytes != bytes) {
-    MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may read the old copy
+    Synchronize();  // queued (or recorded) kernels may read the old copy
     MOE_CUDA_CHECK(cudaFree(t.dev));
     t.dev = nullptr;
     MOE_CUDA_CHECK(cudaMalloc(&t.dev, bytes));
     t.bytes = bytes;
   }
-  // Pageable source: staged before cudaMemcpyAsync returns, so `host` may go.
-  MOE_CUDA_CHECK(cudaMemcpyAsync(t.dev, host.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  graphs_->CopyFromHost(t.dev, host.data(), bytes, bytes);  // `host` may go on return
   t.codec_ids.resize(n);
   for (int i = 0; i < n; ++i) t.codec_ids[i] = kv.codecs[i]->id();
   return static_cast<const float*>(t.dev);
@@ -2401,7 +2401,7 @@ absl::Status CudaBackend::TakeKvWriteError() {
   unsigned long long code = 0;
   CopyToHost(&code, kv_verdict_, sizeof(code));
   if (code == ~0ull) return absl::OkStatus();
-  MOE_CUDA_CHECK(cudaMemsetAsync(kv_verdict_, 0xff, sizeof(unsigned long long), stream_));
+  graphs_->Memset(kv_verdict_, 0xff, sizeof(unsigned long long));
   return absl::InvalidArgumentError(absl::StrCat(
       "KV write at position ", code >> 16, ", kv-head ", (code >> 1) & 0x7fff,
       code % 2 == 0 ? " key: " : " value: ", "KV ", KvFormatName(kv_verdict_format_),

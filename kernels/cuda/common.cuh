@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <tuple>
+#include <type_traits>
 #include <utility>
 
 #include "kernels/base/check.h"
@@ -37,8 +39,17 @@ __device__ __forceinline__ void WaitForPriorKernel() {
 #endif
 }
 
+// Set while a CudaBackend records a step for a CUDA graph (step_graph.cuh): Launch on that
+// backend's stream then records the launch instead of issuing it.
+class StepGraphs;
+inline StepGraphs* g_recording = nullptr;
+cudaStream_t RecordingStream(const StepGraphs& graphs);
+void RecordLaunch(StepGraphs& graphs, const void* kernel, const cudaLaunchConfig_t& config,
+                  const void* const* args, const size_t* sizes, int count);
+
 // kernel<<<grid, block, smem, stream>>>(args...), overlapping the kernel before it while
-// g_overlap_launches is set; a launch error is fatal (MOE_CUDA_CHECK).
+// g_overlap_launches is set; recorded while g_recording records `stream`; a launch error is
+// fatal (MOE_CUDA_CHECK).
 template <typename... Params, typename... Args>
 void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
             Args&&... args);
@@ -114,6 +125,20 @@ void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   config.stream = stream;
   config.attrs = &programmatic;
   config.numAttrs = g_overlap_launches ? 1 : 0;
+  if (g_recording != nullptr && RecordingStream(*g_recording) == stream) {
+    static_assert((std::is_trivially_copyable_v<Params> && ...));
+    // The arguments as the kernel's parameter types, as cudaLaunchKernelEx would pass them.
+    const std::tuple<Params...> values(std::forward<Args>(args)...);
+    std::apply(
+        [&](const auto&... v) {
+          const void* ptrs[] = {&v..., nullptr};
+          const size_t sizes[] = {sizeof(v)..., 0};
+          RecordLaunch(*g_recording, reinterpret_cast<const void*>(kernel), config, ptrs, sizes,
+                       static_cast<int>(sizeof...(Params)));
+        },
+        values);
+    return;
+  }
   MOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 

@@ -2,6 +2,7 @@
 #include "kernels/cuda/cuda_backend.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstdlib>
 #include <string>
 
@@ -9,6 +10,7 @@
 #include "kernels/base/bytes.h"
 #include "kernels/base/status.h"
 #include "kernels/cuda/common.cuh"
+#include "kernels/cuda/step_graph.cuh"
 
 namespace moe::kernels {
 
@@ -29,19 +31,26 @@ absl::StatusOr<std::unique_ptr<CudaBackend>> CudaBackend::Create(const BackendOp
   const OverlapLaunches overlap = major < 9 || pdl == "0" ? OverlapLaunches::kNever
                                   : pdl == "1"           ? OverlapLaunches::kAlways
                                                          : OverlapLaunches::kSmallSteps;
+  const char* graphs = std::getenv("MOE_CUDA_GRAPHS");
   cudaStream_t stream = nullptr;
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  return std::unique_ptr<CudaBackend>(new CudaBackend(stream, num_sms, overlap));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(
+      stream, num_sms, overlap, graphs == nullptr || std::string(graphs) != "0"));
 }
 
-CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap)
-    : stream_(stream), num_sms_(num_sms), overlap_(overlap) {
+CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap, bool graphs)
+    : stream_(stream),
+      num_sms_(num_sms),
+      overlap_(overlap),
+      graphs_(std::make_unique<cuda::StepGraphs>(stream)),
+      use_graphs_(graphs) {
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&host_copies_done_, cudaEventDisableTiming));
 }
 
 CudaBackend::~CudaBackend() {
+  graphs_->Stop();
   cudaStreamSynchronize(copy_stream_);
   cudaStreamDestroy(copy_stream_);
   cudaEventDestroy(compute_done_);
@@ -53,6 +62,7 @@ CudaBackend::~CudaBackend() {
   }
   cudaFree(kv_verdict_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
+  graphs_.reset();
   cudaStreamDestroy(stream_);
 }
 
@@ -87,6 +97,7 @@ absl::StatusOr<DeviceTensor> CudaBackend::Upload(const TensorView& host) {
   DeviceTensor t;
   MOE_ASSIGN_OR_RETURN(t.storage, Allocate(host.bytes()));
   if (host.bytes() > 0) {
+    graphs_->Stop();
     MOE_CUDA_CHECK(cudaMemcpyAsync(t.storage.data(), host.data, host.bytes(),
                                    cudaMemcpyHostToDevice, stream_));
     MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may free `host` next
@@ -97,11 +108,13 @@ absl::StatusOr<DeviceTensor> CudaBackend::Upload(const TensorView& host) {
 }
 
 void CudaBackend::CopyToDevice(void* dst, const void* src, size_t bytes) {
-  // From pageable memory the runtime stages the bytes before returning, so `src` may be reused.
-  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+  // `src` may be reused on return: the runtime stages pageable memory before returning, a
+  // recorded copy reads the step graphs' arena.
+  graphs_->CopyFromHost(dst, src, bytes, bytes);
 }
 
 void CudaBackend::CopyToHostQueued(void* dst, const void* src, size_t bytes) {
+  graphs_->Stop();
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   MOE_CUDA_CHECK(cudaEventRecord(host_copies_done_, stream_));
 }
@@ -109,12 +122,13 @@ void CudaBackend::CopyToHostQueued(void* dst, const void* src, size_t bytes) {
 void CudaBackend::WaitForHostCopies() { MOE_CUDA_CHECK(cudaEventSynchronize(host_copies_done_)); }
 
 void CudaBackend::CopyToHost(void* dst, const void* src, size_t bytes) {
+  graphs_->Stop();
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
 void CudaBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
-  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
+  graphs_->CopyOnDevice(dst, src, bytes);
 }
 
 namespace {
@@ -133,7 +147,7 @@ void CudaBackend::Zero(void* dst, size_t bytes) {
   // A kernel where it can (16-byte words): a memset between two kernels would stop the second
   // one's early launch (cuda::Launch), as a copy does.
   if (bytes % 16 != 0 || reinterpret_cast<uintptr_t>(dst) % 16 != 0) {
-    MOE_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+    graphs_->Memset(dst, 0, bytes);
     return;
   }
   const int64_t n = static_cast<int64_t>(bytes / 16);
@@ -144,12 +158,28 @@ void CudaBackend::Zero(void* dst, size_t bytes) {
   cuda::Launch(ZeroKernel, blocks, kThreads, 0, stream_, static_cast<uint4*>(dst), n);
 }
 
-void CudaBackend::BeginStep(int64_t num_tokens) {
+void CudaBackend::BeginStep(int64_t num_tokens, bool replayable) {
+  graphs_->Stop();  // what the last step left recorded
   cuda::g_overlap_launches = overlap_ == OverlapLaunches::kAlways ||
                              (overlap_ == OverlapLaunches::kSmallSteps && num_tokens <= 8);
+  if (use_graphs_ && replayable && num_tokens <= 8) graphs_->Start();
 }
 
-void CudaBackend::Synchronize() { MOE_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+CudaBackend::GraphStats CudaBackend::graph_stats() const {
+  const cuda::StepGraphs::Stats& s = graphs_->stats();
+  return {s.replayed, s.built, s.direct};
+}
+
+std::string CudaBackend::IssueStats() const {
+  const GraphStats s = graph_stats();
+  return absl::StrCat("step graphs: ", s.replayed, " fragments replayed, ", s.built, " built, ",
+                      s.direct, " issued directly", use_graphs_ ? "" : " (MOE_CUDA_GRAPHS=0)");
+}
+
+void CudaBackend::Synchronize() {
+  graphs_->Stop();
+  MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+}
 
 void CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
   MOE_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
@@ -162,7 +192,7 @@ void CudaBackend::SynchronizeCopies() { MOE_CUDA_CHECK(cudaStreamSynchronize(cop
 void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
   const size_t grown = std::max(bytes, s.bytes * 2);
-  MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));  // queued kernels may still read the old one
+  Synchronize();  // queued (or recorded) kernels may still read the old one
   MOE_CUDA_CHECK(cudaFree(s.data));
   s.data = nullptr;
   s.bytes = 0;
@@ -180,11 +210,12 @@ void* CudaBackend::StageHostArgs(Scratch& s, const void* host, size_t bytes) {
   if (bytes > 0 && s.staged.size() == bytes && std::equal(first, first + bytes, s.staged.begin())) {
     return s.data;  // still on the device: nothing since has written it
   }
-  void* dst = Reserve(s, bytes);
-  // From pageable memory: the runtime stages the bytes and the copy stays asynchronous (a pinned
-  // ring measured no faster, tests/bench/NOTES.md). CUDA-graph capture would need one; there is
-  // none yet (kernels/cuda/README.md, "Not done yet").
-  MOE_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+  // A recorded copy moves a power of two of at least 256 bytes, so that a block table growing by
+  // one entry a step keeps the step's graph.
+  const size_t copy_bytes = graphs_->recording() ? std::max<size_t>(256, std::bit_ceil(bytes))
+                                                 : bytes;
+  void* dst = Reserve(s, copy_bytes);
+  graphs_->CopyFromHost(dst, host, bytes, copy_bytes);
   s.staged.assign(first, first + bytes);
   return dst;
 }

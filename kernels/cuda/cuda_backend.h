@@ -21,6 +21,7 @@ struct CUevent_st;   // cudaEvent_t
 
 namespace moe::kernels::cuda {
 struct GemmGroup;  // launch.cuh
+class StepGraphs;  // step_graph.cuh
 }  // namespace moe::kernels::cuda
 
 namespace moe::kernels {
@@ -49,7 +50,16 @@ class CudaBackend final : public Backend {
   // Overlapping launches (programmatic dependent launch, common.cuh) for steps of at most 8
   // tokens: decode at batch 1 +19% tokens/s, 8 sequences +6%, but 32 level and 128 sequences
   // -18%, prefill -1% (H200, tests/bench/NOTES.md). MOE_CUDA_PDL=0 never overlaps, =1 always.
-  void BeginStep(int64_t num_tokens) override;
+  // Replayable steps of at most 8 tokens are recorded and issued as CUDA graphs
+  // (step_graph.cuh); MOE_CUDA_GRAPHS=0 turns that off.
+  void BeginStep(int64_t num_tokens, bool replayable) override;
+  // Step-graph fragments since creation: launched from a cached graph, captured into a new one,
+  // issued launch by launch (a signature's first sight, or graphs off).
+  struct GraphStats {
+    int64_t replayed = 0, built = 0, direct = 0;
+  };
+  GraphStats graph_stats() const;
+  std::string IssueStats() const override;
   void CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) override;
   void SynchronizeCopies() override;
 
@@ -87,7 +97,7 @@ class CudaBackend final : public Backend {
     std::vector<unsigned char> staged;  // the host bytes StageHostArgs last copied in
   };
   enum class OverlapLaunches { kNever, kSmallSteps, kAlways };
-  CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap);
+  CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap, bool graphs);
   void* Reserve(Scratch& s, size_t bytes);
   // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
   // Bytes equal to the ones `s` holds already are not copied again: the layers of a step stage
@@ -127,6 +137,10 @@ class CudaBackend final : public Backend {
   CUevent_st* host_copies_done_ = nullptr;  // recorded after CopyToHostQueued's copies
   int num_sms_ = 0;
   OverlapLaunches overlap_ = OverlapLaunches::kNever;
+  // Every copy, memset and launch on stream_ goes through it: recorded during replayable steps,
+  // issued at once otherwise. Whatever waits for stream_ or uses it unrecorded flushes it first.
+  std::unique_ptr<cuda::StepGraphs> graphs_;
+  bool use_graphs_ = false;
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials

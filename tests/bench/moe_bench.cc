@@ -813,6 +813,9 @@ absl::Status Run() {
     one_seq = PagedSeqs();
     MOE_RETURN_IF_ERROR(KvSweep(*model, *backend, expert_bytes, copy_bps, rng));
   }
+  if (const std::string issued = backend->IssueStats(); !issued.empty()) {
+    std::printf("  %s\n", issued.c_str());
+  }
 
   // ---- a quarter of the experts in VRAM, the rest in the store's pinned host tier ----
   const std::string store_dir = absl::GetFlag(FLAGS_store_dir);

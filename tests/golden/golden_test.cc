@@ -13,6 +13,11 @@
 #include "expertstore/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#if MOE_GOLDEN_ON_CUDA
+#include <cstdlib>
+
+#include "kernels/cuda/cuda_backend.h"
+#endif
 
 namespace moe::engine {
 namespace {
@@ -62,6 +67,44 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
     ref_logits_.resize(shape[0] * shape[1]);
     std::memcpy(ref_logits_.data(), (*file)->data() + 8 + header + offsets[0],
                 ref_logits_.size() * sizeof(float));
+  }
+
+  // Logits of `model` on a paged cache of `format` (block size 4): the prompt prefilled in
+  // chunks of `chunk` tokens, then one token a step teacher-forced on the reference continuation;
+  // rows for positions prompt_len - 1 .. n - 2, as ref_logits_ has them. `reversed`: the block
+  // table runs backwards through the pool.
+  std::vector<float> PagedRun(Model& model, kernels::Backend& backend, kernels::KvFormat format,
+                              int64_t chunk, bool reversed) {
+    const int64_t n = static_cast<int64_t>(prompt_.size() + greedy_.size());
+    const int64_t prompt_len = static_cast<int64_t>(prompt_.size());
+    std::vector<int32_t> all = prompt_;
+    all.insert(all.end(), greedy_.begin(), greedy_.end());
+    const int bs = 4;
+    const int32_t blocks = static_cast<int32_t>((n + bs - 1) / bs);
+    auto paged = PagedKv::Create(model.config(), backend, format, bs, blocks + 3);
+    EXPECT_TRUE(paged.ok()) << paged.status();
+    if (!paged.ok()) return {};
+    std::vector<int32_t> table;
+    for (int32_t b = 0; b < blocks; ++b) table.push_back(reversed ? blocks + 2 - b : b);
+    std::vector<float> rows;
+    for (int64_t pos = 0; pos < n - 1;) {
+      const int64_t end = pos < prompt_len ? std::min<int64_t>(pos + chunk, prompt_len) : pos + 1;
+      ForwardItem item;
+      item.tokens = absl::MakeConstSpan(all.data() + pos, end - pos);
+      item.paged = paged->get();
+      item.block_table = table;
+      item.start = pos;
+      std::vector<float> logits;
+      EXPECT_TRUE(model.Forward({&item, 1}, false, &logits).ok());
+      if (end >= prompt_len) rows.insert(rows.end(), logits.begin(), logits.end());
+      pos = end;
+    }
+    return rows;
+  }
+  // Max relative error of PagedRun's rows against transformers.
+  double PagedError(const std::vector<float>& rows) {
+    return MaxRelError(rows.data(), ref_logits_.data() + (prompt_.size() - 1) * vocab_,
+                       rows.size());
   }
 
   std::unique_ptr<kernels::Backend> backend_;
@@ -166,35 +209,8 @@ TEST_P(GoldenTest, BatchedStepMatchesSingle) {
 // closer to transformers than fp8. The bf16 error is printed: bf16 rounding of K/V; mixtral's
 // fixture shows 0.13 at worst, presumably a routed-expert flip amplifying it (not verified).
 TEST_P(GoldenTest, PagedCacheLayoutChunkingAndFormats) {
-  const int64_t n = static_cast<int64_t>(prompt_.size() + greedy_.size());
-  const int64_t prompt_len = static_cast<int64_t>(prompt_.size());
-  std::vector<int32_t> all = prompt_;
-  all.insert(all.end(), greedy_.begin(), greedy_.end());
-  // Logits after each step that ends at or past the prompt, rows for positions prompt_len-1..n-2.
   auto run = [&](kernels::KvFormat format, int64_t chunk, bool reversed) {
-    const int bs = 4;
-    const int32_t blocks = static_cast<int32_t>((n + bs - 1) / bs);
-    auto paged = PagedKv::Create(model_->config(), *backend_, format, bs, blocks + 3);
-    EXPECT_TRUE(paged.ok()) << paged.status();
-    std::vector<int32_t> table;
-    for (int32_t b = 0; b < blocks; ++b) table.push_back(reversed ? blocks + 2 - b : b);
-    std::vector<float> rows;
-    for (int64_t pos = 0; pos < n - 1;) {
-      const int64_t end = pos < prompt_len ? std::min<int64_t>(pos + chunk, prompt_len) : pos + 1;
-      ForwardItem item;
-      item.tokens = absl::MakeConstSpan(all.data() + pos, end - pos);
-      item.paged = paged->get();
-      item.block_table = table;
-      item.start = pos;
-      std::vector<float> logits;
-      EXPECT_TRUE(model_->Forward({&item, 1}, false, &logits).ok());
-      if (end >= prompt_len) rows.insert(rows.end(), logits.begin(), logits.end());
-      pos = end;
-    }
-    return rows;
-  };
-  auto error = [&](const std::vector<float>& rows) {
-    return MaxRelError(rows.data(), ref_logits_.data() + (prompt_len - 1) * vocab_, rows.size());
+    return PagedRun(*model_, *backend_, format, chunk, reversed);
   };
   // CPU: every sum runs in one order whatever the block layout or chunking, so the layout is
   // bit-identical and chunking within 1e-4. CUDA: ExpertFfn accumulates with atomics (the order
@@ -210,14 +226,49 @@ TEST_P(GoldenTest, PagedCacheLayoutChunkingAndFormats) {
   }
   const std::vector<float> chunked = run(kernels::KvFormat::kBf16, 5, true);
   EXPECT_LT(MaxRelError(chunked.data(), bf16.data(), bf16.size()), cpu ? 1e-4 : 1e-3);
-  const double e_bf16 = error(bf16);
+  const double e_bf16 = PagedError(bf16);
   // bf16 and fp8 run on every backend (CUDA has kernels for both).
-  const double e_fp8 = error(run(kernels::KvFormat::kFp8E4m3, 5, false));
+  const double e_fp8 = PagedError(run(kernels::KvFormat::kFp8E4m3, 5, false));
   std::printf("%s: paged cache max relative logit error: bf16 %.3g, fp8 %.3g\n", GetParam().c_str(),
               e_bf16, e_fp8);
   EXPECT_LT(e_bf16, e_fp8) << GetParam();
   EXPECT_LT(e_bf16, 0.2) << GetParam();
 }
+
+#if MOE_GOLDEN_ON_CUDA
+// CUDA graphs (CudaBackend::BeginStep, kernels/cuda/step_graph.cuh): the paged decode steps
+// replay recorded fragments as graphs, and their logits are those of a backend that launches
+// every kernel (within the run-to-run order of ExpertFfn's atomics) and transformers' within the
+// bf16 cache's error.
+TEST_P(GoldenTest, StepGraphsGiveTheLogitsOfDirectLaunches) {
+  auto* cuda = dynamic_cast<kernels::CudaBackend*>(backend_.get());
+  ASSERT_NE(cuda, nullptr);
+  const std::vector<float> graphed = PagedRun(*model_, *backend_, kernels::KvFormat::kBf16, 1000,
+                                              false);
+  const kernels::CudaBackend::GraphStats stats = cuda->graph_stats();
+  setenv("MOE_CUDA_GRAPHS", "0", 1);
+  auto direct_backend = kernels::MakeBackend(kernels::BackendKind::kCuda, {});
+  unsetenv("MOE_CUDA_GRAPHS");
+  ASSERT_TRUE(direct_backend.ok()) << direct_backend.status();
+  auto direct_model = Model::Load(FixtureDir(GetParam()), **direct_backend);
+  ASSERT_TRUE(direct_model.ok()) << direct_model.status();
+  const std::vector<float> direct = PagedRun(**direct_model, **direct_backend,
+                                             kernels::KvFormat::kBf16, 1000, false);
+  const auto direct_stats =
+      dynamic_cast<kernels::CudaBackend&>(**direct_backend).graph_stats();
+  ASSERT_EQ(graphed.size(), direct.size());
+  const double apart = MaxRelError(graphed.data(), direct.data(), direct.size());
+  std::printf("%s: step graphs: %lld fragments replayed, %lld built, %lld direct; graphs against "
+              "direct launches %.3g, against transformers %.3g\n",
+              GetParam().c_str(), static_cast<long long>(stats.replayed),
+              static_cast<long long>(stats.built), static_cast<long long>(stats.direct), apart,
+              PagedError(graphed));
+  EXPECT_GT(stats.replayed, 0) << GetParam();
+  EXPECT_EQ(direct_stats.replayed + direct_stats.built, 0) << GetParam();
+  EXPECT_LT(apart, 1e-5) << GetParam();
+  EXPECT_LT(PagedError(graphed), 0.2) << GetParam();
+}
+#endif
 
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"));

@@ -44,7 +44,7 @@ class ParityEnvironment : public ::testing::Environment {
     g_gpu = std::move(gpu).value();
     // Every op launches as in a one-token decode step: overlapping the kernel before it where the
     // device allows (CudaBackend::BeginStep), the mode whose stream order is the one in question.
-    g_gpu->BeginStep(1);
+    g_gpu->BeginStep(1, false);
   }
   void TearDown() override {
     std::printf("\n%-10s %-34s %9s %10s %10s %10s %9s %8s %s\n", "op", "case", "elements",
