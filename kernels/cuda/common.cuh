@@ -40,9 +40,9 @@ __device__ __forceinline__ void WaitForPriorKernel() {
 }
 
 // Set while a CudaBackend records a step for a CUDA graph (step_graph.cuh): Launch on that
-// backend's stream then records the launch instead of issuing it.
+// backend's stream, from the thread that drives it, then records the launch instead of issuing it.
 class StepGraphs;
-inline StepGraphs* g_recording = nullptr;
+inline thread_local StepGraphs* g_recording = nullptr;
 cudaStream_t RecordingStream(const StepGraphs& graphs);
 void RecordLaunch(StepGraphs& graphs, const void* kernel, const cudaLaunchConfig_t& config,
                   const void* const* args, const size_t* sizes, int count);
