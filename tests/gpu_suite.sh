@@ -34,5 +34,8 @@ run moe_bench 500 "$bin/moe-bench" --timings --model_dir=/tmp/moe_bench_model \
 run kv_32k_rounds 300 "$bin/moe-bench" --kv_only --model_dir=/tmp/moe_bench_model \
   --kv_formats=bf16,fp8_e4m3,tq4,tq3.5,tq3,tq2.5,tq2 --kv_contexts=32768 --kv_batches=1 \
   --kv_steps=8 --kv_repeats=5
+# CUDA graphs on and off: batch 1 and 8 sequences on the model above, then the built-in model.
+run graphs_ab 300 tests/bench/graphs_ab.sh "$out/graphs_ab" 3 /tmp/moe_bench_model --batches=8 \
+  --prompt=16 --steps=64
 OUT=$out/service BIN=$bin run service_bench 300 tests/bench/service_bench.sh cuda 10
 printf '%s\n' "${status[@]}" | tee "$out/summary.txt"
