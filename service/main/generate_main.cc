@@ -204,6 +204,9 @@ absl::Status Run() {
                prompt_tokens / std::max(t_first - t0, 1e-9),
                n > 1 ? (n - 1) / std::max(t_end - t_first, 1e-9) : 0.0,
                base::FormatBytes(PeakRssBytes()).c_str());
+  if (const std::string issued = backend->IssueStats(); !issued.empty()) {
+    std::fprintf(stderr, "[generate] %s\n", issued.c_str());
+  }
   if (const store::ExpertStore* es = model->expert_store(); es != nullptr) {
     const store::StoreStats st = es->Stats();
     std::fprintf(stderr,
