@@ -7,6 +7,7 @@
 #include <filesystem>
 #include <map>
 #include <numeric>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "expertstore/checkpoint_provider.h"
@@ -256,6 +257,7 @@ absl::Status Model::ForwardSample(absl::Span<const ForwardItem> batch,
 }
 
 absl::Status Model::FinishStep(absl::Span<const ForwardItem> batch) {
+  backend_.EndStep();
   MOE_RETURN_IF_ERROR(backend_.TakeKvWriteError());
   for (const ForwardItem& item : batch) {
     if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
@@ -357,14 +359,14 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
       backend_.Rope(rope_q);
       backend_.Rope(rope_k);
     }
-    MOE_RETURN_IF_ERROR(Attention(l, batch, T));
+    if (absl::Status st = Attention(l, batch, T); !st.ok()) return AbandonStep(std::move(st));
     backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
     backend_.AddRmsNorm(x_.f32(), h_.f32(), h_.f32(), T, L.post_attention_layernorm.view,
                         c.rms_norm_eps);
     times_.attention_us += PhaseClock() - t0;
 
     if (L.sparse) {
-      MOE_RETURN_IF_ERROR(MoeBlock(l, T));
+      if (absl::Status st = MoeBlock(l, T); !st.ok()) return AbandonStep(std::move(st));
       t0 = PhaseClock();
     } else {
       t0 = PhaseClock();
@@ -410,6 +412,11 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   times_.logits_us += PhaseClock() - t0;
   if (in_place_used) UseInPlaceRouting();
   return R;
+}
+
+absl::Status Model::AbandonStep(absl::Status error) {
+  backend_.EndStep();
+  return error;
 }
 
 void Model::UseInPlaceRouting() {

@@ -195,6 +195,8 @@ class Model {
   absl::StatusOr<int64_t> ComputeLogits(absl::Span<const ForwardItem> batch, bool all_positions);
   // The step's KV-write verdict; on success the contiguous caches' lengths advance.
   absl::Status FinishStep(absl::Span<const ForwardItem> batch);
+  // Returns `error` for a step that fails half-way, its work issued (Backend::EndStep).
+  absl::Status AbandonStep(absl::Status error);
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   absl::Status MoeBlock(int64_t layer, int64_t T);
   void PrefetchNextLayer(int64_t layer, int64_t T);

@@ -291,10 +291,14 @@ class Backend {
   virtual void Synchronize() = 0;
   // Called before each forward pass with the number of tokens it runs: a backend may pick its
   // launch mode by step size (CUDA overlaps kernel launches for small decode steps only).
-  // `replayable`: until the next BeginStep, the caller issues nothing on the copy queue and
-  // reads results only through the ops that wait (CopyToHost, Synchronize, ...): CUDA may then
-  // record the step's launches and replay them as CUDA graphs.
+  // `replayable`: until EndStep, nothing is issued on the copy queue and results are read only
+  // through the ops that wait (CopyToHost, Synchronize, ...): CUDA may then record the step's
+  // launches and replay them as CUDA graphs.
   virtual void BeginStep(int64_t num_tokens, bool replayable) {}
+  // Called when a forward pass ends, done or failed: every op it called is issued to the device
+  // (CUDA: what is still recorded is launched), so the caller may free what they read once the
+  // device is done, as after any op.
+  virtual void EndStep() {}
   // How the backend issued its work, for benchmarks (CUDA: step-graph fragments replayed, built,
   // issued directly); empty when there is nothing to say.
   virtual std::string IssueStats() const { return ""; }

@@ -165,6 +165,8 @@ void CudaBackend::BeginStep(int64_t num_tokens, bool replayable) {
   if (use_graphs_ && replayable && num_tokens <= 8) graphs_->Start();
 }
 
+void CudaBackend::EndStep() { graphs_->Stop(); }
+
 CudaBackend::GraphStats CudaBackend::graph_stats() const {
   const cuda::StepGraphs::Stats& s = graphs_->stats();
   return {s.replayed, s.built, s.direct};

@@ -53,6 +53,7 @@ class CudaBackend final : public Backend {
   // Replayable steps of at most 8 tokens are recorded and issued as CUDA graphs
   // (step_graph.cuh); MOE_CUDA_GRAPHS=0 turns that off.
   void BeginStep(int64_t num_tokens, bool replayable) override;
+  void EndStep() override;
   // Step-graph fragments since creation: launched from a cached graph, captured into a new one,
   // issued launch by launch (a signature's first sight, or graphs off).
   struct GraphStats {
