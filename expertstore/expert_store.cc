@@ -416,10 +416,19 @@ void ExpertStore::DrainCopies() {
     batch.swap(copy_queue_);
     copy_drain_scheduled_ = false;
   }
-  for (const CopyJob& job : batch) backend_->CopyToDeviceOnCopyQueue(job.dst, job.src, job.bytes);
-  backend_->SynchronizeCopies();
-  std::lock_guard<std::mutex> lock(mu_);
-  for (CopyJob& job : batch) job.after();
+  std::vector<uint64_t> numbers;
+  numbers.reserve(batch.size());
+  for (const CopyJob& job : batch) {
+    numbers.push_back(backend_->CopyToDeviceOnCopyQueue(job.dst, job.src, job.bytes));
+  }
+  // Each load is ready as soon as its own copy is done, not when the batch is: a decode step
+  // that starts meanwhile (its host running ahead of the GPU) then finds the early layers' loads
+  // in VRAM instead of reading them from the host tier again (PinReadable).
+  for (size_t i = 0; i < batch.size(); ++i) {
+    backend_->WaitForCopy(numbers[i]);
+    std::lock_guard<std::mutex> lock(mu_);
+    batch[i].after();
+  }
 }
 
 void* ExpertStore::TargetData(const Target& target) const {

@@ -305,12 +305,16 @@ class Backend {
   // Host->device copies on a queue of their own (the expert store's loads from its pinned host
   // tier), so that they overlap the compute queued after them; each starts only once the compute
   // queued before it is done (it may overwrite memory that compute still reads: a device slot
-  // just released by the engine). SynchronizeCopies waits for these copies only. `src` must stay
-  // valid until then. The CPU backend copies at once.
-  virtual void CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
+  // just released by the engine). Returns the copy's number on the queue (1, 2, ...; 0 when
+  // the copy is already done). SynchronizeCopies waits for these copies only, WaitForCopy(n) for
+  // copy n and those queued before it. `src` must stay valid until then. The CPU backend copies
+  // at once.
+  virtual uint64_t CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
     CopyToDevice(dst, src, bytes);
+    return 0;
   }
   virtual void SynchronizeCopies() { Synchronize(); }
+  virtual void WaitForCopy(uint64_t number) { SynchronizeCopies(); }
   // A device->host copy queued behind the work queued so far, without waiting for it: `dst`
   // (host memory from AllocateHost) holds the bytes once WaitForHostCopies returns, which waits
   // for these copies only, not for the work queued after them (the tiered store's decode step

@@ -47,6 +47,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&host_copies_done_, cudaEventDisableTiming));
+  for (CUevent_st*& e : copy_done_) {
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -55,6 +58,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamDestroy(copy_stream_);
   cudaEventDestroy(compute_done_);
   cudaEventDestroy(host_copies_done_);
+  for (CUevent_st* e : copy_done_) cudaEventDestroy(e);
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &staged_experts_,
                      &kv_slots_, &kv_tables_, &kv_seqs_}) {
@@ -183,13 +187,25 @@ void CudaBackend::Synchronize() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-void CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
+uint64_t CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
   MOE_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
   MOE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
+  ++copies_;
+  MOE_CUDA_CHECK(cudaEventRecord(copy_done_[copies_ % kCopyEvents], copy_stream_));
+  return copies_;
 }
 
 void CudaBackend::SynchronizeCopies() { MOE_CUDA_CHECK(cudaStreamSynchronize(copy_stream_)); }
+
+void CudaBackend::WaitForCopy(uint64_t number) {
+  if (number == 0 || number > copies_) return;
+  if (copies_ - number < kCopyEvents) {  // its event not yet recorded again by a later copy
+    MOE_CUDA_CHECK(cudaEventSynchronize(copy_done_[number % kCopyEvents]));
+  } else {
+    SynchronizeCopies();
+  }
+}
 
 void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;

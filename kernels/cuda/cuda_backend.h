@@ -4,8 +4,9 @@
 // except the host arrays backend.h names (Embed ids, the ExpertWork list, paged block tables and
 // codecs); those are copied in by the op. Ops are asynchronous on stream(); CopyToHost and
 // Synchronize wait for it. Bad shapes abort (MOE_CHECK); so do launch errors (MOE_CUDA_CHECK).
-// Not thread-safe: one engine thread drives one backend, except CopyToDeviceOnCopyQueue and
-// SynchronizeCopies, which one other thread (the expert store's copy thread) may call.
+// Not thread-safe: one engine thread drives one backend, except CopyToDeviceOnCopyQueue,
+// SynchronizeCopies and WaitForCopy, which one other thread (the expert store's copy thread) may
+// call.
 #pragma once
 
 #include <cstddef>
@@ -61,8 +62,11 @@ class CudaBackend final : public Backend {
   };
   GraphStats graph_stats() const;
   std::string IssueStats() const override;
-  void CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) override;
+  uint64_t CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) override;
   void SynchronizeCopies() override;
+  // Waits on the copy's own event for the last kCopyEvents copies, on the whole queue for older
+  // ones.
+  void WaitForCopy(uint64_t number) override;
 
   void Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) override;
   void MatMul(float* out, const float* x, int64_t T, const TensorView& w,
@@ -135,6 +139,10 @@ class CudaBackend final : public Backend {
   CUstream_st* stream_ = nullptr;
   CUstream_st* copy_stream_ = nullptr;  // CopyToDeviceOnCopyQueue
   CUevent_st* compute_done_ = nullptr;  // recorded on stream_, waited for by copy_stream_
+  // Recorded on copy_stream_ after copy n in copy_done_[n % kCopyEvents]; copies_ numbers them.
+  static constexpr uint64_t kCopyEvents = 64;
+  CUevent_st* copy_done_[kCopyEvents] = {};
+  uint64_t copies_ = 0;
   CUevent_st* host_copies_done_ = nullptr;  // recorded after CopyToHostQueued's copies
   int num_sms_ = 0;
   OverlapLaunches overlap_ = OverlapLaunches::kNever;
