@@ -172,7 +172,7 @@ ExpertHandle ExpertStore::AcquireLocked(int32_t layer, int32_t e, bool hold) {
     ++stats_.device.misses;
     if (const int d = device_->Claim(id, base::NowMicros()); d >= 0) {
       if (hold) device_->Pin(d);
-      FillFromBelow(loc, Target{d, nullptr});
+      FillFromBelow(loc, Target{d, nullptr, backend_->MarkCompute()});
       return hold ? SlotHandle(loc, d) : ExpertHandle{};
     }
   }
@@ -215,7 +215,7 @@ void ExpertStore::Prefetch(int32_t layer, absl::Span<const int32_t> experts) {
     ++stats_.prefetch_issued;
     top->slot(s).prefetched = true;
     if (top == device_.get()) {
-      FillFromBelow(loc_it->second, Target{s, nullptr});
+      FillFromBelow(loc_it->second, Target{s, nullptr, backend_->MarkCompute()});
     } else {
       ++stats_.host.misses;
       ReadIntoHostSlot(loc_it->second, s);
@@ -397,7 +397,7 @@ void ExpertStore::ReadIntoHostSlot(const BlobLocation& loc, int h) {
 
 void ExpertStore::EnqueueCopy(const void* src, const BlobLocation& loc, const Target& target,
                               std::function<void()> after) {
-  copy_queue_.push_back(CopyJob{TargetData(target), src, loc.length,
+  copy_queue_.push_back(CopyJob{TargetData(target), src, loc.length, target.after_mark,
                                 [this, target, bytes = loc.length, after = std::move(after)] {
                                   after();
                                   if (target.device_slot >= 0) stats_.device.bytes_in += bytes;
@@ -419,7 +419,8 @@ void ExpertStore::DrainCopies() {
   std::vector<uint64_t> numbers;
   numbers.reserve(batch.size());
   for (const CopyJob& job : batch) {
-    numbers.push_back(backend_->CopyToDeviceOnCopyQueue(job.dst, job.src, job.bytes));
+    numbers.push_back(
+        backend_->CopyToDeviceOnCopyQueue(job.dst, job.src, job.bytes, job.after_mark));
   }
   // Each load is ready as soon as its own copy is done, not when the batch is: a decode step
   // that starts meanwhile (its host running ahead of the GPU) then finds the early layers' loads

@@ -123,11 +123,15 @@ class ExpertStore final : public ExpertProvider {
   struct Target {
     int device_slot = -1;
     std::shared_ptr<Transient> transient;
+    // A device slot's copy waits for the compute queued before the slot was claimed (which may
+    // still read its old expert), not for the compute queued since (Backend::MarkCompute).
+    uint64_t after_mark = 0;
   };
   struct CopyJob {
     void* dst;
     const void* src;
     uint64_t bytes;
+    uint64_t after_mark;
     std::function<void()> after;  // runs under mu_ once the copy is complete
   };
 

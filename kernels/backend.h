@@ -302,14 +302,18 @@ class Backend {
   // How the backend issued its work, for benchmarks (CUDA: step-graph fragments replayed, built,
   // issued directly); empty when there is nothing to say.
   virtual std::string IssueStats() const { return ""; }
+  // Marks the compute queued so far (a device slot's old contents are read by no work queued
+  // after the expert store claimed the slot); returns the mark's number (0: nothing to mark).
+  virtual uint64_t MarkCompute() { return 0; }
   // Host->device copies on a queue of their own (the expert store's loads from its pinned host
-  // tier), so that they overlap the compute queued after them; each starts only once the compute
-  // queued before it is done (it may overwrite memory that compute still reads: a device slot
-  // just released by the engine). Returns the copy's number on the queue (1, 2, ...; 0 when
-  // the copy is already done). SynchronizeCopies waits for these copies only, WaitForCopy(n) for
-  // copy n and those queued before it. `src` must stay valid until then. The CPU backend copies
-  // at once.
-  virtual uint64_t CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
+  // tier), so that they overlap the compute; each starts only once the compute queued before mark
+  // `after_mark` is done (it may overwrite memory that compute still reads: a device slot just
+  // released by the engine); 0 waits for none. Returns the copy's number on the queue (1, 2, ...;
+  // 0 when the copy is already done). SynchronizeCopies waits for these copies only,
+  // WaitForCopy(n) for copy n and those queued before it. `src` must stay valid until then. The
+  // CPU backend copies at once.
+  virtual uint64_t CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes,
+                                           uint64_t after_mark) {
     CopyToDevice(dst, src, bytes);
     return 0;
   }

@@ -45,9 +45,11 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
       graphs_(std::make_unique<cuda::StepGraphs>(stream)),
       use_graphs_(graphs) {
   MOE_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking));
-  MOE_CUDA_CHECK(cudaEventCreateWithFlags(&compute_done_, cudaEventDisableTiming));
   MOE_CUDA_CHECK(cudaEventCreateWithFlags(&host_copies_done_, cudaEventDisableTiming));
   for (CUevent_st*& e : copy_done_) {
+    MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+  }
+  for (CUevent_st*& e : compute_marks_) {
     MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
 }
@@ -56,9 +58,9 @@ CudaBackend::~CudaBackend() {
   graphs_->Stop();
   cudaStreamSynchronize(copy_stream_);
   cudaStreamDestroy(copy_stream_);
-  cudaEventDestroy(compute_done_);
   cudaEventDestroy(host_copies_done_);
   for (CUevent_st* e : copy_done_) cudaEventDestroy(e);
+  for (CUevent_st* e : compute_marks_) cudaEventDestroy(e);
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &staged_experts_,
                      &kv_slots_, &kv_tables_, &kv_seqs_}) {
@@ -187,9 +189,19 @@ void CudaBackend::Synchronize() {
   MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
 }
 
-uint64_t CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) {
-  MOE_CUDA_CHECK(cudaEventRecord(compute_done_, stream_));
-  MOE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, compute_done_, 0));
+uint64_t CudaBackend::MarkCompute() {
+  graphs_->Stop();  // the mark follows the work issued so far
+  ++marks_;
+  MOE_CUDA_CHECK(cudaEventRecord(compute_marks_[marks_ % kComputeMarks], stream_));
+  return marks_;
+}
+
+uint64_t CudaBackend::CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes,
+                                              uint64_t after_mark) {
+  if (after_mark != 0) {
+    CUevent_st* mark = compute_marks_[after_mark % kComputeMarks];
+    MOE_CUDA_CHECK(cudaStreamWaitEvent(copy_stream_, mark, 0));
+  }
   MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, copy_stream_));
   ++copies_;
   MOE_CUDA_CHECK(cudaEventRecord(copy_done_[copies_ % kCopyEvents], copy_stream_));

@@ -62,7 +62,9 @@ class CudaBackend final : public Backend {
   };
   GraphStats graph_stats() const;
   std::string IssueStats() const override;
-  uint64_t CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes) override;
+  uint64_t MarkCompute() override;
+  uint64_t CopyToDeviceOnCopyQueue(void* dst, const void* src, size_t bytes,
+                                   uint64_t after_mark) override;
   void SynchronizeCopies() override;
   // Waits on the copy's own event for the last kCopyEvents copies, on the whole queue for older
   // ones.
@@ -138,7 +140,11 @@ class CudaBackend final : public Backend {
 
   CUstream_st* stream_ = nullptr;
   CUstream_st* copy_stream_ = nullptr;  // CopyToDeviceOnCopyQueue
-  CUevent_st* compute_done_ = nullptr;  // recorded on stream_, waited for by copy_stream_
+  // Mark n is recorded on stream_ in compute_marks_[n % kComputeMarks]; a copy waiting for a mark
+  // recorded again since waits for later compute: longer, never too short.
+  static constexpr uint64_t kComputeMarks = 64;
+  CUevent_st* compute_marks_[kComputeMarks] = {};
+  uint64_t marks_ = 0;
   // Recorded on copy_stream_ after copy n in copy_done_[n % kCopyEvents]; copies_ numbers them.
   static constexpr uint64_t kCopyEvents = 64;
   CUevent_st* copy_done_[kCopyEvents] = {};

@@ -4,11 +4,11 @@
 // While recording, `Launch` (common.cuh) and the backend's copies and memsets append to a list
 // instead of reaching the stream. The list is issued in fragments (the first after 16 items,
 // then 32, 64, ... up to 256, so that the GPU starts while the host records the rest of the
-// step) and when recording stops: at the step's first wait for the device (its results' copy). A fragment
-// is keyed by its signature: every item's kernel, grid, block, shared memory, launch attribute
-// and argument bytes, every copy's addresses and size. The first time a signature is seen its
-// items are issued directly; the second time they are captured into a graph, which later
-// fragments with that signature launch instead. A graph is a pure function of its signature, so
+// step) and when recording stops: at the step's first wait for the device (its results' copy).
+// A fragment is keyed by its signature: every item's kernel, grid, block, shared memory, launch
+// attribute and argument bytes, every copy's addresses and size. The first time a signature is
+// seen its items are issued directly; the second time they are captured into a graph, which
+// later fragments with that signature launch instead. A graph is a pure function of its signature, so
 // a hit can never run different work than the items it stands for (argument bytes that merely
 // differ, padding included, cost a rebuild, not a wrong result).
 //

@@ -208,7 +208,7 @@ int main(int argc, char** argv) {
         for (size_t i = 0; i < n; ++i) {
           backend->CopyToDeviceOnCopyQueue(static_cast<uint8_t*>(dev.data()) + i * length,
                                            static_cast<uint8_t*>(host.data()) + i * length,
-                                           length);
+                                           length, 0);
         }
         backend->SynchronizeCopies();
         best = std::min(best, base::NowSeconds() - t0);
