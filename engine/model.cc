@@ -430,9 +430,11 @@ void Model::UseInPlaceRouting() {
     std::vector<int32_t> used(ids, ids + p.routed);
     std::sort(used.begin(), used.end());
     used.erase(std::unique(used.begin(), used.end()), used.end());
-    int64_t host_reads = 0;
-    for (const int32_t e : used) host_reads += e >= 0 && e < E && p.readable.in_host[e];
-    store_->Use(static_cast<int32_t>(l), used, host_reads);
+    std::vector<int32_t> from_host;
+    for (const int32_t e : used) {
+      if (e >= 0 && e < E && p.readable.in_host[e]) from_host.push_back(e);
+    }
+    store_->Use(static_cast<int32_t>(l), used, from_host);
     p.routed = 0;
   }
   times_.routing_us += PhaseClock() - t0;

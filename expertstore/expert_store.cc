@@ -139,9 +139,16 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
   return handles;
 }
 
-void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts, int64_t host_reads) {
+void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts,
+                      absl::Span<const int32_t> from_host) {
   std::lock_guard<std::mutex> lock(mu_);
-  stats_.host_reads += static_cast<uint64_t>(host_reads);
+  stats_.host_reads += from_host.size();
+  for (const int32_t e : from_host) {
+    const int d = device_ ? device_->Find(ExpertId{layer, e}) : -1;
+    if (d < 0) continue;
+    ++(device_->slot(d).state == SlotState::kLoading ? stats_.host_reads_loading
+                                                      : stats_.host_reads_loaded);
+  }
   for (const int32_t e : experts) AcquireLocked(layer, e, false);
 }
 

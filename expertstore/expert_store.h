@@ -107,9 +107,10 @@ class ExpertStore final : public ExpertProvider {
   uint64_t ReadableVersion(int32_t layer) const;
   // What Acquire does for the experts a step used (stats, the policy's recency, loads of the
   // misses into the device tier), without handles: the loads run on, and a miss that finds every
-  // device slot pinned or loading is not loaded. Ids the index lacks are ignored. `host_reads`:
-  // how many of them the step read from the host tier (StoreStats::host_reads).
-  void Use(int32_t layer, absl::Span<const int32_t> experts, int64_t host_reads);
+  // device slot pinned or loading is not loaded. Ids the index lacks are ignored. `from_host`:
+  // those of them the step read from the host tier (StoreStats::host_reads).
+  void Use(int32_t layer, absl::Span<const int32_t> experts,
+           absl::Span<const int32_t> from_host);
 
   StoreStats Stats() const;
   int32_t num_layers() const { return num_layers_; }

@@ -45,6 +45,9 @@ struct StoreStats {
   uint64_t prefetch_used = 0;        // of those, later acquired before being evicted
   uint64_t prefetch_dropped = 0;     // Prefetch calls that found no evictable slot
   uint64_t host_reads = 0;           // experts decode steps read from the host tier (Use)
+  // Of those, experts the device tier held when the step ended: still loading, or loaded since
+  // the step made its table (each is a read over PCIe that a load already in flight made moot).
+  uint64_t host_reads_loading = 0, host_reads_loaded = 0;
   LatencyHistogram load_latency_us;  // Acquire -> ready, for requests that waited on a load
 };
 

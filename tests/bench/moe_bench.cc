@@ -881,6 +881,25 @@ absl::Status Run() {
   std::printf("%-44s %12.1f\n", "device misses per token",
               static_cast<double>(s1.device.misses - s0.device.misses) / static_cast<double>(ssteps));
   std::printf("%-44s %12.1f\n", "experts read in place from host per token", in_host);
+  std::printf("%-44s %5.1f / %4.1f\n", "  of which VRAM held: loading / loaded",
+              static_cast<double>(s1.host_reads_loading - s0.host_reads_loading) /
+                  static_cast<double>(ssteps),
+              static_cast<double>(s1.host_reads_loaded - s0.host_reads_loaded) /
+                  static_cast<double>(ssteps));
+  // Loads that finished in the timed steps: claim -> ready, the median's power-of-two bucket.
+  const uint64_t loads = s1.load_latency_us.count - s0.load_latency_us.count;
+  uint64_t seen = 0;
+  int median_bucket = 0;
+  for (int b = 0; b < store::LatencyHistogram::kBuckets && 2 * seen < loads; ++b) {
+    seen += s1.load_latency_us.counts[b] - s0.load_latency_us.counts[b];
+    median_bucket = b;
+  }
+  std::printf("%-44s %5.2f, median %lld-%lld us\n", "device loads: mean ms claim -> ready",
+              loads == 0 ? 0.0
+                         : static_cast<double>(s1.load_latency_us.total_us -
+                                               s0.load_latency_us.total_us) /
+                               static_cast<double>(loads) / 1e3,
+              median_bucket == 0 ? 0LL : 1LL << (median_bucket - 1), 1LL << median_bucket);
   std::printf("%-44s %12.3f\n", "bytes missed per token (GB, host->device)", missed / 1e9);
   std::printf("%-44s %12.3f\n", "copied into the device tier per token (GB)", copied / 1e9);
   std::printf("%-44s %12.3f\n", "disk bytes per token (GB)", disk / 1e9);
