@@ -227,6 +227,36 @@ TEST(ExpertStoreTest, PinDeviceResidentPinsOnlyReadyDeviceExpertsAndCountsNothin
   EXPECT_EQ((*store)->Stats().device.evictions, 1u) << "unpinned once the handles went";
 }
 
+// Use: every expert the step read from the host tier is a host read; those the device tier held
+// by then (loaded since the step made its table, or still loading) are counted apart, and a
+// miss is loaded into the device tier for the steps after.
+TEST(ExpertStoreTest, UseCountsHostReadsAndThoseTheDeviceTierHeld) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  auto store = ExpertStore::Open(Options(t.store_dir, 2 * 16384, 4 * 16384), backend.get());
+  ASSERT_TRUE(store.ok());
+  {
+    auto loaded = (*store)->Acquire(1, std::vector<int32_t>{0});
+    ASSERT_TRUE(loaded.ok());
+    ASSERT_TRUE((*loaded)[0].ready.get().ok());
+  }
+  const StoreStats before = (*store)->Stats();
+  (*store)->Use(1, std::vector<int32_t>{0, 1, 2}, std::vector<int32_t>{0, 1});
+  StoreStats s = (*store)->Stats();
+  EXPECT_EQ(s.host_reads - before.host_reads, 2u);
+  EXPECT_EQ(s.host_reads_loaded - before.host_reads_loaded, 1u) << "expert 0 was in VRAM";
+  EXPECT_EQ(s.device.hits - before.device.hits, 1u);
+  EXPECT_EQ(s.device.misses - before.device.misses, 2u) << "experts 1 and 2";
+  // The misses load into the device tier (two slots: 0 is the victim of one of them).
+  auto again = (*store)->Acquire(1, std::vector<int32_t>{2});
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE((*again)[0].ready.get().ok());
+  s = (*store)->Stats();
+  EXPECT_EQ(s.device.hits - before.device.hits, 2u) << "expert 2 came from the Use";
+  EXPECT_EQ(s.host_reads_loading, before.host_reads_loading) << "1 and 2 were in no device slot";
+}
+
 TEST(ExpertStoreTest, LayerOutOfRangeIsInvalidArgument) {
   TempDir dir;
   auto t = ImportTiny(dir.path());
