@@ -96,8 +96,8 @@ class ExpertStore final : public ExpertProvider {
   // `layer` (ids below num_experts) in the device tier, else in the host tier when that is the
   // backend's own memory (Backend::AllocateHost: pinned on CUDA, read by the GPU over PCIe; not
   // with a caller's HostAllocator). Device slots are not pinned: a load into a device slot
-  // evicted later is queued behind the compute queued before it (Backend::
-  // CopyToDeviceOnCopyQueue), so a kernel queued now reads the bytes it was given. Neither
+  // evicted later is queued behind the compute queued before the eviction (Backend::
+  // MarkCompute), so a kernel queued now reads the bytes it was given. Neither
   // counted in the stats nor a use for the policy (Use is). An expert in neither tier starts
   // loading into a free host slot (counted as a prefetch; nothing is evicted for it), so that a
   // host tier that can hold the model fills up. Empty for a layer out of range.
