@@ -173,10 +173,7 @@ void CudaBackend::BeginStep(int64_t num_tokens, bool replayable) {
 
 void CudaBackend::EndStep() { graphs_->Stop(); }
 
-CudaBackend::GraphStats CudaBackend::graph_stats() const {
-  const cuda::StepGraphs::Stats& s = graphs_->stats();
-  return {s.replayed, s.built, s.direct};
-}
+CudaBackend::GraphStats CudaBackend::graph_stats() const { return graphs_->stats(); }
 
 std::string CudaBackend::IssueStats() const {
   const GraphStats s = graph_stats();

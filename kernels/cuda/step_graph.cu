@@ -120,9 +120,28 @@ void StepGraphs::RecordKernel(const void* kernel, const cudaLaunchConfig_t& conf
   Add(item);
 }
 
+StepGraphs::Item StepGraphs::CopyItem(void* dst, const void* src, size_t bytes,
+                                      cudaMemcpyKind kind) {
+  Item item;
+  item.kind = Kind::kCopy;
+  item.dst = dst;
+  item.src = src;
+  item.bytes = bytes;
+  item.copy_kind = kind;
+  return item;
+}
+
+void StepGraphs::Submit(const Item& item) {
+  if (recording()) {
+    Add(item);
+  } else {
+    IssueItem(item);
+  }
+}
+
 void StepGraphs::CopyFromHost(void* dst, const void* host, size_t bytes, size_t copy_bytes) {
   if (!recording()) {
-    MOE_CUDA_CHECK(cudaMemcpyAsync(dst, host, bytes, cudaMemcpyHostToDevice, stream_));
+    IssueItem(CopyItem(dst, host, bytes, cudaMemcpyHostToDevice));
     return;
   }
   const size_t need = AlignUp(copy_bytes);
@@ -140,71 +159,53 @@ void StepGraphs::CopyFromHost(void* dst, const void* host, size_t bytes, size_t 
   unsigned char* src = arena_ + arena_used_;
   arena_used_ += need;
   std::memcpy(src, host, bytes);
-  Item item;
-  item.kind = Kind::kCopy;
-  item.dst = dst;
-  item.src = src;
-  item.bytes = copy_bytes;
-  item.copy_kind = cudaMemcpyHostToDevice;
-  Add(item);
+  Add(CopyItem(dst, src, copy_bytes, cudaMemcpyHostToDevice));
 }
 
 void StepGraphs::CopyOnDevice(void* dst, const void* src, size_t bytes) {
-  if (!recording()) {
-    MOE_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, stream_));
-    return;
-  }
-  Item item;
-  item.kind = Kind::kCopy;
-  item.dst = dst;
-  item.src = src;
-  item.bytes = bytes;
-  item.copy_kind = cudaMemcpyDeviceToDevice;
-  Add(item);
+  Submit(CopyItem(dst, src, bytes, cudaMemcpyDeviceToDevice));
 }
 
 void StepGraphs::Memset(void* dst, int value, size_t bytes) {
-  if (!recording()) {
-    MOE_CUDA_CHECK(cudaMemsetAsync(dst, value, bytes, stream_));
-    return;
-  }
   Item item;
   item.kind = Kind::kMemset;
   item.dst = dst;
   item.value = value;
   item.bytes = bytes;
-  Add(item);
+  Submit(item);
+}
+
+void StepGraphs::IssueItem(const Item& item) {
+  switch (item.kind) {
+    case Kind::kKernel: {
+      cudaLaunchAttribute programmatic;
+      programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+      programmatic.val.programmaticStreamSerializationAllowed = 1;
+      argv_.resize(item.num_args);
+      for (int i = 0; i < item.num_args; ++i) {
+        argv_[i] = arg_bytes_.data() + arg_offsets_[item.first_arg + i];
+      }
+      cudaLaunchConfig_t config = {};
+      config.gridDim = item.grid;
+      config.blockDim = item.block;
+      config.dynamicSmemBytes = item.smem;
+      config.stream = stream_;
+      config.attrs = &programmatic;
+      config.numAttrs = item.programmatic ? 1 : 0;
+      MOE_CUDA_CHECK(cudaLaunchKernelExC(&config, item.kernel, argv_.data()));
+      break;
+    }
+    case Kind::kCopy:
+      MOE_CUDA_CHECK(cudaMemcpyAsync(item.dst, item.src, item.bytes, item.copy_kind, stream_));
+      break;
+    case Kind::kMemset:
+      MOE_CUDA_CHECK(cudaMemsetAsync(item.dst, item.value, item.bytes, stream_));
+      break;
+  }
 }
 
 void StepGraphs::Issue() {
-  cudaLaunchAttribute programmatic;
-  programmatic.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  programmatic.val.programmaticStreamSerializationAllowed = 1;
-  for (const Item& item : items_) {
-    switch (item.kind) {
-      case Kind::kKernel: {
-        argv_.resize(item.num_args);
-        for (int i = 0; i < item.num_args; ++i) {
-          argv_[i] = arg_bytes_.data() + arg_offsets_[item.first_arg + i];
-        }
-        cudaLaunchConfig_t config = {};
-        config.gridDim = item.grid;
-        config.blockDim = item.block;
-        config.dynamicSmemBytes = item.smem;
-        config.stream = stream_;
-        config.attrs = &programmatic;
-        config.numAttrs = item.programmatic ? 1 : 0;
-        MOE_CUDA_CHECK(cudaLaunchKernelExC(&config, item.kernel, argv_.data()));
-        break;
-      }
-      case Kind::kCopy:
-        MOE_CUDA_CHECK(cudaMemcpyAsync(item.dst, item.src, item.bytes, item.copy_kind, stream_));
-        break;
-      case Kind::kMemset:
-        MOE_CUDA_CHECK(cudaMemsetAsync(item.dst, item.value, item.bytes, stream_));
-        break;
-    }
-  }
+  for (const Item& item : items_) IssueItem(item);
 }
 
 void StepGraphs::Forget(Entry& e) {

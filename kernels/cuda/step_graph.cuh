@@ -27,6 +27,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "kernels/cuda/cuda_backend.h"
+
 namespace moe::kernels::cuda {
 
 class StepGraphs {
@@ -54,12 +56,8 @@ class StepGraphs {
   void RecordKernel(const void* kernel, const cudaLaunchConfig_t& config, const void* const* args,
                     const size_t* sizes, int count);
 
-  // Fragments issued since creation: launched from a cached graph, captured into a new graph,
-  // issued launch by launch (first sight of a signature).
-  struct Stats {
-    int64_t replayed = 0, built = 0, direct = 0;
-  };
-  const Stats& stats() const { return stats_; }
+  // Fragments issued since creation (CudaBackend::GraphStats).
+  const CudaBackend::GraphStats& stats() const { return stats_; }
 
  private:
   enum class Kind : uint8_t { kKernel, kCopy, kMemset };
@@ -85,6 +83,9 @@ class StepGraphs {
   // Issues what is recorded so far (as a cached graph, directly, or as a new graph).
   void Flush();
   void Add(const Item& item);
+  static Item CopyItem(void* dst, const void* src, size_t bytes, cudaMemcpyKind kind);
+  void Submit(const Item& item);   // recorded while recording, else issued
+  void IssueItem(const Item& item);
   template <typename T>
   void Sign(const T& v);
   void Issue();  // items_ onto the stream as they are
@@ -104,7 +105,7 @@ class StepGraphs {
   std::unordered_map<uint64_t, Entry> cache_;  // by the signature's hash
   uint64_t clock_ = 0;
   bool capture_failed_ = false;  // a capture failed once: issue directly from then on
-  Stats stats_;
+  CudaBackend::GraphStats stats_;
 };
 
 }  // namespace moe::kernels::cuda
