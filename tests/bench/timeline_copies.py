@@ -3,8 +3,9 @@
 against its decode steps: per step (ended by the sampling kernel), how many expert-sized copies
 started in it, when the first started and when the median and the last ended relative to the
 step's start (a step's last copy is often the next step's first: the store queues the loads a
-step missed before its sampling kernel ends); then the copies' durations over all steps. Usage: timeline_copies.py TIMELINE.csv
-[--min_bytes N] (default 1 MB: the expert store's loads, not the routing's small copies)."""
+step missed before its sampling kernel ends); then the copies' durations over all steps.
+Usage: timeline_copies.py TIMELINE.csv [--min_bytes N] (default 1 MB: the expert store's loads,
+not the routing's small copies) [--marker NAME] (the kernel that ends a step)."""
 import argparse
 import csv
 import statistics
