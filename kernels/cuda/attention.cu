@@ -1315,14 +1315,14 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
                                                               const float* k, const float* v,
                                                               const int2* where,
                                                               unsigned long long* bad) {
-  WaitForPriorKernel();
   using Planes = SplitPlanes<kBitsO, kBitsR>;
   extern __shared__ __align__(16) float haar_t_s[];  // Π_Rᵀ [96 · 96]
   __shared__ float x_s[kSplitD], u_s[kSplitD], norms[2], scales[2];
   __shared__ uint8_t idx[kSplitD];
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, role = blockIdx.z, p = threadIdx.x;
-  StageSplitMatrix(haar_t_s, tb.HaarT(h, role));
+  StageSplitMatrix(haar_t_s, tb.HaarT(h, role));  // constant: staged while the kernel before runs
+  WaitForPriorKernel();
   const bool outlier = p < kSplitO;
   const int part = outlier ? 0 : 1;
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * kSplitD;
@@ -1426,14 +1426,15 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
 __global__ __launch_bounds__(kSplitD) void TqSplitRotateKernel(float* dst, const float* src,
                                                                TqSplitTables tb, int num_heads,
                                                                int group, bool forward) {
-  WaitForPriorKernel();
   extern __shared__ __align__(16) float haar_s[];  // Π_Rᵀ (forward) or Π_R [96 · 96]
   __shared__ float u_s[kSplitD];
   const int64_t row = blockIdx.x;  // t * NH + h
   const int kvh = static_cast<int>(row % num_heads) / group, role = forward ? 0 : 1;
   const int p = threadIdx.x;
+  // The constant tables before the wait: staged while the kernel before runs.
   StageSplitMatrix(haar_s, forward ? tb.HaarT(kvh, role) : tb.Haar(kvh, role));
   const int channel = tb.Channel(kvh, role, p);
+  WaitForPriorKernel();
   u_s[p] = forward ? src[row * kSplitD + channel] : src[row * kSplitD + p];
   __syncthreads();
   float y;
@@ -1701,10 +1702,12 @@ __device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {
   return y;
 }
 
-// (x, y) as bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's precision.
-__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[3]) {
+// (x, y) as N bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's
+// precision; hi + mid to 2^-16.
+template <int N>
+__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[N]) {
 #pragma unroll
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < N; ++i) {
     const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
     const float2 hf = __bfloat1622float2(h);
     out[i] = *reinterpret_cast<const uint32_t*>(&h);
@@ -1712,17 +1715,26 @@ __device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[3]) 
   }
 }
 
-// Words of one lane's Qᵀ fragment per k-step: b0, b1 of each 8-row tile, as hi, mid, lo.
-template <int kRows>
+// Parts q and P are split into: hi + mid + lo (fp32's 24 bits) against elements exact in bf16;
+// hi + mid (16 bits) against the TurboQuant centroids, themselves carried at 16 bits (hi + lo),
+// whose products already omit mid · lo, a term of the size lo · hi would add (2^-16 relative).
+template <typename Src>
+__host__ __device__ constexpr int DecodeBf16Parts() {
+  return Src::kLowHalf ? 2 : 3;
+}
+
+// Words of one lane's Qᵀ fragment per k-step: b0, b1 of each 8-row tile, as hi, mid[, lo].
+template <int kRows, typename Src>
 __host__ __device__ constexpr int DecodeQWords() {
-  return 3 * kRows / 4;
+  return DecodeBf16Parts<Src>() * kRows / 4;
 }
 
 // Q fragments [D / 16][32 lanes][words], the merge: o [warps][kRows][D + 1], m, l, then the
 // block's rows [kRows][D] (its queries, later its outputs) and their merge denominators [kRows].
-template <int D, int kRows, int kWarps>
+template <int D, int kRows, typename Src>
 constexpr size_t DecodeSmemBytes() {
-  return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows>() +
+  constexpr int kWarps = DecodeWarps<D, kRows, Src>();
+  return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows, Src>() +
          sizeof(float) * kWarps * kRows * (D + 3) + sizeof(float) * kRows * (D + 1);
 }
 
@@ -1848,8 +1860,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
   const int kvh = blockIdx.y, split = blockIdx.z, G = p.group;
   const Src src = all_src.ForSeq(sq.table_offset);
-  src.Prepare();
-  __syncthreads();
+  src.Prepare();  // read after the barriers below
   // The block's rows: its nt tokens (consecutive positions) x the kv head's G query heads; row r
   // is head r % G of token r / G. Keys up to the last token's position, each row masked to its own.
   const int nt = static_cast<int>(sq.num_tokens), rows = nt * G;
@@ -1871,10 +1882,19 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     }
   }
 
+  // The next tile's loads go out before this tile's math when both fit the registers (the raw
+  // bytes of a bf16 tile at head_dim 256 do not); the first tile's before the queries are
+  // staged, so that its latency and theirs overlap.
+  constexpr bool kPrefetch = sizeof(DecodeTile<D, Src>) <= 320;
+  DecodeTile<D, Src> cur, next;
+  int s0 = s_begin / kTileKeys * kTileKeys + kTileKeys * warp;  // tiles at multiples of 16
+  if (kPrefetch && s0 < s_end) cur.Load(src, kvh, s0, s_begin, s_end, g, t);
+
   // Qᵀ as the B operand of every k-step, in shared memory (registers go to the loads in flight):
   // row tile r's b0 (slots 2t, 2t+1 of row 8r + g) and b1 (slots 2t+8, 2t+9); slot pair
   // (2t | 2t+8) + j of k-step 2i + h is dim 8 (t D/32 + i) + 4h + 2j, matching the key chunks.
-  constexpr int kQWords = DecodeQWords<kRows>();
+  constexpr int kBf16Parts = DecodeBf16Parts<Src>();  // of q and P
+  constexpr int kQWords = DecodeQWords<kRows, Src>();
   uint32_t* q_s = reinterpret_cast<uint32_t*>(dsmem);  // [kSteps][lane][kQWords]
   float* o_s = dsmem + kSteps * kWarp * kQWords;       // the merge: [warp][row][D + 1]
   float* m_s = o_s + kDecodeWarps * kRows * (D + 1);   // [warp][row]
@@ -1899,10 +1919,12 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
           const int d = Src::template KeyChunkDim<D>(t, kk / 2) + 4 * (kk % 2) + 2 * j;
           float x = 0.f, y = 0.f;
           if (row < rows) x = rows_s[row * D + d], y = rows_s[row * D + d + 1];
-          uint32_t parts[3];
+          uint32_t parts[kBf16Parts];
           SplitBf16(x, y, parts);
 #pragma unroll
-          for (int u = 0; u < 3; ++u) dst[u * 2 * kRowTiles + r + kRowTiles * j] = parts[u];
+          for (int u = 0; u < kBf16Parts; ++u) {
+            dst[u * 2 * kRowTiles + r + kRowTiles * j] = parts[u];
+          }
         }
       }
     }
@@ -1920,12 +1942,6 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   float m[kRowTiles][2], l[kRowTiles][2];
 #pragma unroll
   for (int r = 0; r < kRowTiles; ++r) m[r][0] = m[r][1] = -INFINITY, l[r][0] = l[r][1] = 0.f;
-  // The next tile's loads go out before this tile's math when both fit the registers (the raw
-  // bytes of a bf16 tile at head_dim 256 do not).
-  constexpr bool kPrefetch = sizeof(DecodeTile<D, Src>) <= 320;
-  DecodeTile<D, Src> cur, next;
-  int s0 = s_begin / kTileKeys * kTileKeys + kTileKeys * warp;  // tiles at multiples of 16
-  if (kPrefetch && s0 < s_end) cur.Load(src, kvh, s0, s_begin, s_end, g, t);
   for (; s0 < s_end; s0 += kTileKeys * kDecodeWarps) {
     if constexpr (kPrefetch) {
       const int s_next = s0 + kTileKeys * kDecodeWarps;
@@ -1949,14 +1965,14 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       float (&acc)[kRowTiles][4] = st[Src::KeyChunkPart(i)];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        uint32_t qw[kQWords];  // b0, b1 of each row tile, as hi, mid, lo
+        uint32_t qw[kQWords];  // b0, b1 of each row tile, as hi, mid[, lo]
         const uint32_t* qp = q_s + ((2 * i + h) * kWarp + lane) * kQWords;
 #pragma unroll
         for (int w = 0; w < kQWords; ++w) qw[w] = qp[w];
 #pragma unroll
         for (int r = 0; r < kRowTiles; ++r) {
 #pragma unroll
-          for (int u = 0; u < 3; ++u) {
+          for (int u = 0; u < kBf16Parts; ++u) {
             MmaBf16(acc[r], kh[0][2 * h], kh[1][2 * h], kh[0][2 * h + 1], kh[1][2 * h + 1],
                     qw[u * 2 * kRowTiles + r], qw[u * 2 * kRowTiles + r + kRowTiles]);
           }
@@ -1971,7 +1987,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     // Online softmax; row R's 16 scores lie on the 8 lanes with t = (R % 8) / 2. Pᵀ operand of
     // row tile r (b0 = keys 2t, 2t+1 of row 8r + g; b1 = keys 8+2t, 9+2t) is the transpose of
     // the lane's (key, row pair) weights, each times its value's scale: movmatrix.
-    uint32_t pp[Src::kParts][kRowTiles][2][3];  // [part][row tile][b0, b1][hi, mid, lo]
+    uint32_t pp[Src::kParts][kRowTiles][2][kBf16Parts];  // [part][row tile][b0, b1][hi, mid, lo]
     float corr[kRowTiles][2];
     bool key_ok[2];
     // The key's position less the block's first token's (at most nt): the row of token tok sees
@@ -2018,10 +2034,10 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       for (int part = 0; part < Src::kParts; ++part) {
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
-          uint32_t parts[3];
+          uint32_t parts[kBf16Parts];
           SplitBf16(pe[n][0] * cur.v_scale[part][n], pe[n][1] * cur.v_scale[part][n], parts);
 #pragma unroll
-          for (int u = 0; u < 3; ++u) pp[part][r][n][u] = TransposeBf16x8x8(parts[u]);
+          for (int u = 0; u < kBf16Parts; ++u) pp[part][r][n][u] = TransposeBf16x8x8(parts[u]);
         }
       }
     }
@@ -2049,7 +2065,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         for (int r = 0; r < kRowTiles; ++r) {
           const auto& pr = pp[Src::ValuePart(w)][r];
 #pragma unroll
-          for (int u = 0; u < 3; ++u) {
+          for (int u = 0; u < kBf16Parts; ++u) {
             MmaBf16(o[r][j], a_h[jj][0], a_h[jj][1], a_h[jj][2], a_h[jj][3], pr[0][u], pr[1][u]);
           }
           if constexpr (Src::kLowHalf) {
@@ -2136,7 +2152,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
 template <int D, int kRows, typename Src>
 int DecodeBlocksPerSm() {
   constexpr int kWarps = DecodeWarps<D, kRows, Src>();
-  constexpr size_t kSmem = DecodeSmemBytes<D, kRows, kWarps>();
+  constexpr size_t kSmem = DecodeSmemBytes<D, kRows, Src>();
   static const int blocks = [] {
     if (kSmem > 48 * 1024) {
       MOE_CUDA_CHECK(cudaFuncSetAttribute(DecodeAttentionKernel<D, kRows, Src>,
@@ -2156,7 +2172,7 @@ void LaunchDecodeAttention(const AttnParams& p, const Src& src, dim3 grid, cudaS
   constexpr int kWarps = DecodeWarps<D, kRows, Src>();
   DecodeBlocksPerSm<D, kRows, Src>();  // the shared-memory attribute, once
   Launch(DecodeAttentionKernel<D, kRows, Src>, grid, kWarps * kWarp,
-         DecodeSmemBytes<D, kRows, kWarps>(), stream, p, src);
+         DecodeSmemBytes<D, kRows, Src>(), stream, p, src);
 }
 
 // The decode kernel's shapes: head_dim 64, 128 or 256 (dims in chunks of 8 per lane), at most

@@ -27,9 +27,10 @@ constexpr int kWarp = 32;
 
 // Programmatic dependent launch (sm_90 and later): a kernel may be launched while the one before
 // it in the stream still runs, so that its launch latency overlaps that kernel's work. Every
-// kernel calls WaitForPriorKernel first: it returns once the kernel before it has completed and
-// its writes are visible (so stream order holds as without the overlap), then lets the next
-// kernel launch. Launch overlaps while this is set: CudaBackend::BeginStep sets it per step.
+// kernel calls WaitForPriorKernel before it reads anything a kernel before it may write (only
+// constant tables, such as a rotation's matrix, before it): it returns once the kernel before it
+// has completed and its writes are visible (so stream order holds as without the overlap), then
+// lets the next kernel launch. Launch overlaps while this is set: CudaBackend::BeginStep sets it per step.
 inline bool g_overlap_launches = false;
 
 __device__ __forceinline__ void WaitForPriorKernel() {
