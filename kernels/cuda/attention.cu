@@ -47,6 +47,9 @@ struct AttnParams {
   int group = 1;               // G
   int64_t keys_per_split = 0;  // multiple of kKeys
   int num_splits = 1;
+  // The kernel writes partials (part_o, part_ml) and a combine kernel the output: when split, and
+  // always for a source whose combine also rotates the output back (kCombineRotates).
+  bool partials = false;
   float* part_o = nullptr;   // [splits, T * NH, D]
   float* part_ml = nullptr;  // [splits, T * NH, 2]: running max m, denominator l
 };
@@ -64,6 +67,7 @@ struct ContiguousKv {
   const float* v = nullptr;
   int64_t stride = 0;  // NKV * D
   int head_dim = 0;
+  static constexpr bool kCombineRotates = false;  // see TqSplitKvSource
   __device__ __forceinline__ ContiguousKv ForSeq(int32_t) const { return *this; }
   __device__ __forceinline__ void Prepare() const {}
   __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
@@ -245,7 +249,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
     if (!valid[r]) continue;
     const int64_t qi = qi0 + warp * kRowsPerWarp + r;
     const int64_t row = (sq.token_offset + qi / G) * a.num_heads + kvh * G + qi % G;  // t NH + h
-    if (p.num_splits == 1) {
+    if (!p.partials) {
       const float inv = 1.f / l[r];  // > 0: key pos[r] is always in range
 #pragma unroll
       for (int i = 0; i < kCols; ++i) {
@@ -267,17 +271,12 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   }
 }
 
-// out[row] = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z, M = max_z m_z. Block (row, 32
-// dims): the split weights e^(m_z - M) / den computed once, in parallel, into shared memory, then
-// the 4 warps take every 4th split (lane = dim) and add up in shared memory.
-constexpr int kCombineWarps = 4;
-__global__ void AttentionCombineKernel(const AttnParams p) {
-  WaitForPriorKernel();
-  extern __shared__ float weight[];  // [splits]
-  __shared__ float red[kWarp];
-  __shared__ float acc[kCombineWarps][kWarp];
-  const AttentionArgs& a = p.a;
-  const int64_t row = blockIdx.x, rows = p.total_tokens * a.num_heads;
+// The combine's split weights e^(m_z - M), M = max_z m_z, of `row` into weight[z] (shared
+// memory), computed once, in parallel; returns their denominator sum_z e^(m_z - M) l_z. Called by
+// every thread of the block (red: kWarp floats of shared scratch); weight is ready on return.
+__device__ __forceinline__ float CombineWeights(const AttnParams& p, int64_t row, float* weight,
+                                                float* red) {
+  const int64_t rows = p.total_tokens * p.a.num_heads;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
   float M = -INFINITY;
   for (int z = threadIdx.x; z < p.num_splits; z += blockDim.x) {
@@ -301,6 +300,21 @@ __global__ void AttentionCombineKernel(const AttnParams p) {
   __syncthreads();
   den = 0.f;
   for (int w = 0; w < warps; ++w) den += red[w];
+  return den;
+}
+
+// out[row] = sum_z e^(m_z - M) o_z / sum_z e^(m_z - M) l_z. Block (row, 32 dims): the weights
+// (CombineWeights), then the 4 warps take every 4th split (lane = dim) and add up in shared memory.
+constexpr int kCombineWarps = 4;
+__global__ void AttentionCombineKernel(const AttnParams p) {
+  WaitForPriorKernel();
+  extern __shared__ float weight[];  // [splits]
+  __shared__ float red[kWarp];
+  __shared__ float acc[kCombineWarps][kWarp];
+  const AttentionArgs& a = p.a;
+  const int64_t row = blockIdx.x, rows = p.total_tokens * a.num_heads;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const float den = CombineWeights(p, row, weight, red);
   const int d = blockIdx.y * kWarp + lane;
   float num = 0.f;
   if (d < a.head_dim) {
@@ -318,12 +332,22 @@ __global__ void AttentionCombineKernel(const AttnParams p) {
   }
 }
 
-// The combine kernel over `p`'s partials (p.num_splits > 1).
+// The combine kernel over `p`'s partials (p.partials).
 void LaunchCombine(const AttnParams& p, cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(p.total_tokens * p.a.num_heads),
                   static_cast<unsigned>(CeilDiv(p.a.head_dim, kWarp)));
   Launch(AttentionCombineKernel, grid, kCombineWarps * kWarp, p.num_splits * sizeof(float),
          stream, p);
+}
+
+// The combine of `p`'s partials for a kernel reading `src`: the source's own where it has one.
+template <typename Src>
+void LaunchCombine(const AttnParams& p, const Src& src, cudaStream_t stream) {
+  if constexpr (Src::kCombineRotates) {
+    src.LaunchCombine(p, stream);
+  } else {
+    LaunchCombine(p, stream);
+  }
 }
 
 template <int DMAX, typename Src>
@@ -346,7 +370,7 @@ void StageSeqsAndPartials(AttnParams& p, const std::vector<SeqDesc>& seqs, Reser
                           Stage stage) {
   p.num_seqs = static_cast<int>(seqs.size());
   p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
-  if (p.num_splits > 1) {
+  if (p.partials) {
     const size_t rows = static_cast<size_t>(p.total_tokens) * p.a.num_heads;
     const size_t floats = static_cast<size_t>(p.num_splits) * rows * (p.a.head_dim + 2);
     p.part_o = static_cast<float*>(reserve(floats * sizeof(float)));
@@ -384,6 +408,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   }
   p.keys_per_split = per_split;
   p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
+  p.partials = p.num_splits > 1 || Src::kCombineRotates;
   MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
       << "Attention: grid " << tiles << " x " << p.num_splits;
   StageSeqsAndPartials(p, seqs, reserve, stage);
@@ -396,9 +421,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   } else {
     LaunchAttention<256>(p, src, grid, stream);
   }
-  if (p.num_splits > 1) {
-    LaunchCombine(p, stream);
-  }
+  if (p.partials) LaunchCombine(p, src, stream);
 }
 
 }  // namespace moe::kernels::cuda
@@ -587,6 +610,7 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   // 2p and 2p + 1 of a chunk as a bf16 pair (Bf16Pair; exact for both formats: no low half), the
   // Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = false;
+  static constexpr bool kCombineRotates = false;  // see TqSplitKvSource
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
   using RawV = Raw;
   static constexpr int kParts = 1;
@@ -1047,6 +1071,20 @@ __global__ __launch_bounds__(kWarp) void TqWriteKernel(PagedGeom g, TqTables tb,
   }
 }
 
+// The word of a centroid table (in shared memory, aligned to its size) for the b-bit code at bits
+// `bit` .. `bit` + b - 1 of r: its address is the table's OR the code's byte offset, so that one
+// LOP3 both extracts the code and addresses its entry (an add is one instruction more per code).
+template <typename R>
+__device__ __forceinline__ uint32_t TableEntry(const uint32_t* table, R r, int bit, int b) {
+  const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(table));
+  const int shift = bit - 2;  // compile-time after unrolling
+  const uint32_t offset =
+      static_cast<uint32_t>(shift >= 0 ? r >> shift : r << -shift) & (((1u << b) - 1u) << 2);
+  uint32_t entry;
+  asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(entry) : "r"(base | offset));
+  return entry;
+}
+
 // K/V source over TurboQuant tiles, in the rotated frame: element d of slot = s · C[idx_d].
 template <int kBits>  // the index width b, 1..4: shifts and loads fixed at compile time
 struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
@@ -1064,9 +1102,8 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
     __shared__ float centroids[1 << kBits];
     return centroids;
   }
-  // Each centroid as bf16 hi | lo << 16, hi + lo = the fp32 centroid to 2^-16 (DecodeAttention).
-  // Aligned to its size, so that an entry's shared address is the base OR its byte offset: one
-  // LOP3 both extracts a code and addresses its entry (an add is one instruction more per code).
+  // Each centroid as bf16 hi | lo << 16, hi + lo = the fp32 centroid to 2^-16 (DecodeAttention),
+  // aligned to its size (TableEntry).
   // (A table of code pairs, one 8-byte load per two codes and no byte permutes, ran slower: its
   // 64 and 256 entries for 3 and 4 bits conflict on the shared-memory banks; NOTES.md.)
   __device__ __forceinline__ uint32_t* CentroidHiLo() const {
@@ -1109,6 +1146,7 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   // centroids of codes 2p and 2p + 1 of a chunk as a bf16 pair of high parts and one of low parts
   // (Bf16Pair), the Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = true;
+  static constexpr bool kCombineRotates = false;  // see TqSplitKvSource
   using Raw = uint32_t;
   using RawV = Raw;
   static constexpr int kParts = 1;
@@ -1129,15 +1167,9 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
       out[c] = kChunkBits == 32 ? x : x & ((1u << kChunkBits) - 1u);
     }
   }
-  // CentroidHiLo's entry for code e of chunk r (bits e b .. e b + b - 1): at base | code << 2.
+  // CentroidHiLo's entry for code e of chunk r (bits e b .. e b + b - 1).
   __device__ __forceinline__ uint32_t Entry(const Raw& r, int e) const {
-    constexpr uint32_t kOffsetMask = ((1u << kBits) - 1u) << 2;  // a code's entry, in bytes
-    const uint32_t base = static_cast<uint32_t>(__cvta_generic_to_shared(CentroidHiLo()));
-    const int shift = e * kBits - 2;  // compile-time after unrolling
-    const uint32_t offset = (shift >= 0 ? r >> shift : r << -shift) & kOffsetMask;
-    uint32_t entry;
-    asm volatile("ld.shared.u32 %0, [%1];\n" : "=r"(entry) : "r"(base | offset));
-    return entry;
+    return TableEntry(CentroidHiLo(), r, e * kBits, kBits);
   }
   __device__ __forceinline__ void Bf16Pair(const Raw& r, int /*chunk*/, int p, uint32_t& hi,
                                            uint32_t& lo) const {
@@ -1308,6 +1340,27 @@ __device__ __forceinline__ float SplitRestProduct(const float* m, const float* u
   return acc;
 }
 
+// The outlier part's RHT2 signs D₁, D₂ of codec (kvh, role) at position threadIdx.x (the first
+// warp's; zero for the others): loaded ahead, where their latency overlaps other work.
+struct SplitSigns {
+  float d1 = 0.f, d2 = 0.f;
+};
+__device__ __forceinline__ SplitSigns LoadSplitSigns(const TqSplitTables& tb, int kvh, int role) {
+  const int p = threadIdx.x;
+  return p < kSplitO ? SplitSigns{tb.D1(kvh, role)[p], tb.D2(kvh, role)[p]} : SplitSigns{};
+}
+
+// Rotated position p = threadIdx.x (of 128) of [Π_O u_O, Π_R u_R] (forward; m = Π_Rᵀ) or of
+// [Π_Oᵀ u_O, Π_Rᵀ u_R] (m = Π_R), u and m in shared memory, with the codec's signs.
+__device__ __forceinline__ float SplitRotatePosition(const float* m, const float* u,
+                                                     SplitSigns signs, bool forward) {
+  const int p = threadIdx.x;
+  if (p >= kSplitO) return SplitRestProduct(m, u);
+  float r[1] = {u[p]}, d1[1] = {signs.d1}, d2[1] = {signs.d2};
+  WarpRht2<kSplitO>(r, d1, d2, forward);  // the first warp: p < 32
+  return r[0];
+}
+
 // KvCodec::Quantize for a split format: one block of 128 threads per (token, kv-head, K|V); thread
 // t owns rotated position t (t < 32 the outlier part, the first warp; the rest the other three).
 template <int kBitsO, int kBitsR>
@@ -1321,10 +1374,20 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   __shared__ uint8_t idx[kSplitD];
   const int64_t t = blockIdx.x;
   const int h = blockIdx.y, role = blockIdx.z, p = threadIdx.x;
-  StageSplitMatrix(haar_t_s, tb.HaarT(h, role));  // constant: staged while the kernel before runs
-  WaitForPriorKernel();
   const bool outlier = p < kSplitO;
   const int part = outlier ? 0 : 1;
+  // The constant tables before the wait: loaded while the kernel before runs.
+  StageSplitMatrix(haar_t_s, tb.HaarT(h, role));
+  const int channel = tb.Channel(h, role, p);
+  const SplitSigns signs = LoadSplitSigns(tb, h, role);
+  constexpr int kMaxBounds = (1 << (kBitsO > kBitsR ? kBitsO : kBitsR)) - 1;
+  const int num_bounds = (outlier ? 1 << kBitsO : 1 << kBitsR) - 1;
+  float bounds[kMaxBounds];
+#pragma unroll
+  for (int i = 0; i < kMaxBounds; ++i) {
+    bounds[i] = i < num_bounds ? (outlier ? tb.boundaries_o : tb.boundaries_r)[i] : INFINITY;
+  }
+  WaitForPriorKernel();
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * kSplitD;
   const int2 at = where[t];
   x_s[p] = x[p];
@@ -1332,7 +1395,7 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
     if (p == 0) atomicMin(bad, KvBadCode(at.y, h, role));
     return;
   }
-  const float gathered = x_s[tb.Channel(h, role, p)];
+  const float gathered = x_s[channel];
   u_s[p] = gathered;
   __syncthreads();
   // n = sqrt(Σ x_c² over the part's channels, ascending); loops of fixed length, so that the
@@ -1353,21 +1416,11 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   const float n = norms[part];
   u_s[p] = n != 0.f ? __fdiv_rn(gathered, n) : 0.f;
   __syncthreads();
-  float y = 0.f;
-  if (outlier) {
-    if (n != 0.f) {  // warp-uniform
-      float r[1] = {u_s[p]}, d1[1] = {tb.D1(h, role)[p]}, d2[1] = {tb.D2(h, role)[p]};
-      WarpRht2<kSplitO>(r, d1, d2, true);
-      y = r[0];
-    }
-  } else if (n != 0.f) {
-    y = SplitRestProduct(haar_t_s, u_s);
-  }
   int c = 0;
-  if (n != 0.f) {
-    const int levels = outlier ? 1 << kBitsO : 1 << kBitsR;
-    const float* bounds = outlier ? tb.boundaries_o : tb.boundaries_r;
-    for (int i = 0; i + 1 < levels; ++i) c += bounds[i] <= y ? 1 : 0;
+  if (n != 0.f) {  // warp-uniform
+    const float y = SplitRotatePosition(haar_t_s, u_s, signs, true);
+#pragma unroll
+    for (int i = 0; i < kMaxBounds; ++i) c += bounds[i] <= y ? 1 : 0;  // +inf past the part's
   }
   idx[p] = static_cast<uint8_t>(c);
   __syncthreads();
@@ -1420,32 +1473,62 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   }
 }
 
-// KvCodec::PrepareQuery (forward: q' = [Π_O q_O, Π_R q_R]) or FinishValues (out scattered from
-// [Π_Oᵀ acc_O, Π_Rᵀ acc_R]) for one (token, head) row per block of 128 threads; the query uses
-// the key codec's tables, the output the value codec's.
+// KvCodec::PrepareQuery, q' = [Π_O q_O, Π_R q_R] with the key codec's tables, for one (token,
+// head) row per block of 128 threads.
 __global__ __launch_bounds__(kSplitD) void TqSplitRotateKernel(float* dst, const float* src,
                                                                TqSplitTables tb, int num_heads,
-                                                               int group, bool forward) {
-  extern __shared__ __align__(16) float haar_s[];  // Π_Rᵀ (forward) or Π_R [96 · 96]
+                                                               int group) {
+  extern __shared__ __align__(16) float haar_t_s[];  // Π_Rᵀ [96 · 96]
   __shared__ float u_s[kSplitD];
   const int64_t row = blockIdx.x;  // t * NH + h
-  const int kvh = static_cast<int>(row % num_heads) / group, role = forward ? 0 : 1;
-  const int p = threadIdx.x;
-  // The constant tables before the wait: staged while the kernel before runs.
-  StageSplitMatrix(haar_s, forward ? tb.HaarT(kvh, role) : tb.Haar(kvh, role));
-  const int channel = tb.Channel(kvh, role, p);
+  const int kvh = static_cast<int>(row % num_heads) / group, p = threadIdx.x;
+  // The constant tables before the wait: loaded while the kernel before runs.
+  StageSplitMatrix(haar_t_s, tb.HaarT(kvh, 0));
+  const int channel = tb.Channel(kvh, 0, p);
+  const SplitSigns signs = LoadSplitSigns(tb, kvh, 0);
   WaitForPriorKernel();
-  u_s[p] = forward ? src[row * kSplitD + channel] : src[row * kSplitD + p];
+  u_s[p] = src[row * kSplitD + channel];
   __syncthreads();
-  float y;
-  if (p < kSplitO) {
-    float r[1] = {u_s[p]}, d1[1] = {tb.D1(kvh, role)[p]}, d2[1] = {tb.D2(kvh, role)[p]};
-    WarpRht2<kSplitO>(r, d1, d2, forward);
-    y = r[0];
-  } else {
-    y = SplitRestProduct(haar_s, u_s);
+  dst[row * kSplitD + p] = SplitRotatePosition(haar_t_s, u_s, signs, true);
+}
+
+// The split formats' combine (of one split or more: p.partials) and KvCodec::FinishValues, out
+// scattered from [Π_Oᵀ acc_O, Π_Rᵀ acc_R] with the value codec's tables, in one kernel: one
+// (token, head) row per block of 128 threads. The combine: warp j takes splits j, j + 4, ...,
+// lane c rotated positions 4c .. 4c + 3 (one 16-byte load a split: a thread's loads go out
+// together); the rotation: thread p rotated position p.
+__global__ __launch_bounds__(kSplitD) void TqSplitCombineKernel(const AttnParams p,
+                                                                TqSplitTables tb) {
+  constexpr int kGroups = kSplitD / kWarp;
+  extern __shared__ __align__(16) float haar_s[];  // Π_R [96 · 96], then the weights [splits]
+  __shared__ __align__(16) float sum_s[kGroups][kSplitD];
+  __shared__ float u_s[kSplitD], red[kWarp];
+  const int64_t row = blockIdx.x, rows = p.total_tokens * p.a.num_heads;  // row: t * NH + h
+  const int kvh = static_cast<int>(row % p.a.num_heads) / p.group, pos = threadIdx.x;
+  // The constant tables before the wait: loaded while the kernel before runs.
+  StageSplitMatrix(haar_s, tb.Haar(kvh, 1));
+  const int channel = tb.Channel(kvh, 1, pos);
+  const SplitSigns signs = LoadSplitSigns(tb, kvh, 1);
+  WaitForPriorKernel();
+  float* weight = haar_s + kSplitR * kSplitR;
+  const float den = CombineWeights(p, row, weight, red);
+  const int j = pos / kWarp, c = pos % kWarp;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int z = j; z < p.num_splits; z += kGroups) {
+    const float4 o = reinterpret_cast<const float4*>(p.part_o + (z * rows + row) * kSplitD)[c];
+    const float w = weight[z];
+    acc.x = fmaf(w, o.x, acc.x), acc.y = fmaf(w, o.y, acc.y);
+    acc.z = fmaf(w, o.z, acc.z), acc.w = fmaf(w, o.w, acc.w);
   }
-  dst[row * kSplitD + (forward ? p : channel)] = y;
+  reinterpret_cast<float4*>(sum_s[j])[c] = acc;
+  __syncthreads();
+  float num = 0.f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) num += sum_s[g][pos];
+  u_s[pos] = num / den;
+  __syncthreads();
+  p.a.out[row * kSplitD + channel] = SplitRotatePosition(haar_s, u_s, signs, false);
 }
 
 // K/V source of AttentionKernel over split tiles, in the rotated frame: element d of a slot is
@@ -1511,7 +1594,13 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
   }
 
   // DecodeAttentionKernel's interface with two parts (the layout hooks of PagedLoads replaced).
-  // The kernel works in the rotated frame; TqSplitRotateKernel rotates before and after it.
+  // The kernel works in the rotated frame: TqSplitRotateKernel rotates the queries before it, and
+  // its combine (always partials, kCombineRotates) rotates the output back.
+  static constexpr bool kCombineRotates = true;
+  void LaunchCombine(const AttnParams& p, cudaStream_t stream) const {
+    Launch(TqSplitCombineKernel, static_cast<unsigned>(p.total_tokens * p.a.num_heads), kSplitD,
+           kSplitMatrixBytes + p.num_splits * sizeof(float), stream, p, tb);
+  }
   // Keys: lane t's chunk 0 is outlier dims [8t, 8t + 8), chunks 1..3 the rest's dims
   // [24t + 8(i − 1), + 8) (rotated positions 32 + those): one part a chunk, so each part's
   // products sum apart and meet their own scale. Values: m-tiles 0, 1 are outlier dims (lane g's
@@ -1534,47 +1623,65 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
   }
   // Code planes start on 4-byte boundaries when the tiles do.
   __host__ __device__ __forceinline__ bool DecodeAligned() const { return g.AlignedTo(4); }
-  // 32 or 64 bits of a code plane from bit `bit` on, by aligned words (a tile always has two
-  // words after a code plane's last: the next plane, at worst the scales).
-  template <typename R>
-  __device__ __forceinline__ static R PlaneBits(const uint8_t* plane, int bit) {
+  // Words that hold a field of n bits at bit k · stride of a plane, whatever k: the field starts
+  // at a multiple of the largest power of two dividing stride (and 32) within its first word.
+  __host__ __device__ static constexpr int FieldWords(int stride, int n) {
+    int align = 32;
+    while (stride % align != 0) align /= 2;
+    return (32 - align + n + 31) / 32;
+  }
+  // The n-bit field at bit `bit` = k · stride of a code plane, shifted down to bit 0 of a[0]
+  // (aligned loads of the words that hold it, no more).
+  template <int kStride, int kBitsN>
+  __device__ __forceinline__ static void PlaneField(
+      const uint8_t* plane, int bit, uint32_t (&a)[FieldWords(kStride, kBitsN)]) {
+    constexpr int kWords = FieldWords(kStride, kBitsN);
     const uint32_t* w = reinterpret_cast<const uint32_t*>(plane) + (bit >> 5);
-    const int shift = bit & 31;
-    const uint32_t lo = __funnelshift_r(w[0], w[1], shift);
-    if constexpr (sizeof(R) == 4) {
-      return lo;
-    } else {
-      return uint64_t{__funnelshift_r(w[1], w[2], shift)} << 32 | lo;
+    uint32_t x[kWords];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) x[i] = w[i];
+#pragma unroll
+    for (int i = 0; i < kWords; ++i) {
+      a[i] = __funnelshift_r(x[i], i + 1 < kWords ? x[i + 1] : 0u, bit & 31);
     }
   }
-  // tile == nullptr: a key outside the split (zero codes; its weight is zero).
+  // tile == nullptr: a key outside the split (zero codes; its weight is zero). Lane t's codes: 8
+  // of the outlier plane at bit 8 t b_O, 24 of the rest's at bit 24 t b_R (chunks 1..3).
   __device__ __forceinline__ void KeyChunks(const uint8_t* tile, int slot, int t,
                                             Raw (&k)[4]) const {
     if (tile == nullptr) {
       k[0] = k[1] = k[2] = k[3] = 0;
       return;
     }
-    const uint8_t* o = tile + Planes::IndexO(g.block_size, slot);
-    const uint8_t* r = tile + Planes::IndexR(g.block_size, slot);
-    k[0] = PlaneBits<Raw>(o, 8 * t * kBitsO);
-#pragma unroll
-    for (int i = 1; i < 4; ++i) k[i] = PlaneBits<Raw>(r, (24 * t + 8 * (i - 1)) * kBitsR);
+    constexpr int kO = 8 * kBitsO, kR = 24 * kBitsR;
+    uint32_t o[FieldWords(kO, kO)], r[FieldWords(kR, kR)];
+    PlaneField<kO, kO>(tile + Planes::IndexO(g.block_size, slot), kO * t, o);
+    PlaneField<kR, kR>(tile + Planes::IndexR(g.block_size, slot), kR * t, r);
+    k[0] = o[0];
+    Raw rest[3];
+    TqKvSource<kBitsR>::SplitChunks(r, rest);
+    k[1] = rest[0], k[2] = rest[1], k[3] = rest[2];
   }
+  // Lane g's codes of a value: 4 of the outlier plane at bit 4 g b_O, 12 of the rest's at 12 g b_R.
   __device__ __forceinline__ void ValueChunks(const uint8_t* vtile, int slot, int lane_g,
                                               RawV (&v)[2]) const {
     if (vtile == nullptr) {
       v[0] = v[1] = 0;
       return;
     }
-    v[0] = PlaneBits<uint32_t>(vtile + Planes::IndexO(g.block_size, slot), 4 * lane_g * kBitsO);
-    v[1] = PlaneBits<RawV>(vtile + Planes::IndexR(g.block_size, slot), 12 * lane_g * kBitsR);
+    constexpr int kO = 4 * kBitsO, kR = 12 * kBitsR;
+    uint32_t o[FieldWords(kO, kO)], r[FieldWords(kR, kR)];
+    PlaneField<kO, kO>(vtile + Planes::IndexO(g.block_size, slot), kO * lane_g, o);
+    PlaneField<kR, kR>(vtile + Planes::IndexR(g.block_size, slot), kR * lane_g, r);
+    v[0] = o[0];
+    v[1] = r[0];
+    if constexpr (FieldWords(kR, kR) > 1) v[1] |= uint64_t{r[1]} << 32;
   }
   // The hi | lo entry of code e (bits e b ..) of raw codes r of part `part`.
   template <typename R>
   __device__ __forceinline__ uint32_t Entry(R r, int e, int part) const {
-    const int b = part == 0 ? kBitsO : kBitsR;  // compile-time after unrolling
-    const uint32_t code = static_cast<uint32_t>(r >> (e * b)) & ((1u << b) - 1u);
-    return part == 0 ? HiLoO()[code] : HiLoR()[code];
+    return part == 0 ? TableEntry(HiLoO(), r, e * kBitsO, kBitsO)
+                     : TableEntry(HiLoR(), r, e * kBitsR, kBitsR);
   }
   __device__ __forceinline__ void Bf16Pair(const Raw& r, int chunk, int p, uint32_t& hi,
                                            uint32_t& lo) const {
@@ -1670,21 +1777,24 @@ TqSplitTables TqSplitDeviceTables(const PagedKvLayer& kv, const float* dev) {
 // One query token per sequence (a decode step). The G query heads of a kv head are a dimension
 // of mma.sync m16n8k16 tiles (bf16 operands, fp32 accumulation), so the score and value products
 // run on the tensor cores and the kernel can go at the speed of its loads; the SIMT kernel above
-// is latency-bound at long contexts (NOTES.md). Block (sequence, kv head, split), 4 warps; each
-// warp takes the split's 16-key tiles in turn, loading the next tile while it computes this one,
-// with an online softmax of its own; the block merges its warps at the end (and the combine
-// kernel the splits, as above). One block per SM: the more warps a block has, the fewer splits
-// the combine kernel reads (it went 5.9 -> 8.2 us a layer at 32k from 33 splits to 132).
+// is latency-bound at long contexts (NOTES.md). Block (sequence, kv head, split) of the source's
+// warps (DecodeWarps); each warp takes the split's 16-key tiles in turn, loading the next tile
+// while it computes this one, with an online softmax of its own; the block merges its warps at
+// the end (and the combine kernel the splits, as above). One block per SM where the registers
+// allow: the more warps a block has, the fewer splits the combine kernel reads (it went 5.9 ->
+// 8.2 us a layer at 32k from 33 splits to 132).
 // Per tile, lane (g = lane / 4, t = lane % 4) loads keys g and 8 + g at dims [t D/4, (t+1) D/4)
 // (Sᵀ = K Qᵀ takes the dims in that order: a dot product does not care), and the values of
-// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8), each in the widest loads its bytes allow. Sᵀ = K Qᵀ has the 16 keys as M and the
-// query rows as N, Oᵀ = Vᵀ Pᵀ the dims as M and the rows as N, so no operand is padding (with
-// S = Q Kᵀ, 8 of 16 rows were, and assembling them cost more instructions than the products);
-// the lane's weights become the Pᵀ operand by one movmatrix transpose per 8 x 8. Operands not exact in bf16 are split: q and P into hi + mid + lo bf16
-// (fp32's 24 bits), the TurboQuant centroids into hi + lo (16 bits; lo meets q's hi only); bf16
-// and fp8 elements are exact. TurboQuant: the block rotates its queries into the cache's frame
-// and its (partial) outputs back, one warp a vector; the rotation is linear, so the combine of
-// rotated partials is the rotated combine.
+// keys 2t, 2t+1, 8+2t, 9+2t at dims [g D/8, (g+1) D/8), each in the widest loads its bytes
+// allow. Sᵀ = K Qᵀ has the 16 keys as M and the query rows as N, Oᵀ = Vᵀ Pᵀ the dims as M and the
+// rows as N, so no operand is padding (with S = Q Kᵀ, 8 of 16 rows were, and assembling them
+// cost more instructions than the products); the lane's weights become the Pᵀ operand by one
+// movmatrix transpose per 8 x 8. Operands not exact in bf16 are split (DecodeBf16Parts): against
+// bf16 and fp8 elements (exact) q and P into hi + mid + lo bf16 (fp32's 24 bits); the TurboQuant
+// centroids into hi + lo and q and P into hi + mid (16 bits each; lo meets q's and P's hi only).
+// TurboQuant: the block rotates its queries into the cache's frame and its (partial) outputs
+// back, one warp a vector; the rotation is linear, so the combine of rotated partials is the
+// rotated combine. (The split formats rotate in kernels of their own: TqSplitKvSource.)
 constexpr int kTileKeys = 16;
 
 // Warps of DecodeAttentionKernel<D, kRows, Src>: the source's number where its registers fit
@@ -2118,7 +2228,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       den = fmaf(e, l_s[w * kRows + r], den);
     }
     row_den_s[r] = den;
-    if (p.num_splits > 1) {
+    if (p.partials) {
       const int64_t prow = split * p.total_tokens * a.num_heads +
                            (sq.token_offset + r / G) * a.num_heads + kvh * G + r % G;
       p.part_ml[prow * 2] = M, p.part_ml[prow * 2 + 1] = den;
@@ -2133,14 +2243,12 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
       num = fmaf(m_s[w * kRows + r], o_s[(w * kRows + r) * (D + 1) + d], num);
     }
     // den > 0 with one split: the row's own position is in it.
-    rows_s[idx] = p.num_splits == 1 ? num / row_den_s[r] : num;
+    rows_s[idx] = p.partials ? num : num / row_den_s[r];
   }
   __syncthreads();
   src.template RotateOutput<D>(rows_s, rows, kvh);
   __syncthreads();
-  float* dst = p.num_splits == 1
-                   ? a.out
-                   : p.part_o + split * p.total_tokens * a.num_heads * D;
+  float* dst = p.partials ? p.part_o + split * p.total_tokens * a.num_heads * D : a.out;
   for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
     const int r = idx / D;
     dst[((sq.token_offset + r / G) * a.num_heads + kvh * G + r % G) * D + idx % D] = rows_s[idx];
@@ -2247,6 +2355,7 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
                    kMaxSplits}));
   p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
+  p.partials = p.num_splits > 1 || Src::kCombineRotates;
   MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535 &&
             keys + p.keys_per_split <= 0x7fffffff)  // the kernel's positions are 32-bit
       << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits << ", " << keys
@@ -2257,9 +2366,7 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
   with_shape([&](auto d, auto rows) {
     LaunchDecodeAttention<decltype(d)::value, decltype(rows)::value>(p, src, grid, stream);
   });
-  if (p.num_splits > 1) {
-    LaunchCombine(p, stream);
-  }
+  if (p.partials) LaunchCombine(p, src, stream);
   return true;
 }
 
@@ -2478,27 +2585,21 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     }
   };
   if (path == cuda::PagedPath::kTqSplit) {
-    // The attention kernels in the rotated frame, between two rotation kernels.
+    // The attention kernels in the rotated frame: the queries rotated first, the output rotated
+    // back by the source's combine kernel.
     const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
     const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
-    const size_t n = rows * kv.head_dim;
-    float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
-    float* o_rot = q_rot + n;
-    const int group = a.num_heads / kv.num_kv_heads;
+    float* q_rot = static_cast<float*>(Reserve(paged_, rows * kv.head_dim * sizeof(float)));
     cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD,
-                 cuda::kSplitMatrixBytes, stream_,
-                 q_rot, a.q, tb, a.num_heads, group, true);
+                 cuda::kSplitMatrixBytes, stream_, q_rot, a.q, tb, a.num_heads,
+                 a.num_heads / kv.num_kv_heads);
     AttentionArgs rotated = c;
     rotated.q = q_rot;
-    rotated.out = o_rot;
     if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
       run(rotated, cuda::TqSplitKvSource<4, 3>{{}, g, tb});
     } else {
       run(rotated, cuda::TqSplitKvSource<3, 2>{{}, g, tb});
     }
-    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD,
-                 cuda::kSplitMatrixBytes, stream_,
-                 a.out, o_rot, tb, a.num_heads, group, false);
   } else if (path == cuda::PagedPath::kFp8) {
     run(c, cuda::PagedKvSource<true>{{}, g});
   } else if (path == cuda::PagedPath::kBf16) {
