@@ -30,7 +30,8 @@ constexpr int kWarp = 32;
 // kernel calls WaitForPriorKernel before it reads anything a kernel before it may write (only
 // constant tables, such as a rotation's matrix, before it): it returns once the kernel before it
 // has completed and its writes are visible (so stream order holds as without the overlap), then
-// lets the next kernel launch. Launch overlaps while this is set: CudaBackend::BeginStep sets it per step.
+// lets the next kernel launch. Launch overlaps while this is set: CudaBackend::BeginStep sets it
+// per step.
 inline bool g_overlap_launches = false;
 
 __device__ __forceinline__ void WaitForPriorKernel() {
