@@ -47,7 +47,8 @@ struct AttnParams {
   int group = 1;               // G
   int64_t keys_per_split = 0;  // multiple of kKeys
   int num_splits = 1;
-  // The kernel writes partials (part_o, part_ml) and a combine kernel the output: when split.
+  // The kernel writes partials (part_o, part_ml) and a combine kernel the output: when split, and
+  // always for a source whose combine also rotates the output back (kCombineRotates).
   bool partials = false;
   float* part_o = nullptr;   // [splits, T * NH, D]
   float* part_ml = nullptr;  // [splits, T * NH, 2]: running max m, denominator l
@@ -66,6 +67,7 @@ struct ContiguousKv {
   const float* v = nullptr;
   int64_t stride = 0;  // NKV * D
   int head_dim = 0;
+  static constexpr bool kCombineRotates = false;  // see TqSplitKvSource
   __device__ __forceinline__ ContiguousKv ForSeq(int32_t) const { return *this; }
   __device__ __forceinline__ void Prepare() const {}
   __device__ __forceinline__ void Load(int64_t s, int kvh, int d, float& kv, float& vv) const {
@@ -338,6 +340,16 @@ void LaunchCombine(const AttnParams& p, cudaStream_t stream) {
          stream, p);
 }
 
+// The combine of `p`'s partials for a kernel reading `src`: the source's own where it has one.
+template <typename Src>
+void LaunchCombine(const AttnParams& p, const Src& src, cudaStream_t stream) {
+  if constexpr (Src::kCombineRotates) {
+    src.LaunchCombine(p, stream);
+  } else {
+    LaunchCombine(p, stream);
+  }
+}
+
 template <int DMAX, typename Src>
 void LaunchAttention(const AttnParams& p, const Src& src, dim3 grid, cudaStream_t stream) {
   const size_t smem = AttentionSmemBytes<DMAX>();
@@ -396,7 +408,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   }
   p.keys_per_split = per_split;
   p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
-  p.partials = p.num_splits > 1;
+  p.partials = p.num_splits > 1 || Src::kCombineRotates;
   MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
       << "Attention: grid " << tiles << " x " << p.num_splits;
   StageSeqsAndPartials(p, seqs, reserve, stage);
@@ -409,7 +421,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   } else {
     LaunchAttention<256>(p, src, grid, stream);
   }
-  if (p.partials) LaunchCombine(p, stream);
+  if (p.partials) LaunchCombine(p, src, stream);
 }
 
 }  // namespace moe::kernels::cuda
@@ -598,6 +610,7 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
   // 2p and 2p + 1 of a chunk as a bf16 pair (Bf16Pair; exact for both formats: no low half), the
   // Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = false;
+  static constexpr bool kCombineRotates = false;  // see TqSplitKvSource
   using Raw = std::conditional_t<kFp8, uint2, uint4>;
   using RawV = Raw;
   static constexpr int kParts = 1;
@@ -663,12 +676,10 @@ struct PagedKvSource : PagedLoads<PagedKvSource<kFp8>> {
     }
   }
   // Queries and outputs are in the cache's frame already.
-  static constexpr int kRotationFloats = 0, kRotationScratchFloats = 0;
-  __device__ __forceinline__ void PrefetchRotation(float*, int) const {}
   template <int D>
-  __device__ __forceinline__ void RotateQuery(float*, int, int, float*, float*) const {}
+  __device__ __forceinline__ void RotateQuery(float*, int, int) const {}
   template <int D>
-  __device__ __forceinline__ void RotateOutput(float*, int, int, float*, float*) const {}
+  __device__ __forceinline__ void RotateOutput(float*, int, int) const {}
   // The vector's scale as loaded (ScaleOf converts it): fp8's fp32, 4-byte aligned where the
   // decode kernel runs (DecodeAligned); bf16 has none.
   __device__ __forceinline__ uint32_t ScaleBits(const uint8_t* tile, int slot, int /*part*/) const {
@@ -1141,6 +1152,7 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   // centroids of codes 2p and 2p + 1 of a chunk as a bf16 pair of high parts and one of low parts
   // (Bf16Pair), the Vᵀ operands (ValueOperands) and the vector's scale.
   static constexpr bool kLowHalf = true;
+  static constexpr bool kCombineRotates = false;  // see TqSplitKvSource
   using Raw = uint32_t;
   using RawV = Raw;
   static constexpr int kParts = 1;
@@ -1194,17 +1206,14 @@ struct TqKvSource : PagedLoads<TqKvSource<kBits>> {
   }
   // q' = Π_K q before the products and out = Πᵀ_V acc after them, on `rows` vectors v[r · D ..]
   // in shared memory (query heads of kv head kvh), one warp a vector; the caller syncs after.
-  // (The signs are read where they are: no tables staged.)
-  static constexpr int kRotationFloats = 0, kRotationScratchFloats = 0;
-  __device__ __forceinline__ void PrefetchRotation(float*, int) const {}
   template <int D>
-  __device__ __forceinline__ void RotateQuery(float* v, int rows, int kvh, float*, float*) const {
+  __device__ __forceinline__ void RotateQuery(float* v, int rows, int kvh) const {
     for (int r = threadIdx.x / kWarp; r < rows; r += blockDim.x / kWarp) {
       WarpRht2<D>(v + r * D, tb.D1(kvh, 0, D), tb.D2(kvh, 0, D), true);
     }
   }
   template <int D>
-  __device__ __forceinline__ void RotateOutput(float* v, int rows, int kvh, float*, float*) const {
+  __device__ __forceinline__ void RotateOutput(float* v, int rows, int kvh) const {
     for (int r = threadIdx.x / kWarp; r < rows; r += blockDim.x / kWarp) {
       WarpRht2<D>(v + r * D, tb.D1(kvh, 1, D), tb.D2(kvh, 1, D), false);
     }
@@ -1318,20 +1327,18 @@ struct SplitPlanes {
   }
 };
 
-// `floats` floats (a multiple of 4, both ends 16-byte aligned) into shared memory by
-// asynchronous 16-byte copies, all in flight at once (read where the products need it, or staged
-// by a loop of load-store pairs, each load was a round trip to memory: ~10 us a kernel). Each
-// thread waits for its own copies (WaitAsyncCopies), then the block syncs before reading them.
-__device__ __forceinline__ void CopyAsync(float* dst, const float* src, int floats) {
-  for (int i = threadIdx.x; i < floats / 4; i += blockDim.x) {
+// A 96 x 96 matrix into shared memory by asynchronous 16-byte copies, all in flight at once
+// (read where the products need it, or staged by a loop of load-store pairs, each load was a
+// round trip to memory: ~10 us a kernel). The caller syncs before use.
+constexpr size_t kSplitMatrixBytes = sizeof(float) * kSplitR * kSplitR;
+__device__ __forceinline__ void StageSplitMatrix(float* dst, const float* src) {
+  for (int i = threadIdx.x; i < kSplitR * kSplitR / 4; i += blockDim.x) {
     const uint32_t to = static_cast<uint32_t>(__cvta_generic_to_shared(dst + 4 * i));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(to),
                  "l"(__cvta_generic_to_global(src + 4 * i)));
   }
+  asm volatile("cp.async.wait_all;\n" ::);
 }
-__device__ __forceinline__ void WaitAsyncCopies() { asm volatile("cp.async.wait_all;\n" ::); }
-constexpr int kSplitMatrixFloats = kSplitR * kSplitR;
-constexpr size_t kSplitMatrixBytes = sizeof(float) * kSplitMatrixFloats;
 
 // y[32 + i] = Σ_j m[j · 96 + i] · u[32 + j] for the thread's i = threadIdx.x − 32 (threads 32..127),
 // j ascending, no FMA: with m = Π_Rᵀ this is Rotation::Apply, with m = Π_R ApplyTranspose.
@@ -1364,72 +1371,6 @@ __device__ __forceinline__ float SplitRotatePosition(const float* m, const float
   return r[0];
 }
 
-// (x, y) as N bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's
-// precision; hi + mid to 2^-16.
-template <int N>
-__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    const float2 hf = __bfloat1622float2(h);
-    out[i] = *reinterpret_cast<const uint32_t*>(&h);
-    x -= hf.x, y -= hf.y;  // exact
-  }
-}
-
-// The decode kernel's rotations of up to 16 rows v[r · 128 ..] in shared memory, by the whole
-// block: forward, q' = [Π_O q_O, Π_R q_R] of the channels perm[p] (KvCodec::PrepareQuery);
-// backward, out[perm[p]] = [Π_Oᵀ acc_O, Π_Rᵀ acc_R] at p (FinishValues). The rest's 96 x 96
-// product on the tensor cores: a warp an m16n8k16 tile of outputs x rows, the matrix and the
-// input in bf16 hi + mid (hi·hi + hi·mid + mid·hi: 2^-16 relative, what the kernel keeps of q
-// and P anyway). (A thread an output on the SIMT cores measured the same: most of the ~5 us the
-// two rotations add to the decode kernel in isolation is waiting, NOTES.md.)
-// m is Π_Rᵀ forward and Π_R backward (A[i][j] = m[j · 96 + i] both ways); d1, d2 the outlier
-// part's signs; the results go to scratch (kSplitD x 16 floats), then back to v. The caller syncs
-// after.
-__device__ void SplitRotateRows(float* v, int rows, const float* m, const float* perm,
-                                const float* d1, const float* d2, float* scratch, bool forward) {
-  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, warps = blockDim.x / kWarp;
-  const int g = lane / 4, t = lane % 4;
-  auto in = [&](int r, int p) {
-    return r < rows ? v[r * kSplitD + (forward ? static_cast<int>(perm[p]) : p)] : 0.f;
-  };
-  auto out = [&](int r, int p, float y) {
-    if (r < rows) scratch[r * kSplitD + (forward ? p : static_cast<int>(perm[p]))] = y;
-  };
-  constexpr int kMTiles = kSplitR / 16;
-  for (int item = warp; item < kMTiles * ((rows + 7) / 8); item += warps) {
-    const int i = 16 * (item % kMTiles) + g, n = 8 * (item / kMTiles);  // A row, B column
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int kk = 0; kk < kSplitR / 16; ++kk) {
-      const int j = 16 * kk + 2 * t;
-      const float* a = m + j * kSplitR + i;
-      uint32_t a0[2], a1[2], a2[2], a3[2], b0[2], b1[2];  // [hi, mid]
-      SplitBf16(a[0], a[kSplitR], a0);
-      SplitBf16(a[8], a[kSplitR + 8], a1);
-      SplitBf16(a[8 * kSplitR], a[9 * kSplitR], a2);
-      SplitBf16(a[8 * kSplitR + 8], a[9 * kSplitR + 8], a3);
-      SplitBf16(in(n + g, kSplitO + j), in(n + g, kSplitO + j + 1), b0);
-      SplitBf16(in(n + g, kSplitO + j + 8), in(n + g, kSplitO + j + 9), b1);
-      MmaBf16(acc, a0[0], a1[0], a2[0], a3[0], b0[0], b1[0]);
-      MmaBf16(acc, a0[0], a1[0], a2[0], a3[0], b0[1], b1[1]);
-      MmaBf16(acc, a0[1], a1[1], a2[1], a3[1], b0[0], b1[0]);
-    }
-    // C: rows i, i + 8 (outputs 32 + those), columns n + 2t, + 1.
-    out(n + 2 * t, kSplitO + i, acc[0]), out(n + 2 * t + 1, kSplitO + i, acc[1]);
-    out(n + 2 * t, kSplitO + i + 8, acc[2]), out(n + 2 * t + 1, kSplitO + i + 8, acc[3]);
-  }
-  // The outlier part's RHT2: a warp a row, the last warps first (the loop above leaves them idle).
-  for (int r = warps - 1 - warp; r < rows; r += warps) {
-    float x[1] = {in(r, lane)}, s1[1] = {d1[lane]}, s2[1] = {d2[lane]};
-    WarpRht2<kSplitO>(x, s1, s2, forward);
-    out(r, lane, x[0]);
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < rows * kSplitD; e += blockDim.x) v[e] = scratch[e];
-}
-
 // KvCodec::Quantize for a split format: one block of 128 threads per (token, kv-head, K|V); thread
 // t owns rotated position t (t < 32 the outlier part, the first warp; the rest the other three).
 template <int kBitsO, int kBitsR>
@@ -1446,7 +1387,7 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   const bool outlier = p < kSplitO;
   const int part = outlier ? 0 : 1;
   // The constant tables before the wait: loaded while the kernel before runs.
-  CopyAsync(haar_t_s, tb.HaarT(h, role), kSplitMatrixFloats);
+  StageSplitMatrix(haar_t_s, tb.HaarT(h, role));
   const int channel = tb.Channel(h, role, p);
   const SplitSigns signs = LoadSplitSigns(tb, h, role);
   constexpr int kMaxBounds = (1 << (kBitsO > kBitsR ? kBitsO : kBitsR)) - 1;
@@ -1456,7 +1397,6 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   for (int i = 0; i < kMaxBounds; ++i) {
     bounds[i] = i < num_bounds ? (outlier ? tb.boundaries_o : tb.boundaries_r)[i] : INFINITY;
   }
-  WaitAsyncCopies();
   WaitForPriorKernel();
   const float* x = (role == 0 ? k : v) + (t * g.num_kv_heads + h) * kSplitD;
   const int2 at = where[t];
@@ -1543,27 +1483,62 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   }
 }
 
-// Around the SIMT kernel (the decode kernel rotates in shared memory itself): forward,
-// KvCodec::PrepareQuery, q' = [Π_O q_O, Π_R q_R] with the key codec's tables; backward,
-// KvCodec::FinishValues, out scattered from [Π_Oᵀ acc_O, Π_Rᵀ acc_R] with the value codec's. One
-// (token, head) row per block of 128 threads.
+// KvCodec::PrepareQuery, q' = [Π_O q_O, Π_R q_R] with the key codec's tables, for one (token,
+// head) row per block of 128 threads.
 __global__ __launch_bounds__(kSplitD) void TqSplitRotateKernel(float* dst, const float* src,
                                                                TqSplitTables tb, int num_heads,
-                                                               int group, bool forward) {
-  extern __shared__ __align__(16) float m_s[];  // Π_Rᵀ (forward) or Π_R [96 · 96]
+                                                               int group) {
+  extern __shared__ __align__(16) float haar_t_s[];  // Π_Rᵀ [96 · 96]
   __shared__ float u_s[kSplitD];
   const int64_t row = blockIdx.x;  // t * NH + h
   const int kvh = static_cast<int>(row % num_heads) / group, p = threadIdx.x;
-  const int role = forward ? 0 : 1;
   // The constant tables before the wait: loaded while the kernel before runs.
-  CopyAsync(m_s, forward ? tb.HaarT(kvh, 0) : tb.Haar(kvh, 1), kSplitMatrixFloats);
-  const int channel = tb.Channel(kvh, role, p);
-  const SplitSigns signs = LoadSplitSigns(tb, kvh, role);
+  StageSplitMatrix(haar_t_s, tb.HaarT(kvh, 0));
+  const int channel = tb.Channel(kvh, 0, p);
+  const SplitSigns signs = LoadSplitSigns(tb, kvh, 0);
   WaitForPriorKernel();
-  u_s[p] = src[row * kSplitD + (forward ? channel : p)];
-  WaitAsyncCopies();
+  u_s[p] = src[row * kSplitD + channel];
   __syncthreads();
-  dst[row * kSplitD + (forward ? p : channel)] = SplitRotatePosition(m_s, u_s, signs, forward);
+  dst[row * kSplitD + p] = SplitRotatePosition(haar_t_s, u_s, signs, true);
+}
+
+// The split formats' combine (of one split or more: p.partials) and KvCodec::FinishValues, out
+// scattered from [Π_Oᵀ acc_O, Π_Rᵀ acc_R] with the value codec's tables, in one kernel: one
+// (token, head) row per block of 128 threads. The combine: warp j takes splits j, j + 4, ...,
+// lane c rotated positions 4c .. 4c + 3 (one 16-byte load a split: a thread's loads go out
+// together); the rotation: thread p rotated position p.
+__global__ __launch_bounds__(kSplitD) void TqSplitCombineKernel(const AttnParams p,
+                                                                TqSplitTables tb) {
+  constexpr int kGroups = kSplitD / kWarp;
+  extern __shared__ __align__(16) float haar_s[];  // Π_R [96 · 96], then the weights [splits]
+  __shared__ __align__(16) float sum_s[kGroups][kSplitD];
+  __shared__ float u_s[kSplitD], red[kWarp];
+  const int64_t row = blockIdx.x, rows = p.total_tokens * p.a.num_heads;  // row: t * NH + h
+  const int kvh = static_cast<int>(row % p.a.num_heads) / p.group, pos = threadIdx.x;
+  // The constant tables before the wait: loaded while the kernel before runs.
+  StageSplitMatrix(haar_s, tb.Haar(kvh, 1));
+  const int channel = tb.Channel(kvh, 1, pos);
+  const SplitSigns signs = LoadSplitSigns(tb, kvh, 1);
+  WaitForPriorKernel();
+  float* weight = haar_s + kSplitR * kSplitR;
+  const float den = CombineWeights(p, row, weight, red);
+  const int j = pos / kWarp, c = pos % kWarp;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll 8
+  for (int z = j; z < p.num_splits; z += kGroups) {
+    const float4 o = reinterpret_cast<const float4*>(p.part_o + (z * rows + row) * kSplitD)[c];
+    const float w = weight[z];
+    acc.x = fmaf(w, o.x, acc.x), acc.y = fmaf(w, o.y, acc.y);
+    acc.z = fmaf(w, o.z, acc.z), acc.w = fmaf(w, o.w, acc.w);
+  }
+  reinterpret_cast<float4*>(sum_s[j])[c] = acc;
+  __syncthreads();
+  float num = 0.f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) num += sum_s[g][pos];
+  u_s[pos] = num / den;
+  __syncthreads();
+  p.a.out[row * kSplitD + channel] = SplitRotatePosition(haar_s, u_s, signs, false);
 }
 
 // K/V source of AttentionKernel over split tiles, in the rotated frame: element d of a slot is
@@ -1629,6 +1604,13 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
   }
 
   // DecodeAttentionKernel's interface with two parts (the layout hooks of PagedLoads replaced).
+  // The kernel works in the rotated frame: TqSplitRotateKernel rotates the queries before it, and
+  // its combine (always partials, kCombineRotates) rotates the output back.
+  static constexpr bool kCombineRotates = true;
+  void LaunchCombine(const AttnParams& p, cudaStream_t stream) const {
+    Launch(TqSplitCombineKernel, static_cast<unsigned>(p.total_tokens * p.a.num_heads), kSplitD,
+           kSplitMatrixBytes + p.num_splits * sizeof(float), stream, p, tb);
+  }
   // Keys: lane t's chunk 0 is outlier dims [8t, 8t + 8), chunks 1..3 the rest's dims
   // [24t + 8(i − 1), + 8) (rotated positions 32 + those): one part a chunk, so each part's
   // products sum apart and meet their own scale. Values: m-tiles 0, 1 are outlier dims (lane g's
@@ -1709,8 +1691,8 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
     LoadField<kValueR>(vtile + Planes::IndexR(g.block_size, slot), lane_g, w + FieldWords(kValueO));
   }
   // A value's codes packed into 52 bits (tq3.5; 36 for tq2.5) of v[0] | v[1] << 32: the outlier
-  // codes at bit 0, the rest's at kValueRestBit (registers: with a 64-bit word a part, the
-  // kernel spilled).
+  // codes at bit 0, the rest's at kValueRestBit (two registers a value, not a 64-bit word a
+  // part: the decode kernel is at its 128 registers a thread).
   static constexpr int kValueRestBit = kValueO;
   __device__ __forceinline__ static void ValueUnpack(const uint32_t (&w)[kValueWords], int lane_g,
                                                      RawV (&v)[2]) {
@@ -1755,38 +1737,10 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
       }
     }
   }
-  // The decode kernel works in the rotated frame: its rows rotated in shared memory
-  // (SplitRotateRows) with the kv head's tables, staged there by asynchronous copies: the key
-  // codec's Π_Rᵀ before the kernel's PDL wait (PrefetchRotation), the value codec's Π_R over it
-  // once the queries are rotated, where it arrives during the products.
-  // tables: [Π_Rᵀ, later Π_R][perm K][perm V][D₁ K, D₂ K, D₁ V, D₂ V] (TqSplitTables' layout:
-  // a kv head's perms and signs are contiguous, K before V).
-  static constexpr int kRotationFloats = kSplitMatrixFloats + 2 * kSplitD + 4 * kSplitO;
-  static constexpr int kRotationScratchFloats = kSplitD * 16;
-  __device__ __forceinline__ void PrefetchRotation(float* tables, int kvh) const {
-    CopyAsync(tables, tb.HaarT(kvh, 0), kSplitMatrixFloats);
-    CopyAsync(tables + kSplitMatrixFloats, tb.perm + tb.Codec(kvh, 0) * kSplitD, 2 * kSplitD);
-    CopyAsync(tables + kSplitMatrixFloats + 2 * kSplitD, tb.D1(kvh, 0), 4 * kSplitO);
-  }
   template <int D>
-  __device__ __forceinline__ void RotateQuery(float* v, int rows, int kvh, float* tables,
-                                              float* scratch) const {
-    const float* perm = tables + kSplitMatrixFloats;
-    const float* signs = perm + 2 * kSplitD;
-    WaitAsyncCopies();
-    __syncthreads();
-    SplitRotateRows(v, rows, tables, perm, signs, signs + kSplitO, scratch, true);
-    CopyAsync(tables, tb.Haar(kvh, 1), kSplitMatrixFloats);  // Π_Rᵀ read by all: past a barrier
-  }
+  __device__ __forceinline__ void RotateQuery(float*, int, int) const {}
   template <int D>
-  __device__ __forceinline__ void RotateOutput(float* v, int rows, int kvh, float* tables,
-                                               float* scratch) const {
-    const float* perm = tables + kSplitMatrixFloats + kSplitD;
-    const float* signs = tables + kSplitMatrixFloats + 2 * kSplitD + 2 * kSplitO;
-    WaitAsyncCopies();
-    __syncthreads();
-    SplitRotateRows(v, rows, tables, perm, signs, signs + kSplitO, scratch, false);
-  }
+  __device__ __forceinline__ void RotateOutput(float*, int, int) const {}
   // A part's fp16 scale as loaded (ScaleOf converts it).
   __device__ __forceinline__ uint32_t ScaleBits(const uint8_t* tile, int slot, int part) const {
     const int bs = g.block_size;
@@ -1870,9 +1824,8 @@ TqSplitTables TqSplitDeviceTables(const PagedKvLayer& kv, const float* dev) {
 // bf16 and fp8 elements (exact) q and P into hi + mid + lo bf16 (fp32's 24 bits); the TurboQuant
 // centroids into hi + lo and q and P into hi + mid (16 bits each; lo meets q's and P's hi only).
 // TurboQuant: the block rotates its queries into the cache's frame and its (partial) outputs
-// back (one warp a vector; the split formats' 96 x 96 products on the tensor cores,
-// SplitRotateRows); the rotation is linear, so the combine of rotated partials is the rotated
-// combine.
+// back, one warp a vector; the rotation is linear, so the combine of rotated partials is the
+// rotated combine. (The split formats rotate in kernels of their own: TqSplitKvSource.)
 constexpr int kTileKeys = 16;
 
 // Warps of DecodeAttentionKernel<D, kRows, Src>: the source's number where its registers fit
@@ -1890,6 +1843,19 @@ __device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {
   return y;
 }
 
+// (x, y) as N bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's
+// precision; hi + mid to 2^-16.
+template <int N>
+__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    const float2 hf = __bfloat1622float2(h);
+    out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    x -= hf.x, y -= hf.y;  // exact
+  }
+}
+
 // Parts q and P are split into: hi + mid + lo (fp32's 24 bits) against elements exact in bf16;
 // hi + mid (16 bits) against the TurboQuant centroids, themselves carried at 16 bits (hi + lo),
 // whose products already omit mid · lo, a term of the size lo · hi would add (2^-16 relative).
@@ -1904,17 +1870,12 @@ __host__ __device__ constexpr int DecodeQWords() {
   return DecodeBf16Parts<Src>() * kRows / 4;
 }
 
-// The source's rotation tables (Src::kRotationFloats, a multiple of 4), Q fragments
-// [D / 16][32 lanes][words], the merge: o [warps][kRows][D + 1] (before the products and after
-// the merge, the rotations' scratch), m, l, then the block's rows [kRows][D] (its queries, later
-// its outputs) and their merge denominators [kRows].
+// Q fragments [D / 16][32 lanes][words], the merge: o [warps][kRows][D + 1], m, l, then the
+// block's rows [kRows][D] (its queries, later its outputs) and their merge denominators [kRows].
 template <int D, int kRows, typename Src>
 constexpr size_t DecodeSmemBytes() {
   constexpr int kWarps = DecodeWarps<D, kRows, Src>();
-  static_assert(Src::kRotationFloats % 4 == 0 &&
-                Src::kRotationScratchFloats <= kWarps * kRows * (D + 1));
-  return sizeof(float) * Src::kRotationFloats +
-         sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows, Src>() +
+  return sizeof(uint32_t) * (D / 16) * kWarp * DecodeQWords<kRows, Src>() +
          sizeof(float) * kWarps * kRows * (D + 3) + sizeof(float) * kRows * (D + 1);
 }
 
@@ -2079,33 +2040,18 @@ struct DecodeTile {
 template <int D, int kRows, typename Src>
 __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     void DecodeAttentionKernel(const AttnParams p, const Src all_src) {
+  WaitForPriorKernel();
   constexpr int kDecodeWarps = DecodeWarps<D, kRows, Src>();
   constexpr int kSteps = D / 16;          // k-steps of Sᵀ = K Qᵀ
   constexpr int kKChunks = D / 32;        // chunks a lane loads of each of its two keys
   constexpr int kMTiles = D / 16;         // m-tiles of Oᵀ: dims g·D/8 + j and g·D/8 + D/16 + j
   constexpr int kRowTiles = kRows / 8;    // n-tiles of Sᵀ and Oᵀ: 8 query rows each
-  constexpr int kBf16Parts = DecodeBf16Parts<Src>();  // of q and P
-  constexpr int kQWords = DecodeQWords<kRows, Src>();
-  // Shared memory: DecodeSmemBytes.
-  extern __shared__ __align__(16) float dsmem[];
-  float* rot_s = dsmem;  // the source's rotation tables
-  float* q_words = rot_s + Src::kRotationFloats;
-  uint32_t* q_s = reinterpret_cast<uint32_t*>(q_words);  // [kSteps][lane][kQWords]
-  float* o_s = q_words + kSteps * kWarp * kQWords;       // [warp][row][D + 1]
-  float* m_s = o_s + kDecodeWarps * kRows * (D + 1);     // [warp][row]
-  float* l_s = m_s + kDecodeWarps * kRows;
-  float* rows_s = l_s + kDecodeWarps * kRows;  // [rows][D]
-  float* row_den_s = rows_s + kRows * D;       // [row]
-  const int kvh = blockIdx.y, split = blockIdx.z, G = p.group;
-  all_src.PrefetchRotation(rot_s, kvh);  // constant tables: loaded while the kernel before runs
-  WaitForPriorKernel();
+  extern __shared__ float dsmem[];
   const AttentionArgs& a = p.a;
   const SeqDesc sq = p.seqs[blockIdx.x];
-  if (sq.num_tokens == 0) {  // block-uniform
-    WaitAsyncCopies();  // none may land after the block is gone
-    return;
-  }
+  if (sq.num_tokens == 0) return;  // block-uniform
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp, g = lane / 4, t = lane % 4;
+  const int kvh = blockIdx.y, split = blockIdx.z, G = p.group;
   const Src src = all_src.ForSeq(sq.table_offset);
   src.Prepare();  // read after the barriers below
   // The block's rows: its nt tokens (consecutive positions) x the kv head's G query heads; row r
@@ -2141,13 +2087,21 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   // Qᵀ as the B operand of every k-step, in shared memory (registers go to the loads in flight):
   // row tile r's b0 (slots 2t, 2t+1 of row 8r + g) and b1 (slots 2t+8, 2t+9); slot pair
   // (2t | 2t+8) + j of k-step 2i + h is dim 8 (t D/32 + i) + 4h + 2j, matching the key chunks.
+  constexpr int kBf16Parts = DecodeBf16Parts<Src>();  // of q and P
+  constexpr int kQWords = DecodeQWords<kRows, Src>();
+  uint32_t* q_s = reinterpret_cast<uint32_t*>(dsmem);  // [kSteps][lane][kQWords]
+  float* o_s = dsmem + kSteps * kWarp * kQWords;       // the merge: [warp][row][D + 1]
+  float* m_s = o_s + kDecodeWarps * kRows * (D + 1);   // [warp][row]
+  float* l_s = m_s + kDecodeWarps * kRows;
+  float* rows_s = l_s + kDecodeWarps * kRows;          // [rows][D]
+  float* row_den_s = rows_s + kRows * D;               // [row]: the merge's denominator
   {
     for (int i = threadIdx.x; i < rows * D; i += blockDim.x) {
       const int r = i / D;
       rows_s[i] = a.q[((sq.token_offset + r / G) * a.num_heads + kvh * G + r % G) * D + i % D];
     }
     __syncthreads();
-    src.template RotateQuery<D>(rows_s, rows, kvh, rot_s, o_s);
+    src.template RotateQuery<D>(rows_s, rows, kvh);
     __syncthreads();
     for (int kk = warp; kk < kSteps; kk += kDecodeWarps) {
       uint32_t* dst = q_s + (kk * kWarp + lane) * kQWords;
@@ -2316,7 +2270,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
         }
       }
     }
-    if constexpr (kPrefetch) cur.Unpack(next, g, t);  // the next tile, loaded during these products
+    if constexpr (kPrefetch) cur.Unpack(next, g, t);
   }
 
   // Merge the block's warps into rows_s, rotate it back (TurboQuant: linear, so a split's
@@ -2378,7 +2332,7 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     rows_s[idx] = p.partials ? num : num / row_den_s[r];
   }
   __syncthreads();
-  src.template RotateOutput<D>(rows_s, rows, kvh, rot_s, o_s);
+  src.template RotateOutput<D>(rows_s, rows, kvh);
   __syncthreads();
   float* dst = p.partials ? p.part_o + split * p.total_tokens * a.num_heads * D : a.out;
   for (int idx = threadIdx.x; idx < rows * D; idx += blockDim.x) {
@@ -2487,7 +2441,7 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
                    kMaxSplits}));
   p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
-  p.partials = p.num_splits > 1;
+  p.partials = p.num_splits > 1 || Src::kCombineRotates;
   MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535 &&
             keys + p.keys_per_split <= 0x7fffffff)  // the kernel's positions are 32-bit
       << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits << ", " << keys
@@ -2498,7 +2452,7 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
   with_shape([&](auto d, auto rows) {
     LaunchDecodeAttention<decltype(d)::value, decltype(rows)::value>(p, src, grid, stream);
   });
-  if (p.partials) LaunchCombine(p, stream);
+  if (p.partials) LaunchCombine(p, src, stream);
   return true;
 }
 
@@ -2716,57 +2670,55 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
       cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_);
     }
   };
-  if (path == cuda::PagedPath::kFp8) {
-    run(c, cuda::PagedKvSource<true>{{}, g});
-    return absl::OkStatus();
-  }
-  if (path == cuda::PagedPath::kBf16) {
-    run(c, cuda::PagedKvSource<false>{{}, g});
-    return absl::OkStatus();
-  }
-  // TurboQuant, in the rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc. The
-  // decode kernel rotates in shared memory itself; otherwise rotation kernels bracket the SIMT
-  // one: rotate(dst, src, forward) launches the format's.
-  const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
-  const int group = a.num_heads / kv.num_kv_heads;
-  auto run_tq = [&](const auto& src, auto rotate) {
-    if (cuda::RunDecodeAttention(c, seqs, src, num_sms_, reserve, stage, stream_)) return;
-    const size_t n = rows * kv.head_dim;
-    float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
-    float* o_rot = q_rot + n;
-    rotate(q_rot, a.q, true);
+  if (path == cuda::PagedPath::kTqSplit) {
+    // The attention kernels in the rotated frame: the queries rotated first, the output rotated
+    // back by the source's combine kernel.
+    const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
+    const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
+    float* q_rot = static_cast<float*>(Reserve(paged_, rows * kv.head_dim * sizeof(float)));
+    cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD,
+                 cuda::kSplitMatrixBytes, stream_, q_rot, a.q, tb, a.num_heads,
+                 a.num_heads / kv.num_kv_heads);
     AttentionArgs rotated = c;
     rotated.q = q_rot;
-    rotated.out = o_rot;
-    cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_);
-    rotate(a.out, o_rot, false);
-  };
-  if (path == cuda::PagedPath::kTqSplit) {
-    const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
-    auto rotate = [&](float* dst, const float* from, bool forward) {
-      cuda::Launch(cuda::TqSplitRotateKernel, static_cast<unsigned>(rows), cuda::kSplitD,
-                   cuda::kSplitMatrixBytes, stream_, dst, from, tb, a.num_heads, group, forward);
-    };
     if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
-      run_tq(cuda::TqSplitKvSource<4, 3>{{}, g, tb}, rotate);
+      run(rotated, cuda::TqSplitKvSource<4, 3>{{}, g, tb});
     } else {
-      run_tq(cuda::TqSplitKvSource<3, 2>{{}, g, tb}, rotate);
+      run(rotated, cuda::TqSplitKvSource<3, 2>{{}, g, tb});
     }
-    return absl::OkStatus();
-  }
-  const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
-  auto rotate = [&](float* dst, const float* from, bool forward) {
-    const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
-    cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads,
-                 kv.head_dim * sizeof(float), stream_, dst, from, tb, a.num_heads, group,
-                 kv.head_dim, forward);
-  };
-  switch (tb.bits) {  // ChoosePath: tq1 .. tq4
-    case 1: run_tq(cuda::TqKvSource<1>{{}, g, tb}, rotate); break;
-    case 2: run_tq(cuda::TqKvSource<2>{{}, g, tb}, rotate); break;
-    case 3: run_tq(cuda::TqKvSource<3>{{}, g, tb}, rotate); break;
-    case 4: run_tq(cuda::TqKvSource<4>{{}, g, tb}, rotate); break;
-    default: MOE_CHECK(false) << "PagedAttention: TurboQuant with " << tb.bits << " bits";
+  } else if (path == cuda::PagedPath::kFp8) {
+    run(c, cuda::PagedKvSource<true>{{}, g});
+  } else if (path == cuda::PagedPath::kBf16) {
+    run(c, cuda::PagedKvSource<false>{{}, g});
+  } else {
+    // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc. The decode kernel
+    // rotates in shared memory itself; otherwise two rotation kernels bracket the SIMT one.
+    const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
+    auto run_tq = [&](const auto& src) {
+      if (cuda::RunDecodeAttention(c, seqs, src, num_sms_, reserve, stage, stream_)) return;
+      const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
+      const size_t n = rows * kv.head_dim;
+      float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
+      float* o_rot = q_rot + n;
+      const int group = a.num_heads / kv.num_kv_heads;
+      const int threads = kv.head_dim <= 64 ? 64 : kv.head_dim <= 128 ? 128 : 256;
+      const size_t smem = kv.head_dim * sizeof(float);
+      cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
+                   q_rot, a.q, tb, a.num_heads, group, kv.head_dim, true);
+      AttentionArgs rotated = c;
+      rotated.q = q_rot;
+      rotated.out = o_rot;
+      cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_);
+      cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
+                   a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
+    };
+    switch (tb.bits) {  // ChoosePath: tq1 .. tq4
+      case 1: run_tq(cuda::TqKvSource<1>{{}, g, tb}); break;
+      case 2: run_tq(cuda::TqKvSource<2>{{}, g, tb}); break;
+      case 3: run_tq(cuda::TqKvSource<3>{{}, g, tb}); break;
+      case 4: run_tq(cuda::TqKvSource<4>{{}, g, tb}); break;
+      default: MOE_CHECK(false) << "PagedAttention: TurboQuant with " << tb.bits << " bits";
+    }
   }
   return absl::OkStatus();
 }
