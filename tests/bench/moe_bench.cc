@@ -48,6 +48,7 @@
 #include <memory>
 #include <numeric>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -661,7 +662,40 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
   return absl::OkStatus();
 }
 
+// The flags that name formats, a backend or lists, checked before any work: a typo fails at
+// once, not after the model is generated and the runs before the one that reads it.
+absl::Status CheckFlags() {
+  const std::string backend = absl::GetFlag(FLAGS_backend);
+  if (backend != "cuda" && backend != "cpu") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend=", backend, ": cuda or cpu"));
+  }
+  auto format = [](const char* flag, absl::string_view name) {
+    const absl::Status s = kernels::ParseKvFormat(name).status();
+    return s.ok() ? s : absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", s.message()));
+  };
+  MOE_RETURN_IF_ERROR(format("kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)));
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
+    MOE_RETURN_IF_ERROR(format("kv_formats", name));
+  }
+  const std::pair<const char*, std::string> lists[] = {
+      {"batches", absl::GetFlag(FLAGS_batches)},
+      {"kv_contexts", absl::GetFlag(FLAGS_kv_contexts)},
+      {"kv_batches", absl::GetFlag(FLAGS_kv_batches)}};
+  for (const auto& [flag, value] : lists) {
+    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      int64_t n = 0;
+      if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "--", flag, "=", value, ": \"", part, "\" is not a positive integer"));
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
+  MOE_RETURN_IF_ERROR(CheckFlags());
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   const int64_t layers = absl::GetFlag(FLAGS_layers), experts = absl::GetFlag(FLAGS_experts);
   const int64_t vocab = absl::GetFlag(FLAGS_vocab), ctx = absl::GetFlag(FLAGS_context);
