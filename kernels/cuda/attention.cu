@@ -1930,9 +1930,10 @@ __host__ __device__ constexpr int DecodeValueWords() {
 
 // What a lane loads of one 16-key tile (see above), as loaded: the words of its two keys and of
 // its four values, and the key and value scales of its two keys (g and 8 + g: their scores are
-// its own). Nothing here reads a loaded register: the first instruction to read one waits for
-// the load, so DecodeTile::Unpack reads them only when the tile's turn comes (a shift of each
-// word just loaded made the split formats' decode wait on every next tile: 23% of its time).
+// its own). Nothing here reads what it loads of the tile (only the block-table entry that
+// addresses it): the first instruction to read a load's register waits for it, so
+// DecodeTile::Unpack reads them only when the tile's turn comes (a shift of each word just loaded
+// made the split formats' decode wait on every next tile: 23% of its time, NOTES.md).
 template <int D, typename Src>
 struct DecodeLoads {
   uint32_t k[2][DecodeKeyWords<D, Src>()], v[4][DecodeValueWords<D, Src>()];
