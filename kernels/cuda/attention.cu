@@ -2041,6 +2041,9 @@ struct DecodeTile {
 template <int D, int kRows, typename Src>
 __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
     void DecodeAttentionKernel(const AttnParams p, const Src all_src) {
+  // Nothing of the cache is read before the wait, not even positions before the block's first
+  // token: a prefix block that a sequence admitted this step reuses may be one that this step's
+  // KV write fills (engine/kv_cache.h, "Ordering contract").
   WaitForPriorKernel();
   constexpr int kDecodeWarps = DecodeWarps<D, kRows, Src>();
   constexpr int kSteps = D / 16;          // k-steps of Sᵀ = K Qᵀ
