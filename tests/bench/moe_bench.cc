@@ -542,20 +542,30 @@ absl::Status SampleTimes(kernels::Backend& backend, int64_t V, Rng& rng) {
   return absl::OkStatus();
 }
 
+// A comma-separated list flag's entries, each a positive integer ("" is the empty list).
+absl::StatusOr<std::vector<int64_t>> PositiveInts(const char* flag, const std::string& value) {
+  std::vector<int64_t> out;
+  for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+    int64_t n = 0;
+    if (!absl::SimpleAtoi(part, &n) || n <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--", flag, "=", value, ": \"", part, "\" is not a positive integer"));
+    }
+    out.push_back(n);
+  }
+  return out;
+}
+
 // ---- KV sweep: decode speed per cache format, context and batch (all experts resident) ----
 absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t expert_bytes,
                      double copy_bps, Rng& rng) {
   const engine::ModelConfig& c = model.config();
   const double budget = absl::GetFlag(FLAGS_kv_budget_gb) * 1e9;
   const int64_t steps = absl::GetFlag(FLAGS_kv_steps);
-  auto ints = [](const std::string& list) {
-    std::vector<int64_t> out;
-    for (absl::string_view part : absl::StrSplit(list, ',', absl::SkipEmpty())) {
-      int64_t v = 0;
-      if (absl::SimpleAtoi(part, &v) && v > 0) out.push_back(v);
-    }
-    return out;
-  };
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> contexts,
+                       PositiveInts("kv_contexts", absl::GetFlag(FLAGS_kv_contexts)));
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> batches,
+                       PositiveInts("kv_batches", absl::GetFlag(FLAGS_kv_batches)));
   auto tokens = [&](int64_t n) {
     std::vector<int32_t> t(n);
     for (auto& x : t) x = static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(c.vocab_size));
@@ -573,6 +583,7 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
     std::vector<double> step_s;
   };
   std::vector<Point> points;
+  std::vector<std::pair<kernels::KvFormat, double>> format_bytes;  // per position, all layers
   double bf16_position = 0;
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
@@ -583,9 +594,10 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
                                                    static_cast<int>(c.num_key_value_heads),
                                                    static_cast<int>(c.head_dim), kBlockSize, 1));
     const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
+    format_bytes.emplace_back(format, per_position);
     if (format == kernels::KvFormat::kBf16) bf16_position = per_position;
-    for (int64_t ctx : ints(absl::GetFlag(FLAGS_kv_contexts))) {
-      for (int64_t B : ints(absl::GetFlag(FLAGS_kv_batches))) {
+    for (int64_t ctx : contexts) {
+      for (int64_t B : batches) {
         points.push_back({format, ctx, B, per_position,
                           per_position * static_cast<double>(B * (ctx + steps + 2)), {}});
       }
@@ -644,18 +656,12 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
   }
   std::fflush(stdout);
   if (bf16_position > 0) {
-    std::printf("\ncontext tokens that fit in the %.0f GB budget (all layers): bf16 %.0f", budget / 1e9,
-                budget / bf16_position);
-    for (absl::string_view name :
-         absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
-      MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(name));
-      MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
-                           engine::KvStorage::Create(format, static_cast<int>(c.num_hidden_layers),
-                                                     static_cast<int>(c.num_key_value_heads),
-                                                     static_cast<int>(c.head_dim), kBlockSize, 1));
-      const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
-      std::printf(", %s %.0f (x%.2f)", kernels::KvFormatName(format), budget / per_position,
+    std::printf("\ncontext tokens that fit in the %.0f GB budget (all layers):", budget / 1e9);
+    const char* sep = " ";
+    for (const auto& [format, per_position] : format_bytes) {
+      std::printf("%s%s %.0f (x%.2f)", sep, kernels::KvFormatName(format), budget / per_position,
                   bf16_position / per_position);
+      sep = ", ";
     }
     std::printf("\n");
   }
@@ -682,15 +688,7 @@ absl::Status CheckFlags() {
       {"batches", absl::GetFlag(FLAGS_batches)},
       {"kv_contexts", absl::GetFlag(FLAGS_kv_contexts)},
       {"kv_batches", absl::GetFlag(FLAGS_kv_batches)}};
-  for (const auto& [flag, value] : lists) {
-    for (absl::string_view part : absl::StrSplit(value, ',', absl::SkipEmpty())) {
-      int64_t n = 0;
-      if (!absl::SimpleAtoi(part, &n) || n <= 0) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            "--", flag, "=", value, ": \"", part, "\" is not a positive integer"));
-      }
-    }
-  }
+  for (const auto& [flag, value] : lists) MOE_RETURN_IF_ERROR(PositiveInts(flag, value).status());
   return absl::OkStatus();
 }
 
@@ -822,9 +820,9 @@ absl::Status Run() {
 
   // ---- throughput at B concurrent sequences (each at context ctx, one token per step) ----
   const int64_t bsteps = absl::GetFlag(FLAGS_batch_steps);
-  for (absl::string_view part : absl::StrSplit(absl::GetFlag(FLAGS_batches), ',')) {
-    int64_t B = 0;
-    if (!absl::SimpleAtoi(part, &B) || B <= 0) continue;
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> batches,
+                       PositiveInts("batches", absl::GetFlag(FLAGS_batches)));
+  for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
                          MakePagedSeqs(c, *backend, kv_format, B, ctx + bsteps + 4));
     MOE_RETURN_IF_ERROR(FillRandom(*backend, c, seqs, ctx, rng));
