@@ -26,9 +26,9 @@ struct Codebook {
 // (no grid): the result is exact to ~1e-14. dim >= 3, 1 <= bits <= 4. Takes milliseconds.
 Codebook SolveLloydMax(int dim, int bits);
 
-// The committed table for (dim, bits), dim in {32, 64, 96, 128, 256}, bits in 1..4. NotFound
-// otherwise. The tables are what quantization uses; SolveLloydMax is the check that regenerates
-// them (tests/unit/kernels/kv_quant_test.cc, T1).
+// The committed table for (dim, bits), dim in {16, 24, 32, 64, 96, 128, 256}, bits in 1..4.
+// NotFound otherwise. The tables are what quantization uses; SolveLloydMax is the check that
+// regenerates them (tests/unit/kernels/kv_quant_test.cc, T1).
 absl::StatusOr<Codebook> CommittedCodebook(int dim, int bits);
 
 // Index of the cell of y: the number of boundaries <= y (ties go to the upper cell).

@@ -1,6 +1,8 @@
 // T7 of the TurboQuant spec: attention-output error and attention-probability KL against the bf16
 // cache must improve monotonically with bits, on random and on real (model) Q/K/V.
+#include <algorithm>
 #include <random>
+#include <string>
 
 #include "engine/default_model.h"
 #include "gtest/gtest.h"
@@ -40,25 +42,40 @@ TEST(KvQualityTest, RandomQkvImprovesWithBits) {
                  q.data(), k.data(), v.data(), T, NH, NKV, D, 0);
 }
 
+// Every layer of the model in `dir`, on the Q/K/V of a 96-token prefill of random tokens.
+void ExpectModelMonotone(const std::string& dir, const std::vector<KvFormat>& fewer_to_more_bits) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok());
+  auto model = engine::Model::Load(dir, **backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  const engine::ModelConfig& c = (*model)->config();
+  std::vector<int32_t> tokens(96);
+  std::mt19937 rng(5);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % std::min<int64_t>(600, c.vocab_size));
+  auto qkv = CaptureQkv(**model, tokens);
+  ASSERT_TRUE(qkv.ok()) << qkv.status();
+  for (size_t l = 0; l < qkv->size(); ++l) {
+    const LayerQkv& x = (*qkv)[l];
+    ExpectMonotone(fewer_to_more_bits, x.q.data(), x.k.data(), x.v.data(), x.T,
+                   static_cast<int>(c.num_attention_heads), static_cast<int>(c.num_key_value_heads),
+                   static_cast<int>(c.head_dim), static_cast<int>(l));
+  }
+}
+
 TEST(KvQualityTest, ModelQkvImprovesWithBits) {
   testing::TempDir dir;
   ASSERT_TRUE(engine::WriteDefaultModel(dir.path()).ok());
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
-  ASSERT_TRUE(backend.ok());
-  auto model = engine::Model::Load(dir.path(), **backend);
-  ASSERT_TRUE(model.ok()) << model.status();
-  std::vector<int32_t> tokens(96);
-  std::mt19937 rng(5);
-  for (int32_t& t : tokens) t = static_cast<int32_t>(rng() % 600);
-  auto qkv = CaptureQkv(**model, tokens);
-  ASSERT_TRUE(qkv.ok()) << qkv.status();
-  const engine::ModelConfig& c = (*model)->config();
-  for (size_t l = 0; l < qkv->size(); ++l) {
-    const LayerQkv& x = (*qkv)[l];
-    ExpectMonotone({KvFormat::kTq2, KvFormat::kTq3, KvFormat::kTq4, KvFormat::kFp8E4m3}, x.q.data(),
-                   x.k.data(), x.v.data(), x.T, static_cast<int>(c.num_attention_heads),
-                   static_cast<int>(c.num_key_value_heads), static_cast<int>(c.head_dim),
-                   static_cast<int>(l));
+  ExpectModelMonotone(dir.path(), {KvFormat::kTq2, KvFormat::kTq3, KvFormat::kTq4,
+                                   KvFormat::kFp8E4m3});
+}
+
+// The golden fixtures: tiny checkpoints written by transformers (four architectures, head_dim 24
+// and 16).
+TEST(KvQualityTest, GoldenFixturesQkvImproveWithBits) {
+  for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"}) {
+    SCOPED_TRACE(arch);
+    ExpectModelMonotone(std::string(MOE_SOURCE_DIR) + "/tests/golden/fixtures/" + arch,
+                        {KvFormat::kTq2, KvFormat::kTq3, KvFormat::kTq4, KvFormat::kFp8E4m3});
   }
 }
 
