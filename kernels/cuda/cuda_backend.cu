@@ -52,6 +52,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   for (CUevent_st*& e : compute_marks_) {
     MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
+  if (const char* chunk = std::getenv("MOE_ROUTED_CHUNK"); chunk != nullptr) {
+    routed_chunk_override_ = std::max(0L, std::strtol(chunk, nullptr, 10));
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -62,7 +65,8 @@ CudaBackend::~CudaBackend() {
   for (CUevent_st* e : copy_done_) cudaEventDestroy(e);
   for (CUevent_st* e : compute_marks_) cudaEventDestroy(e);
   cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &staged_experts_,
+  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &routed_plan_,
+                     &staged_experts_,
                      &kv_slots_, &kv_tables_, &kv_seqs_}) {
     cudaFree(s->data);
   }

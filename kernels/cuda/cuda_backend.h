@@ -122,6 +122,8 @@ class CudaBackend final : public Backend {
     const void* const* down = nullptr;
   };
   // ExpertFfn's and ExpertFfnRouted's launches (expert_ffn.cu).
+  // ExpertFfnRouted with more routed pairs than experts (expert_ffn.cu): planned on the GPU.
+  void PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const ExpertWeights& w0);
   void LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, int64_t total_rows,
                        const ExpertWeights& w0, const float* x, const int32_t* rows,
                        const float* row_weights, float* out, int64_t H);
@@ -171,6 +173,10 @@ class CudaBackend final : public Backend {
   // ExpertFfnRouted with experts in host memory: the pointer table [3][E] the launches read,
   // then the routed host experts copied into VRAM, one slot a routed pair.
   Scratch staged_experts_;
+  // PlannedExpertFfnRouted's plan: group tables, rows, row weights, per-expert counts.
+  Scratch routed_plan_;
+  // MOE_ROUTED_CHUNK=n: the plan's rows per group (measurements; 0: chosen by the batch).
+  int64_t routed_chunk_override_ = 0;
   int routed_rows_top_k_ = 0;
   int64_t routed_rows_count_ = 0;
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).

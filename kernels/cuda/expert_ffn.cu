@@ -8,8 +8,14 @@
 //   out[rows[r]]   += row_weights[r] * act[r] Down_e^T   one grouped launch, atomicAdd scatter
 // The atomics make the order of the (at most K) additions into one out element vary from run to
 // run: results can differ in the last bit, unlike the CPU reference.
-// ExpertFfnRouted (decode with every expert of the layer in a device pointer table): group y is
-// routed pair y, its matrices looked up by the kernels themselves from Route's expert ids.
+// ExpertFfnRouted (every expert of the layer in a device pointer table), two plans, both on the
+// GPU with no host synchronisation:
+//  - at most one (token, k) pair per expert on average (T K <= E, decode): group y is routed pair
+//    y, its matrices looked up by the kernels themselves from Route's expert ids;
+//  - more (batches, prefill chunks): PlanRoutedExpertsKernel sorts the pairs into per-expert
+//    groups (counts, offsets, rows), cut into chunks of at most kRoutedChunkSmall rows for the
+//    tensor-core matrix-vector kernel or kRoutedChunkLarge rows for the tensor-core GEMM, so that
+//    each expert's weights are read once per chunk instead of once per pair.
 #include <algorithm>
 #include <vector>
 
@@ -19,6 +25,15 @@
 
 namespace moe::kernels {
 namespace {
+
+// Planned ExpertFfnRouted: rows per group. 8 is the tensor-core matrix-vector kernel's n (one
+// pass over the weights per chunk); 128 is two row tiles of the tensor-core GEMM (GemmMmaKernel),
+// past kMatVecMaxRows so that Dispatch picks it. The large chunk pays once an expert averages
+// more than kRoutedLargeFrom pairs (the weights are then re-read 4+ times by the small chunks).
+constexpr int kRoutedChunkSmall = 8;
+constexpr int kRoutedChunkLarge = 128;
+constexpr int64_t kRoutedLargeFrom = 32;
+constexpr int kPlanThreads = 1024;
 
 constexpr int kStageBlocks = 32;  // per routed pair: ~2 MB of loads in flight, PCIe's latency
 constexpr size_t kStageAlign = 256;
@@ -79,6 +94,107 @@ __global__ void StageRoutedExpertsKernel(const int32_t* ids, int num_experts,
   StageCopy(d, static_cast<const uint8_t*>(down[e]), down_bytes);
 }
 
+// Where expert e's three matrices are read: its VRAM copy in `staged` (slot e) when it is in the
+// host tier (in_host, copied by StageExpertsByIdKernel), else where the tables point.
+struct RoutedPointers {
+  const void* const* gate;
+  const void* const* up;
+  const void* const* down;
+  const uint8_t* in_host;  // null: every expert in VRAM
+  uint8_t* staged;
+  uint64_t up_offset, down_offset, slot_bytes;
+};
+
+// One block: the n routed pairs (ids, weights: [T, K] row-major) grouped by expert. Writes
+// counts[e]; rows / row_weights [n] in expert order (ascending id; within an expert in arrival
+// order, which changes no result: each row is its own dot product); and the group tables
+// groups[3][max_groups] (gate, up, down) of chunks of at most `chunk` rows, experts whose gate
+// pointer is null (not resident) left out, the unused entries zero rows. An id outside [0, E)
+// is skipped (its row stays unwritten and in no group): nothing is written out of bounds.
+__global__ void PlanRoutedExpertsKernel(const int32_t* ids, const float* weights, int n,
+                                        int top_k, int num_experts, int chunk, int max_groups,
+                                        RoutedPointers ptrs, int32_t* rows, float* row_weights,
+                                        int32_t* counts, cuda::GemmGroup* groups) {
+  cuda::WaitForPriorKernel();
+  extern __shared__ int plan_smem[];
+  int* count = plan_smem;                     // [E]
+  int* offset = count + num_experts;          // [E] first row
+  int* cursor = offset + num_experts;         // [E] rows placed so far
+  int* first_group = cursor + num_experts;    // [E] first chunk's group
+  __shared__ int total_groups;
+  const int tid = threadIdx.x;
+  for (int e = tid; e < num_experts; e += blockDim.x) count[e] = cursor[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < n; i += blockDim.x) {
+    const int e = ids[i];
+    if (e >= 0 && e < num_experts) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  // Exclusive scans of rows and of chunks over the experts: warp 0, each lane a contiguous run.
+  if (tid < cuda::kWarp) {
+    const int per = (num_experts + cuda::kWarp - 1) / cuda::kWarp;
+    const int b = min(num_experts, tid * per), e_end = min(num_experts, b + per);
+    int my_rows = 0, my_groups = 0;
+    for (int e = b; e < e_end; ++e) {
+      my_rows += count[e];
+      if (ptrs.gate[e] != nullptr) my_groups += (count[e] + chunk - 1) / chunk;
+    }
+    int rows_before = my_rows, groups_before = my_groups;  // inclusive scans, then exclusive
+#pragma unroll
+    for (int d = 1; d < cuda::kWarp; d *= 2) {
+      const int r = __shfl_up_sync(0xffffffffu, rows_before, d);
+      const int g = __shfl_up_sync(0xffffffffu, groups_before, d);
+      if (tid >= d) rows_before += r, groups_before += g;
+    }
+    if (tid == cuda::kWarp - 1) total_groups = groups_before;
+    rows_before -= my_rows, groups_before -= my_groups;
+    for (int e = b; e < e_end; ++e) {
+      offset[e] = rows_before;
+      first_group[e] = groups_before;
+      rows_before += count[e];
+      if (ptrs.gate[e] != nullptr) groups_before += (count[e] + chunk - 1) / chunk;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < n; i += blockDim.x) {
+    const int e = ids[i];
+    if (e < 0 || e >= num_experts) continue;
+    const int at = offset[e] + atomicAdd(&cursor[e], 1);
+    rows[at] = i / top_k;
+    row_weights[at] = weights[i];
+  }
+  for (int e = tid; e < num_experts; e += blockDim.x) {
+    counts[e] = count[e];
+    if (ptrs.gate[e] == nullptr) continue;
+    const bool host = ptrs.in_host != nullptr && ptrs.in_host[e] != 0;
+    const uint8_t* slot = ptrs.staged + e * ptrs.slot_bytes;
+    const void* w[3] = {host ? slot : ptrs.gate[e], host ? slot + ptrs.up_offset : ptrs.up[e],
+                        host ? slot + ptrs.down_offset : ptrs.down[e]};
+    for (int c = 0; c * chunk < count[e]; ++c) {
+      const int g = first_group[e] + c;
+      const int64_t begin = offset[e] + c * chunk, rows_in = min(chunk, count[e] - c * chunk);
+      for (int m = 0; m < 3; ++m) groups[m * max_groups + g] = {w[m], begin, rows_in};
+    }
+  }
+  for (int g = total_groups + tid; g < max_groups; g += blockDim.x) {
+    for (int m = 0; m < 3; ++m) groups[m * max_groups + g] = {nullptr, 0, 0};
+  }
+}
+
+// Block row e = blockIdx.y copies expert e's matrices from the host tier into VRAM slot e when
+// the plan routed a pair to it and it is in host memory.
+__global__ void StageExpertsByIdKernel(const int32_t* counts, RoutedPointers ptrs,
+                                       uint64_t gate_bytes, uint64_t up_bytes,
+                                       uint64_t down_bytes) {
+  cuda::WaitForPriorKernel();
+  const int e = static_cast<int>(blockIdx.y);
+  if (counts[e] == 0 || ptrs.in_host[e] == 0 || ptrs.gate[e] == nullptr) return;
+  uint8_t* slot = ptrs.staged + e * ptrs.slot_bytes;
+  StageCopy(slot, static_cast<const uint8_t*>(ptrs.gate[e]), gate_bytes);
+  StageCopy(slot + ptrs.up_offset, static_cast<const uint8_t*>(ptrs.up[e]), up_bytes);
+  StageCopy(slot + ptrs.down_offset, static_cast<const uint8_t*>(ptrs.down[e]), down_bytes);
+}
+
 }  // namespace
 
 void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
@@ -131,6 +247,7 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
     if (a.experts->views[e].gate.data != nullptr) w0 = &a.experts->views[e];
   }
   if (w0 == nullptr) return;
+  if (n > a.experts->num_experts) return PlannedExpertFfnRouted(a, *w0);
   // Routed pair y reads token y / top_k: a table made once per top_k (and grown with n).
   if (a.top_k != routed_rows_top_k_ || n > routed_rows_count_) {
     routed_rows_count_ = std::max<int64_t>(n, 1024);
@@ -163,6 +280,48 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   }
   LaunchExpertFfn(groups, 1, n, *w0, a.x, static_cast<const int32_t*>(routed_rows_.data),
                   a.weights, a.out, a.hidden_size);
+}
+
+// ExpertFfnRouted for more pairs than experts: the plan above, then the grouped launches.
+void CudaBackend::PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const ExpertWeights& w0) {
+  const int64_t n = a.num_tokens * a.top_k;
+  const int E = a.experts->num_experts;
+  int64_t chunk = n > kRoutedLargeFrom * E ? kRoutedChunkLarge : kRoutedChunkSmall;
+  if (routed_chunk_override_ > 0) chunk = routed_chunk_override_;
+  // Each expert's last chunk may be partial: at most n / chunk full ones plus one per expert.
+  const int64_t max_groups = std::min<int64_t>(n, n / chunk + E);
+  MOE_CHECK(max_groups <= 65535) << "ExpertFfnRouted: " << n << " routed pairs";
+  const size_t groups_bytes = StageAligned(3 * max_groups * sizeof(cuda::GemmGroup));
+  const size_t rows_bytes = StageAligned(n * sizeof(int32_t));
+  const size_t counts_bytes = StageAligned(E * sizeof(int32_t));
+  auto* base = static_cast<uint8_t*>(
+      Reserve(routed_plan_, groups_bytes + 2 * rows_bytes + counts_bytes));
+  auto* groups = reinterpret_cast<cuda::GemmGroup*>(base);
+  auto* rows = reinterpret_cast<int32_t*>(base + groups_bytes);
+  auto* row_weights = reinterpret_cast<float*>(base + groups_bytes + rows_bytes);
+  auto* counts = reinterpret_cast<int32_t*>(base + groups_bytes + 2 * rows_bytes);
+
+  RoutedPointers ptrs{a.experts->gate, a.experts->up, a.experts->down, a.experts->in_host,
+                      nullptr, 0, 0, 0};
+  if (ptrs.in_host != nullptr) {
+    ptrs.up_offset = StageAligned(w0.gate.bytes());
+    ptrs.down_offset = ptrs.up_offset + StageAligned(w0.up.bytes());
+    ptrs.slot_bytes = ptrs.down_offset + StageAligned(w0.down.bytes());
+    ptrs.staged = static_cast<uint8_t*>(Reserve(staged_experts_, E * ptrs.slot_bytes));
+  }
+  const size_t smem = 4 * static_cast<size_t>(E) * sizeof(int);
+  cuda::Launch(PlanRoutedExpertsKernel, 1, kPlanThreads, smem, stream_, a.expert_ids, a.weights,
+               static_cast<int>(n), a.top_k, E, static_cast<int>(chunk),
+               static_cast<int>(max_groups), ptrs, rows, row_weights, counts, groups);
+  if (ptrs.in_host != nullptr) {
+    cuda::Launch(StageExpertsByIdKernel, dim3(kStageBlocks, static_cast<unsigned>(E)), 256, 0,
+                 stream_, counts, ptrs, uint64_t{w0.gate.bytes()}, uint64_t{w0.up.bytes()},
+                 uint64_t{w0.down.bytes()});
+  }
+  ExpertGroups plan;
+  plan.count = static_cast<int>(max_groups);
+  plan.table = groups;
+  LaunchExpertFfn(plan, chunk, n, w0, a.x, rows, row_weights, a.out, a.hidden_size);
 }
 
 // The grouped SwiGLU launches over `groups` (every expert has w0's dtype and shapes).

@@ -714,9 +714,18 @@ void RunExpertFfn(const FfnCase& c, int32_t group) {
   std::vector<std::vector<std::pair<int32_t, float>>> per_expert(c.pool);
   std::vector<int> order(c.pool);
   std::uniform_real_distribution<float> weight(0.05f, 1.f);
+  std::uniform_real_distribution<double> unit(1e-12, 1.0);
+  std::vector<double> key(c.pool);
   for (int64_t t = 0; t < c.T; ++t) {
     std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
+    if (c.skew) {  // weighted sampling without replacement: the K largest u^(1 / w)
+      for (int e = 0; e < c.pool; ++e) {
+        key[e] = 4 * e < 3 * c.pool ? std::pow(unit(rng), e + 1.0) : -1.0;
+      }
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
+    } else {
+      std::shuffle(order.begin(), order.end(), rng);
+    }
     for (int k = 0; k < c.K; ++k) per_expert[order[k]].push_back({static_cast<int32_t>(t), weight(rng)});
   }
   std::vector<int32_t> rows;
@@ -792,7 +801,10 @@ INSTANTIATE_TEST_SUITE_P(
 // CPU, which copies the routing out and groups it on the host. `absent`: experts 0, 3, 6, ... are
 // not resident (null pointers, the tiered store's decode path): both skip their rows. `in_host`:
 // the odd experts are in pinned host memory (the store's host tier read in place), which CUDA
-// copies into VRAM before its expert kernels.
+// copies into VRAM before its expert kernels. `skew`: experts drawn with weight 1 / (e + 1) and
+// the last quarter never (experts with no rows and with many). More pairs than experts (T K > E)
+// take CUDA's planned path: groups of 8 rows for the tensor-core matrix-vector kernel, or of 128
+// for the tensor-core GEMM once an expert averages more than 32 pairs.
 struct RoutedCase {
   int64_t T, H, I;
   int pool, K;
@@ -800,6 +812,7 @@ struct RoutedCase {
   int32_t group;
   bool absent = false;
   bool in_host = false;
+  bool skew = false;
 };
 class ExpertFfnRoutedParity : public ::testing::TestWithParam<RoutedCase> {};
 
@@ -810,9 +823,18 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
   std::vector<float> weights;
   std::vector<int> order(c.pool);
   std::uniform_real_distribution<float> weight(0.05f, 1.f);
+  std::uniform_real_distribution<double> unit(1e-12, 1.0);
+  std::vector<double> key(c.pool);
   for (int64_t t = 0; t < c.T; ++t) {
     std::iota(order.begin(), order.end(), 0);
-    std::shuffle(order.begin(), order.end(), rng);
+    if (c.skew) {  // weighted sampling without replacement: the K largest u^(1 / w)
+      for (int e = 0; e < c.pool; ++e) {
+        key[e] = 4 * e < 3 * c.pool ? std::pow(unit(rng), e + 1.0) : -1.0;
+      }
+      std::sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
+    } else {
+      std::shuffle(order.begin(), order.end(), rng);
+    }
     for (int k = 0; k < c.K; ++k) {
       ids.push_back(order[k]);
       weights.push_back(weight(rng));
@@ -887,7 +909,7 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
   ExpectClose("ExpertFfnRouted",
               Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
                    GroupTag(c.group), c.absent ? "some absent" : "",
-                   c.in_host ? "odd in host" : ""),
+                   c.in_host ? "odd in host" : "", c.skew ? "skewed" : ""),
               out.Read(), want, TolFor(c.dtype));
 }
 
@@ -901,7 +923,19 @@ INSTANTIATE_TEST_SUITE_P(
                       RoutedCase{4, 256, 96, 8, 4, DType::kBF16, 0, true},
                       RoutedCase{1, 2048, 768, 32, 8, DType::kQ4, 64, false, true},
                       RoutedCase{5, 255, 97, 8, 4, DType::kBF16, 0, true, true},  // odd sizes
-                      RoutedCase{6, 64, 32, 4, 4, DType::kF32, 0, false, true}));  // repeats
+                      RoutedCase{6, 64, 32, 4, 4, DType::kF32, 0, false, true},  // repeats
+                      // planned on the GPU (T K > E): a decode batch of 256 at the Qwen3-30B-A3B
+                      // shape, skewed batches, odd expert counts, absent and host-tier experts
+                      RoutedCase{256, 2048, 768, 128, 8, DType::kQ4, 64},
+                      RoutedCase{64, 2048, 768, 128, 8, DType::kQ4, 32, false, false, true},
+                      RoutedCase{96, 512, 256, 17, 4, DType::kQ4, 128, true, true, true},
+                      RoutedCase{40, 256, 96, 9, 3, DType::kQ8, 64, false, false, true},
+                      RoutedCase{33, 255, 97, 7, 4, DType::kBF16, 0, true, true},
+                      RoutedCase{40, 64, 32, 4, 2, DType::kF32, 0, true, true, true},
+                      // prefill chunks: experts averaging > 32 pairs take the GEMM's groups
+                      RoutedCase{1024, 2048, 768, 64, 8, DType::kQ4, 64, false, false, true},
+                      RoutedCase{600, 512, 256, 17, 4, DType::kQ4, 128, true, true, true},
+                      RoutedCase{300, 255, 97, 9, 3, DType::kBF16, 0, false, true, true}));
 
 // ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64
