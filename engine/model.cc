@@ -2,11 +2,8 @@
 #include "engine/model.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstring>
 #include <filesystem>
-#include <map>
-#include <numeric>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -20,15 +17,6 @@ namespace {
 absl::Status Alloc(kernels::Backend& b, kernels::Buffer* buf, size_t bytes) {
   MOE_ASSIGN_OR_RETURN(*buf, b.Allocate(bytes));
   return absl::OkStatus();
-}
-
-// One launch of ExpertFfnRouted serves experts only when they share shapes and format.
-bool SameLayout(const kernels::ExpertWeights& a, const kernels::ExpertWeights& b) {
-  auto same = [](const kernels::TensorView& x, const kernels::TensorView& y) {
-    return x.dtype == y.dtype && x.group_size == y.group_size && x.rank == y.rank &&
-           x.dim(0) == y.dim(0) && x.dim(1) == y.dim(1);
-  };
-  return same(a.gate, b.gate) && same(a.up, b.up) && same(a.down, b.down);
 }
 
 }  // namespace
@@ -151,12 +139,25 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
   options.store_dir = dir;
   auto opened = store::ExpertStore::Open(options, &backend);
   if (!opened.ok()) return base::Annotate(opened.status(), dir);
-  return Load(dir, backend, std::unique_ptr<store::ExpertProvider>(std::move(*opened)));
+  return Load(dir, backend, std::move(*opened));
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
+                                                   kernels::Backend& backend,
+                                                   std::unique_ptr<store::ExpertStore> store) {
+  store::ExpertStore* tiered = store.get();
+  return LoadWith(dir, backend, std::move(store), tiered);
 }
 
 absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
                                                    kernels::Backend& backend,
                                                    std::unique_ptr<store::ExpertProvider> experts) {
+  return LoadWith(dir, backend, std::move(experts), nullptr);
+}
+
+absl::StatusOr<std::unique_ptr<Model>> Model::LoadWith(
+    const std::string& dir, kernels::Backend& backend,
+    std::unique_ptr<store::ExpertProvider> experts, store::ExpertStore* store) {
   MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir));
   if (config.clip_qkv != 0.0) {
     return absl::UnimplementedError(absl::StrCat(dir, ": clip_qkv is not supported"));
@@ -174,17 +175,8 @@ absl::StatusOr<std::unique_ptr<Model>> Model::Load(const std::string& dir,
     if (!views.ok()) return base::Annotate(views.status(), dir);
     experts = std::make_unique<store::CheckpointExpertProvider>(std::move(*views));
   }
-  model->store_ = dynamic_cast<store::ExpertStore*>(experts.get());
-  model->experts_ = std::move(experts);
-  MOE_RETURN_IF_ERROR(model->MakeResidentTables());
-  if (model->store_ != nullptr) {
-    const int64_t n = c.num_hidden_layers * c.num_experts;
-    model->in_place_.resize(c.num_hidden_layers);
-    MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_tables_, 3 * n * sizeof(void*)));
-    MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_host_, n));
-    MOE_RETURN_IF_ERROR(Alloc(backend, &model->in_place_ids_, n * sizeof(int32_t)));
-    MOE_ASSIGN_OR_RETURN(model->in_place_ids_host_, backend.AllocateHost(n * sizeof(int32_t)));
-  }
+  MOE_ASSIGN_OR_RETURN(model->moe_, MoeLayer::Create(model->config_, model->weights_, backend,
+                                                     std::move(experts), store));
   model->rope_ = ComputeRopeTable(c);
   const size_t freq_bytes = model->rope_.inv_freq.size() * sizeof(float);
   MOE_RETURN_IF_ERROR(Alloc(backend, &model->inv_freq_, std::max<size_t>(freq_bytes, 1)));
@@ -197,22 +189,13 @@ absl::Status Model::Reserve(int64_t T) {
   const ModelConfig& c = config_;
   const size_t f = sizeof(float);
   const int64_t q_dim = c.num_attention_heads * c.head_dim, kv_dim = c.num_key_value_heads * c.head_dim;
-  const int64_t K = c.num_experts_per_tok;
   MOE_RETURN_IF_ERROR(Alloc(backend_, &x_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &h_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_, T * (q_dim + 2 * kv_dim) * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &attn_, T * q_dim * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &mlp_out_, T * c.hidden_size * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &router_logits_, T * c.num_experts * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &route_, 2 * T * std::max<int64_t>(K, 1) * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &plan_, 2 * T * std::max<int64_t>(K, 1) * f));
-  if (store_ != nullptr) {
-    MOE_RETURN_IF_ERROR(Alloc(backend_, &routed_table_, 3 * c.num_experts * sizeof(void*)));
-    MOE_ASSIGN_OR_RETURN(routed_host_,
-                         backend_.AllocateHost(2 * T * std::max<int64_t>(K, 1) * f));
-  }
+  MOE_RETURN_IF_ERROR(moe_->Reserve(T));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &ones_, T * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &positions_, T * sizeof(int32_t)));
   const std::vector<float> ones(T, 1.f);
@@ -308,18 +291,17 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   // A KV-write verdict left by a step that failed before taking it belongs to that step, whose
   // caller already got an error: dropped here, so that it is not blamed on this one.
   backend_.TakeKvWriteError().IgnoreError();
-  for (InPlaceLayer& p : in_place_) p.routed = 0;  // a failed step's ids were not copied
   MOE_RETURN_IF_ERROR(Reserve(T));
+  moe_->BeginStep();
   const int64_t q_dim = c.num_attention_heads * c.head_dim;
   q_ = qkv_.f32();
   k_ = q_ + T * q_dim;
   v_ = k_ + T * c.num_key_value_heads * c.head_dim;
   // Replayable (CUDA graphs) unless something reads the device mid-step or the expert store's
   // copy thread queues loads behind the step's kernels.
-  backend_.BeginStep(T, store_ == nullptr && !observer_ && trace_ == nullptr && !exact_timings_);
+  backend_.BeginStep(T, moe_->replayable() && !observer_ && !exact_timings_);
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));
-  ++trace_step_;  // before any layer: a step that fails half-way keeps its number
 
   // h = input_layernorm(x): for the first layer here, for the others fused with the residual
   // add that ends the layer before (AddRmsNorm).
@@ -366,11 +348,12 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     times_.attention_us += PhaseClock() - t0;
 
     if (L.sparse) {
-      if (absl::Status st = MoeBlock(l, T); !st.ok()) return AbandonStep(std::move(st));
+      absl::Status st = moe_->Run(l, T, h_.f32(), mlp_out_.f32(), times_);
+      if (!st.ok()) return AbandonStep(std::move(st));
       t0 = PhaseClock();
     } else {
       t0 = PhaseClock();
-      DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, ones_.f32());
+      moe_->DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, ones_.f32());
     }
     if (l + 1 < c.num_hidden_layers) {
       backend_.AddRmsNorm(x_.f32(), mlp_out_.f32(), h_.f32(), T,
@@ -381,14 +364,9 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     (L.sparse ? times_.expert_compute_us : times_.dense_us) += PhaseClock() - t0;
   }
 
-  // The in-place layers' routed ids, copied to the host in one copy read once the lm head is
-  // queued (UseInPlaceRouting).
-  const bool in_place_used = std::any_of(in_place_.begin(), in_place_.end(),
-                                         [](const InPlaceLayer& p) { return p.routed > 0; });
-  if (in_place_used) {
-    backend_.CopyToHostQueued(in_place_ids_host_.data(), in_place_ids_.data(),
-                              in_place_ids_.bytes());
-  }
+  // The device-routed layers' ids, copied to the host in one copy read once the lm head is
+  // queued (ReportStepUse).
+  moe_->QueueStepUse();
 
   // Final norm and lm_head over the rows whose logits are wanted.
   const int64_t t0 = PhaseClock();
@@ -410,34 +388,13 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   backend_.RmsNorm(h_.f32(), h_.f32(), R, weights_.norm.view, c.rms_norm_eps);
   backend_.MatMul(logits_.f32(), h_.f32(), R, weights_.lm_head.view, nullptr);
   times_.logits_us += PhaseClock() - t0;
-  if (in_place_used) UseInPlaceRouting();
+  moe_->ReportStepUse(times_);
   return R;
 }
 
 absl::Status Model::AbandonStep(absl::Status error) {
   backend_.EndStep();
   return error;
-}
-
-void Model::UseInPlaceRouting() {
-  const int64_t t0 = PhaseClock();
-  backend_.WaitForHostCopies();  // the layers are done; the GPU runs the lm head meanwhile
-  const int64_t E = config_.num_experts;
-  for (size_t l = 0; l < in_place_.size(); ++l) {
-    InPlaceLayer& p = in_place_[l];
-    if (p.routed == 0) continue;
-    const int32_t* ids = static_cast<const int32_t*>(in_place_ids_host_.data()) + l * E;
-    std::vector<int32_t> used(ids, ids + p.routed);
-    std::sort(used.begin(), used.end());
-    used.erase(std::unique(used.begin(), used.end()), used.end());
-    std::vector<int32_t> from_host;
-    for (const int32_t e : used) {
-      if (e >= 0 && e < E && p.readable.in_host[e]) from_host.push_back(e);
-    }
-    store_->Use(static_cast<int32_t>(l), used, from_host);
-    p.routed = 0;
-  }
-  times_.routing_us += PhaseClock() - t0;
 }
 
 absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T) {
@@ -528,33 +485,6 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   return absl::OkStatus();
 }
 
-absl::Status Model::MakeResidentTables() {
-  resident_.resize(config_.num_hidden_layers);
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    ResidentLayer& r = resident_[l];
-    r.views = experts_->ResidentLayer(static_cast<int32_t>(l));
-    const size_t E = r.views.size();
-    // One launch serves all of them: every expert in the first one's format.
-    bool usable = E > 0 && static_cast<int64_t>(E) == config_.num_experts;
-    for (size_t e = 0; usable && e < E; ++e) usable = SameLayout(r.views[e], r.views[0]);
-    if (!usable) {
-      r.views.clear();
-      continue;
-    }
-    std::vector<const void*> ptrs(3 * E);
-    for (size_t e = 0; e < E; ++e) {
-      ptrs[e] = r.views[e].gate.data;
-      ptrs[E + e] = r.views[e].up.data;
-      ptrs[2 * E + e] = r.views[e].down.data;
-    }
-    MOE_RETURN_IF_ERROR(Alloc(backend_, &r.pointers, ptrs.size() * sizeof(void*)));
-    backend_.CopyToDevice(r.pointers.data(), ptrs.data(), ptrs.size() * sizeof(void*));
-    const auto* dev = static_cast<const void* const*>(r.pointers.data());
-    r.table = {r.views.data(), dev, dev + E, dev + 2 * E, static_cast<int>(E)};
-  }
-  return absl::OkStatus();
-}
-
 int64_t Model::PhaseClock() {
   if (exact_timings_) backend_.Synchronize();
   return base::NowMicros();
@@ -572,284 +502,6 @@ kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> bl
   kv.num_kv_heads = num_kv_heads_;
   kv.head_dim = head_dim_;
   return kv;
-}
-
-void Model::DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
-                     const float* row_weights) {
-  std::vector<int32_t> rows(T);
-  std::iota(rows.begin(), rows.end(), 0);
-  backend_.CopyToDevice(plan_.data(), rows.data(), T * sizeof(int32_t));
-  const kernels::ExpertWork work{&mlp, 0, T};
-  kernels::ExpertFfnArgs args;
-  args.out = out;
-  args.x = x;
-  args.num_tokens = T;
-  args.hidden_size = config_.hidden_size;
-  args.experts = absl::MakeConstSpan(&work, 1);
-  args.rows = static_cast<const int32_t*>(plan_.data());
-  args.row_weights = row_weights;
-  backend_.Zero(out, T * config_.hidden_size * sizeof(float));
-  backend_.ExpertFfn(args);
-}
-
-absl::Status Model::MoeBlock(int64_t layer, int64_t T) {
-  const ModelConfig& c = config_;
-  const LayerWeights& L = weights_.layers[layer];
-  const int64_t K = c.num_experts_per_tok, H = c.hidden_size;
-  int64_t t0 = PhaseClock();
-
-  // Shared expert first (qwen2_moe): out = sigmoid(x . g) * SharedMlp(x); it also zeroes out.
-  if (c.arch.has_shared_expert) {
-    backend_.MatMul(gate_.f32(), h_.f32(), T, L.shared_expert_gate.view, nullptr);
-    backend_.Sigmoid(gate_.f32(), T);
-    DenseMlp(L.mlp, mlp_out_.f32(), h_.f32(), T, gate_.f32());
-  } else {
-    backend_.Zero(mlp_out_.data(), T * H * sizeof(float));
-  }
-
-  // Decoding through the tiered store with every expert of the layer in VRAM or in a host tier
-  // the backend reads in place: the routing stays on the device, as with all experts resident.
-  const bool in_place = store_ != nullptr && trace_ == nullptr && T * K <= c.num_experts &&
-                        PrepareInPlace(layer);
-  backend_.MatMul(router_logits_.f32(), h_.f32(), T, L.router.view, nullptr);
-  kernels::RouteArgs route;
-  route.logits = router_logits_.f32();
-  route.num_tokens = T;
-  route.num_experts = static_cast<int>(c.num_experts);
-  route.top_k = static_cast<int>(K);
-  route.renormalize = c.norm_topk_prob;
-  route.weights = route_.f32();
-  route.expert_ids = in_place ? static_cast<int32_t*>(in_place_ids_.data()) + layer * c.num_experts
-                              : reinterpret_cast<int32_t*>(route_.f32() + T * K);
-  backend_.Route(route);
-  if (in_place) {
-    times_.routing_us += PhaseClock() - t0;
-    const int64_t c0 = PhaseClock();
-    const int64_t E = c.num_experts;
-    const auto* dev = static_cast<const void* const*>(in_place_tables_.data()) + layer * 3 * E;
-    const InPlaceLayer& p = in_place_[layer];
-    const kernels::ResidentExperts table{
-        p.readable.views.data(), dev, dev + E, dev + 2 * E, static_cast<int>(E),
-        p.any_in_host ? static_cast<const uint8_t*>(in_place_host_.data()) + layer * E : nullptr};
-    kernels::ExpertFfnRoutedArgs r;
-    r.out = mlp_out_.f32();
-    r.x = h_.f32();
-    r.num_tokens = T;
-    r.hidden_size = H;
-    r.top_k = static_cast<int>(K);
-    r.experts = &table;
-    r.expert_ids = route.expert_ids;
-    r.weights = route.weights;
-    backend_.ExpertFfnRouted(r);
-    in_place_[layer].routed = T * K;
-    times_.expert_compute_us += PhaseClock() - c0;
-    return absl::OkStatus();
-  }
-  if (resident_[layer].table.num_experts > 0 && trace_ == nullptr && T * K <= c.num_experts) {
-    // Every expert of the layer is resident: the experts read the routing where Route left it,
-    // with no host synchronisation. Each (token, k) pair is its own group there, so an expert
-    // chosen by several tokens is read once per token: only for steps with at most one pair per
-    // expert on average (decode); larger steps group on the host below, as does a trace.
-    times_.routing_us += PhaseClock() - t0;
-    const int64_t c0 = PhaseClock();
-    kernels::ExpertFfnRoutedArgs r;
-    r.out = mlp_out_.f32();
-    r.x = h_.f32();
-    r.num_tokens = T;
-    r.hidden_size = H;
-    r.top_k = static_cast<int>(K);
-    r.experts = &resident_[layer].table;
-    r.expert_ids = route.expert_ids;
-    r.weights = route.weights;
-    backend_.ExpertFfnRouted(r);
-    times_.expert_compute_us += PhaseClock() - c0;
-    return absl::OkStatus();
-  }
-  // The one host synchronisation per layer: the store must know which experts to make resident.
-  // Decoding through the tiered store, the routing's copy is queued first and the experts
-  // resident now run behind it, reading the routing where Route left it: the GPU computes while
-  // the host waits for the copy and loads what missed (it idled through that wait before).
-  std::vector<float> routed(2 * T * K);  // weights, then the ids' bits
-  std::vector<bool> ran(c.num_experts, false);
-  std::vector<store::ExpertHandle> pinned;
-  if (store_ != nullptr && trace_ == nullptr && T * K <= c.num_experts) {
-    backend_.CopyToHostQueued(routed_host_.data(), route_.data(), routed.size() * sizeof(float));
-    const int64_t c0 = PhaseClock();
-    pinned = store_->PinDeviceResident(static_cast<int32_t>(layer),
-                                       static_cast<int32_t>(c.num_experts));
-    if (RunResidentRouted(T, route, pinned)) {
-      for (const store::ExpertHandle& h : pinned) ran[h.expert] = true;
-    }
-    const int64_t spent = PhaseClock() - c0;
-    times_.expert_compute_us += spent;
-    t0 += spent;  // not routing
-    backend_.WaitForHostCopies();
-    std::copy_n(routed_host_.f32(), routed.size(), routed.begin());
-  } else {
-    backend_.CopyToHost(routed.data(), route_.data(), routed.size() * sizeof(float));
-  }
-  std::vector<float> weights(routed.begin(), routed.begin() + T * K);
-  std::vector<int32_t> ids(T * K);
-  std::memcpy(ids.data(), routed.data() + T * K, T * K * sizeof(int32_t));
-
-  // Group the routed (token, weight) rows by expert, experts in ascending id.
-  std::map<int32_t, std::vector<int64_t>> by_expert;
-  for (int64_t i = 0; i < T * K; ++i) by_expert[ids[i]].push_back(i);
-  std::vector<int32_t> needed;  // every expert the step uses: Acquire counts and touches them all
-  std::vector<int32_t> rows;
-  std::vector<float> row_weights;
-  std::vector<std::pair<int64_t, int64_t>> ranges;  // per needed expert: [begin, count)
-  for (const auto& [expert, slots] : by_expert) {
-    needed.push_back(expert);
-    ranges.emplace_back(static_cast<int64_t>(rows.size()), static_cast<int64_t>(slots.size()));
-    for (int64_t s : slots) {
-      rows.push_back(static_cast<int32_t>(s / K));
-      row_weights.push_back(weights[s]);
-    }
-  }
-  const int64_t R = static_cast<int64_t>(rows.size());
-  const bool all_ran = std::all_of(needed.begin(), needed.end(), [&](int32_t e) { return ran[e]; });
-  if (!all_ran) {  // the plan of the experts still to run (all when none ran yet)
-    std::vector<int32_t> plan(2 * R);  // rows, then the weights' bits
-    std::copy(rows.begin(), rows.end(), plan.begin());
-    std::memcpy(plan.data() + R, row_weights.data(), R * sizeof(float));
-    backend_.CopyToDevice(plan_.data(), plan.data(), plan.size() * sizeof(int32_t));
-  }
-  times_.routing_us += PhaseClock() - t0;
-
-  if (trace_ != nullptr) trace_->Append(trace_step_, static_cast<int32_t>(layer), needed);
-
-  MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles,
-                       experts_->Acquire(static_cast<int32_t>(layer), needed));
-  pinned.clear();  // the handles hold what is used now
-  // After Acquire, so this layer's experts are pinned and cannot be the prefetch's victims.
-  if (prefetch_next_layer_ && store_ != nullptr) PrefetchNextLayer(layer, T);
-  kernels::ExpertFfnArgs args;
-  args.out = mlp_out_.f32();
-  args.x = h_.f32();
-  args.num_tokens = T;
-  args.hidden_size = H;
-  args.rows = static_cast<const int32_t*>(plan_.data());
-  args.row_weights = reinterpret_cast<const float*>(static_cast<const int32_t*>(plan_.data()) + R);
-  // Resident experts run first; then each miss as its load completes. The order of the sum over
-  // experts therefore follows residency: results may differ between budgets in the last bits.
-  std::vector<size_t> ready, pending;
-  for (size_t i = 0; i < handles.size(); ++i) {
-    if (ran[handles[i].expert]) continue;
-    const bool done = handles[i].ready.wait_for(std::chrono::seconds(0)) == std::future_status::ready;
-    (done ? ready : pending).push_back(i);
-  }
-  auto run = [&](absl::Span<const size_t> which) -> absl::Status {
-    std::vector<kernels::ExpertWork> work;
-    for (size_t i : which) {
-      MOE_RETURN_IF_ERROR(handles[i].ready.get());
-      work.push_back({handles[i].weights.get(), ranges[i].first, ranges[i].second});
-    }
-    args.experts = work;
-    const int64_t c0 = PhaseClock();
-    backend_.ExpertFfn(args);
-    times_.expert_compute_us += PhaseClock() - c0;
-    return absl::OkStatus();
-  };
-  MOE_RETURN_IF_ERROR(run(ready));
-  for (size_t i : pending) {
-    const int64_t w0 = PhaseClock();
-    handles[i].ready.wait();
-    times_.expert_wait_us += PhaseClock() - w0;
-    MOE_RETURN_IF_ERROR(run(absl::MakeConstSpan(&i, 1)));
-  }
-  return absl::OkStatus();
-}
-
-// ExpertFfnRouted over the experts in `pinned` (the others skipped), with a pointer table staged
-// for this call. False (nothing launched) when none is pinned or their formats differ.
-bool Model::RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
-                              absl::Span<const store::ExpertHandle> pinned) {
-  if (pinned.empty()) return false;
-  const int64_t E = config_.num_experts;
-  routed_views_.assign(E, kernels::ExpertWeights{});
-  std::vector<const void*> ptrs(3 * E, nullptr);
-  for (const store::ExpertHandle& h : pinned) {
-    const kernels::ExpertWeights& w = *h.weights;
-    if (!SameLayout(w, *pinned[0].weights)) return false;
-    routed_views_[h.expert] = w;
-    ptrs[h.expert] = w.gate.data;
-    ptrs[E + h.expert] = w.up.data;
-    ptrs[2 * E + h.expert] = w.down.data;
-  }
-  // In stream order: the previous layer's launch has read its table before this copy lands.
-  backend_.CopyToDevice(routed_table_.data(), ptrs.data(), ptrs.size() * sizeof(void*));
-  const auto* dev = static_cast<const void* const*>(routed_table_.data());
-  const kernels::ResidentExperts table{routed_views_.data(), dev, dev + E, dev + 2 * E,
-                                       static_cast<int>(E)};
-  kernels::ExpertFfnRoutedArgs r;
-  r.out = mlp_out_.f32();
-  r.x = h_.f32();
-  r.num_tokens = T;
-  r.hidden_size = config_.hidden_size;
-  r.top_k = static_cast<int>(config_.num_experts_per_tok);
-  r.experts = &table;
-  r.expert_ids = route.expert_ids;
-  r.weights = route.weights;
-  backend_.ExpertFfnRouted(r);
-  return true;
-}
-
-bool Model::PrepareInPlace(int64_t layer) {
-  const int64_t E = config_.num_experts;
-  InPlaceLayer& p = in_place_[layer];
-  const auto l = static_cast<int32_t>(layer);
-  if (!p.readable.views.empty() && p.readable.version == store_->ReadableVersion(l)) return true;
-  // The pins of the old set go once the new one holds its own: an expert in both stays put.
-  p.readable = store_->PinReadable(l, static_cast<int32_t>(E));
-  bool usable = p.readable.complete();
-  for (int64_t e = 0; usable && e < E; ++e) usable = SameLayout(p.readable.views[e], p.readable.views[0]);
-  if (!usable) {
-    p.readable = {};
-    return false;
-  }
-  std::vector<const void*> ptrs(3 * E);
-  for (int64_t e = 0; e < E; ++e) {
-    ptrs[e] = p.readable.views[e].gate.data;
-    ptrs[E + e] = p.readable.views[e].up.data;
-    ptrs[2 * E + e] = p.readable.views[e].down.data;
-  }
-  if (ptrs != p.table) {  // in stream order: the kernels that read the old table come first
-    backend_.CopyToDevice(static_cast<const void**>(in_place_tables_.data()) + layer * 3 * E,
-                          ptrs.data(), ptrs.size() * sizeof(void*));
-    const std::vector<uint8_t> in_host(p.readable.in_host.begin(), p.readable.in_host.end());
-    backend_.CopyToDevice(static_cast<uint8_t*>(in_place_host_.data()) + layer * E, in_host.data(),
-                          E);
-    p.table = std::move(ptrs);
-    p.any_in_host = std::find(in_host.begin(), in_host.end(), 1) != in_host.end();
-  }
-  return true;
-}
-
-// The next layer's router on this layer's h_ (post-attention norm) guesses which experts it
-// will need: the residual stream changes little from one layer to the next. Scratch used here
-// (router logits, route ids/weights) is free again once MoeBlock copied this layer's routing.
-void Model::PrefetchNextLayer(int64_t layer, int64_t T) {
-  const int64_t next = layer + 1;
-  if (next >= config_.num_hidden_layers || !weights_.layers[next].sparse) return;
-  const int64_t t0 = PhaseClock();
-  const int64_t K = config_.num_experts_per_tok;
-  backend_.MatMul(router_logits_.f32(), h_.f32(), T, weights_.layers[next].router.view, nullptr);
-  kernels::RouteArgs route;  // [T, E] -> top-k ids [T, K]
-  route.logits = router_logits_.f32();
-  route.num_tokens = T;
-  route.num_experts = static_cast<int>(config_.num_experts);
-  route.top_k = static_cast<int>(K);
-  route.renormalize = config_.norm_topk_prob;
-  route.weights = route_.f32();
-  route.expert_ids = reinterpret_cast<int32_t*>(route_.f32() + T * K);
-  backend_.Route(route);
-  std::vector<int32_t> ids(T * K);
-  backend_.CopyToHost(ids.data(), route.expert_ids, ids.size() * sizeof(int32_t));
-  std::sort(ids.begin(), ids.end());
-  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
-  store_->Prefetch(static_cast<int32_t>(next), ids);
-  times_.prefetch_us += PhaseClock() - t0;
 }
 
 }  // namespace moe::engine

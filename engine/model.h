@@ -1,6 +1,6 @@
-// Model: one forward pass for every supported architecture, written against kernels::Backend.
-// Per MoE layer it asks the ExpertProvider for the set of experts the batch routed to, runs the
-// experts that are resident first and the others as their loads complete.
+// Model: one forward pass for every supported architecture, written against kernels::Backend:
+// embedding, per layer attention then the MoE block (MoeLayer, engine/moe_layer.h) or a dense
+// MLP, final norm and lm head.
 //
 // Legend: T tokens in the step (all sequences), H hidden, NH/NKV heads, D head dim, E experts,
 // K experts per token, V vocabulary.
@@ -14,6 +14,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/kv_storage.h"
+#include "engine/moe_layer.h"
 #include "engine/model_config.h"
 #include "engine/rope.h"
 #include "engine/weights.h"
@@ -100,20 +101,6 @@ struct ForwardItem {
   int64_t length() const;  // positions already cached before this step
 };
 
-// Time spent per phase over the model's lifetime, in microseconds (the --timings breakdown).
-// attention: norms, projections, q/k norm, RoPE, KV write, attention, residual add; routing:
-// router, top-k, the host copy of the choice, grouping; expert compute: the expert launches and
-// the residual add (fused with the next layer's input norm); logits: final norm, lm head (and
-// Forward's copy of the logits to the host); sampling: ForwardSample's Backend::Sample, which
-// waits for the device. On a backend that queues work (CUDA) these are host times unless
-// set_exact_timings is on: then the phase that synchronizes (routing) absorbs the device time of
-// the phases before it.
-struct PhaseTimes {
-  int64_t attention_us = 0, routing_us = 0, expert_wait_us = 0, expert_compute_us = 0,
-          dense_us = 0, logits_us = 0, sampling_us = 0;
-  int64_t prefetch_us = 0;  // next-layer routing for Prefetch (set_prefetch_next_layer)
-};
-
 class Model {
  public:
   // Loads config and dense weights from `dir`. Experts come from the tiered ExpertStore when
@@ -128,6 +115,10 @@ class Model {
   static absl::StatusOr<std::unique_ptr<Model>> Load(
       const std::string& dir, kernels::Backend& backend,
       std::unique_ptr<store::ExpertProvider> experts);
+  // The same with an opened tiered store (its residency decides each layer's path: MoeLayer).
+  static absl::StatusOr<std::unique_ptr<Model>> Load(const std::string& dir,
+                                                     kernels::Backend& backend,
+                                                     std::unique_ptr<store::ExpertStore> store);
   // True when `dir` is a finished model store.
   static bool IsStoreDir(const std::string& dir);
 
@@ -154,9 +145,12 @@ class Model {
   const PhaseTimes& phase_times() const { return times_; }
   // Synchronizes the backend at every phase boundary, so that each phase's time is its device
   // time (plus one synchronization): slower, for breakdowns (moe-bench --timings).
-  void set_exact_timings(bool on) { exact_timings_ = on; }
+  void set_exact_timings(bool on) {
+    exact_timings_ = on;
+    moe_->set_exact_timings(on);
+  }
   // The tiered store serving the experts, or null when they come from the checkpoint.
-  const store::ExpertStore* expert_store() const { return store_; }
+  const store::ExpertStore* expert_store() const { return moe_->expert_store(); }
 
   // Debugging and quality tools (kv-quality): called once per layer of every Forward with host
   // copies of the step's post-RoPE, post-q/k-norm q [T, NH, D], k and v [T, NKV, D]. Empty: none.
@@ -169,10 +163,7 @@ class Model {
   // from 0; a failed Forward keeps its number and may leave some of its layers), the layer, and
   // the experts the batch needed, ascending: the set and order Acquire is called with. The
   // writer must outlive its use; the caller flushes it. Null (the default) records nothing.
-  void set_routing_trace(store::RoutingTraceWriter* trace) {
-    trace_ = trace;
-    trace_step_ = -1;
-  }
+  void set_routing_trace(store::RoutingTraceWriter* trace) { moe_->set_routing_trace(trace); }
   // A writer at `path` sized for this model, already set as the routing trace (above); the
   // caller keeps it alive while the model runs.
   absl::StatusOr<std::unique_ptr<store::RoutingTraceWriter>> RecordRoutingTrace(
@@ -186,7 +177,7 @@ class Model {
   // union in layer + 1. Its accuracy is StoreStats::prefetch_used / prefetch_issued. It changes
   // only residency, which can reorder the sum over experts (see MoeBlock): results agree to the
   // last bits, as between budgets. Default: off.
-  void set_prefetch_next_layer(bool on) { prefetch_next_layer_ = on; }
+  void set_prefetch_next_layer(bool on) { moe_->set_prefetch_next_layer(on); }
 
  private:
   Model(ModelConfig config, kernels::Backend& backend) : config_(std::move(config)), backend_(backend) {}
@@ -198,80 +189,32 @@ class Model {
   // Returns `error` for a step that fails half-way, its work issued (Backend::EndStep).
   absl::Status AbandonStep(absl::Status error);
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
-  absl::Status MoeBlock(int64_t layer, int64_t T);
-  void PrefetchNextLayer(int64_t layer, int64_t T);
-  bool RunResidentRouted(int64_t T, const kernels::RouteArgs& route,
-                         absl::Span<const store::ExpertHandle> pinned);
-  // The tiered store's decode path without host synchronisation (MoeBlock): when the store's
-  // residency of `layer` changed, pins what the backend can read of it and remakes the layer's
-  // device table of their pointers. False when some expert is in neither VRAM nor a host tier
-  // the backend reads (the step then routes on the host).
-  bool PrepareInPlace(int64_t layer);
-  // At the end of a step that took that path, once the lm head is queued: waits for the layers'
-  // routed ids and reports every layer's use to the store (ExpertStore::Use: the experts read from
-  // the host tier, StoreStats::host_reads; the policy's recency; the misses loaded into VRAM for
-  // the next steps while the GPU finishes this one).
-  void UseInPlaceRouting();
-  void DenseMlp(const kernels::ExpertWeights& mlp, float* out, const float* x, int64_t T,
-                const float* row_weights);
   // Grows the scratch buffers to hold a step of T tokens.
   absl::Status Reserve(int64_t T);
+  static absl::StatusOr<std::unique_ptr<Model>> LoadWith(
+      const std::string& dir, kernels::Backend& backend,
+      std::unique_ptr<store::ExpertProvider> experts, store::ExpertStore* store);
 
   ModelConfig config_;
   kernels::Backend& backend_;
   std::unique_ptr<store::Checkpoint> checkpoint_;
   ModelWeights weights_;
   std::vector<kernels::DeviceTensor> expert_storage_;
-  std::unique_ptr<store::ExpertProvider> experts_;
-  // Per layer, when the provider keeps all its experts resident: their views and a device table
-  // of their data pointers (MoeBlock then routes on the device: ExpertFfnRouted).
-  struct ResidentLayer {
-    std::vector<kernels::ExpertWeights> views;
-    kernels::Buffer pointers;  // [3][E]: gate, up, down data
-    kernels::ResidentExperts table;
-  };
-  std::vector<ResidentLayer> resident_;
-  absl::Status MakeResidentTables();
-  store::ExpertStore* store_ = nullptr;  // experts_ when it is a store
-  // RunResidentRouted's table: views [E] (host) and gate, up, down pointers [3][E] (device);
-  // the routing's copy for the host (weights, ids: [2][T, K], AllocateHost memory).
-  std::vector<kernels::ExpertWeights> routed_views_;
-  kernels::Buffer routed_table_, routed_host_;
-  // PrepareInPlace's state per layer: what the backend can read (its host-tier slots pinned
-  // until the layer's next set replaces it, so never under a queued kernel), the pointer table
-  // in in_place_tables_, and how many ids this step routed (copied to in_place_ids_host_ at its
-  // end).
-  struct InPlaceLayer {
-    store::ExpertStore::ReadableLayer readable;
-    std::vector<const void*> table;  // [3][E]: gate, up, down data as uploaded
-    bool any_in_host = false;        // some expert of `table` is in the host tier
-    int64_t routed = 0;              // T*K ids at in_place_ids_ + layer * E
-  };
-  std::vector<InPlaceLayer> in_place_;
-  kernels::Buffer in_place_tables_;                   // [L][3][E] device pointers
-  kernels::Buffer in_place_host_;                     // [L][E] uint8: ResidentExperts::in_host
-  kernels::Buffer in_place_ids_, in_place_ids_host_;  // [L][E] int32: each layer's routed ids
+  std::unique_ptr<MoeLayer> moe_;  // the sparse layers, with the expert provider
   RopeTable rope_;
   PhaseTimes times_;
   bool exact_timings_ = false;
   int64_t PhaseClock();  // now, in us; synchronizes first with exact_timings_
   AttentionObserver observer_;
-  store::RoutingTraceWriter* trace_ = nullptr;
-  int64_t trace_step_ = -1;  // the running (or last) Forward's step in the trace
-  bool prefetch_next_layer_ = false;
 
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;
-  kernels::Buffer x_, h_, qkv_, attn_, mlp_out_, router_logits_, ones_, gate_, logits_,
-      positions_;
+  kernels::Buffer x_, h_, qkv_, attn_, mlp_out_, ones_, logits_, positions_;
   // The step's q [T, NH*D], k and v [T, NKV*D], one after another in qkv_ (set per Forward): at
   // T = 1 that is exactly one row of the fused projection's output, [q | k | v].
   float* q_ = nullptr;
   float* k_ = nullptr;
   float* v_ = nullptr;
-  // Route's output for T tokens: weights [T, K], then expert ids [T, K] right after them; and the
-  // expert plan: rows [R], then their weights [R]. Each pair crosses host<->device in one copy.
-  kernels::Buffer route_, plan_;
   kernels::Buffer inv_freq_;  // rope_.inv_freq in backend memory
 };
 
