@@ -235,6 +235,92 @@ TEST_P(GoldenTest, PagedCacheLayoutChunkingAndFormats) {
   EXPECT_LT(e_bf16, 0.2) << GetParam();
 }
 
+// 24 different sequences in one batch, their prompts prefilled together (whole, or in two
+// chunks: mixed steps), then decoded together, teacher-forced: each sequence's logits at every
+// step are those it gets alone at batch 1, and so are its greedy tokens (a flipped one is
+// reported with the gap between the two logits there, which only a near-tie may explain). On
+// CUDA the batch takes the planned expert path (T K > E: per-expert groups made on the GPU,
+// the tensor-core GEMM for the prefill) while batch 1 reads one group per (token, k) pair.
+TEST_P(GoldenTest, BatchOf24MatchesEachAlone) {
+  constexpr int kSeqs = 24, kDecode = 4, kBlock = 4;
+  std::vector<int32_t> all = prompt_;
+  all.insert(all.end(), greedy_.begin(), greedy_.end());
+  const int64_t n = static_cast<int64_t>(all.size());
+  // Sequence s: the reference tokens rotated by 3 s, its prompt 6 + s % 7 of them.
+  std::vector<std::vector<int32_t>> tokens(kSeqs);
+  std::vector<int64_t> prompt_len(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    prompt_len[s] = 6 + s % 7;
+    for (int64_t i = 0; i < prompt_len[s] + kDecode; ++i) tokens[s].push_back(all[(i + 3 * s) % n]);
+  }
+  const int32_t blocks_per_seq = (12 + kDecode + kBlock - 1) / kBlock;
+  auto paged = PagedKv::Create(model_->config(), *backend_, kernels::KvFormat::kBf16, kBlock,
+                               kSeqs * blocks_per_seq);
+  ASSERT_TRUE(paged.ok()) << paged.status();
+  std::vector<std::vector<int32_t>> tables(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) {
+    for (int32_t b = 0; b < blocks_per_seq; ++b) tables[s].push_back(s * blocks_per_seq + b);
+  }
+  // rows[s]: the logits of sequence s's last prompt token, then of each decoded token.
+  using Rows = std::vector<std::vector<float>>;
+  // Runs `seqs` together; the prompts in `chunks` steps (1 or 2), then kDecode single tokens.
+  auto run = [&](const std::vector<int>& seqs, int chunks) {
+    Rows rows(kSeqs);
+    std::vector<int64_t> done(kSeqs, 0);
+    for (int step = 0; step < chunks + kDecode; ++step) {
+      std::vector<ForwardItem> items;
+      for (int s : seqs) {
+        const int64_t end = step < chunks ? prompt_len[s] * (step + 1) / chunks : done[s] + 1;
+        ForwardItem item;
+        item.tokens = absl::MakeConstSpan(tokens[s].data() + done[s], end - done[s]);
+        item.paged = paged->get();
+        item.block_table = tables[s];
+        item.start = done[s];
+        items.push_back(item);
+        done[s] = end;
+      }
+      std::vector<float> logits;
+      EXPECT_TRUE(model_->Forward(items, false, &logits).ok());
+      if (step + 1 < chunks) continue;
+      for (size_t i = 0; i < seqs.size(); ++i) {
+        rows[seqs[i]].insert(rows[seqs[i]].end(), logits.begin() + i * vocab_,
+                             logits.begin() + (i + 1) * vocab_);
+      }
+    }
+    return rows;
+  };
+  Rows alone(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) alone[s] = run({s}, 1)[s];
+  std::vector<int> everyone(kSeqs);
+  for (int s = 0; s < kSeqs; ++s) everyone[s] = s;
+  const bool cpu = backend_->kind() == kernels::BackendKind::kCpu;
+  for (const int chunks : {1, 2}) {
+    const Rows together = run(everyone, chunks);
+    double worst = 0;
+    int flips = 0;
+    for (int s = 0; s < kSeqs; ++s) {
+      ASSERT_EQ(together[s].size(), alone[s].size());
+      worst = std::max(worst, MaxRelError(together[s].data(), alone[s].data(), alone[s].size()));
+      for (int r = 0; r <= kDecode; ++r) {
+        const float* a = alone[s].data() + r * vocab_;
+        const float* b = together[s].data() + r * vocab_;
+        const int64_t ta = std::max_element(a, a + vocab_) - a;
+        const int64_t tb = std::max_element(b, b + vocab_) - b;
+        if (ta == tb) continue;
+        ++flips;
+        std::printf("%s: sequence %d row %d: greedy %lld alone, %lld batched; gap alone %.3g\n",
+                    GetParam().c_str(), s, r, static_cast<long long>(ta),
+                    static_cast<long long>(tb), a[ta] - a[tb]);
+        EXPECT_LT(a[ta] - a[tb], 1e-3) << GetParam() << ": a flip that is no near-tie";
+      }
+    }
+    std::printf("%s: batch of %d, prompts in %d step(s): max relative logit error against batch 1 "
+                "%.3g, %d greedy flips\n",
+                GetParam().c_str(), kSeqs, chunks, worst, flips);
+    EXPECT_LT(worst, cpu ? 1e-5 : 1e-3) << GetParam();
+  }
+}
+
 #if MOE_GOLDEN_ON_CUDA
 // CUDA graphs (CudaBackend::BeginStep, kernels/cuda/step_graph.cuh): the paged decode steps
 // replay recorded fragments as graphs, and their logits are those of a backend that launches
