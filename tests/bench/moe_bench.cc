@@ -12,8 +12,9 @@
 // Prints, with the given backend (cuda on the GPU machine; cpu with small --layers/--experts/
 // --vocab for a smoke test): decode tokens/s at batch 1 and context --context, the bytes a token
 // must read (derived below), the measured device-to-device copy bandwidth and the achieved
-// fraction of it, the roofline tokens/s; time to first token for a --prompt-token prompt;
-// throughput at --batches concurrent sequences (one Forward with one ForwardItem per sequence);
+// fraction of it, the roofline tokens/s; time to first token for each --prompt length against
+// the FLOP roofline (--peak_tflops); throughput at --batches concurrent sequences (one Forward
+// with one ForwardItem per sequence) against the step's byte roofline (DecodeStepBytes);
 // every step samples its tokens greedily on the backend (Model::ForwardSample), as the engine
 // does. Also Backend::Sample alone (greedy, top-k, top-p, a draw over the whole vocabulary; batch
 // 1 and 64) next to what copying the logits to the host for host-side sampling cost.
@@ -74,9 +75,11 @@ ABSL_FLAG(int64_t, experts, 128, "Experts per layer (128)");
 ABSL_FLAG(int64_t, vocab, 151936, "Vocabulary (151936)");
 ABSL_FLAG(int32_t, group, 64, "int4 group size of the experts");
 ABSL_FLAG(int64_t, context, 512, "Context of the batch-1 decode and the batched runs");
-ABSL_FLAG(int64_t, prompt, 2048, "Prompt length of the time-to-first-token run");
+ABSL_FLAG(std::string, prompt, "512,2048", "Prompt lengths of the time-to-first-token runs");
+ABSL_FLAG(double, peak_tflops, 989,
+          "Dense bf16 tensor-core peak for the prefill FLOP roofline (H100/H200 SXM datasheet)");
 ABSL_FLAG(int64_t, steps, 32, "Timed decode steps at batch 1");
-ABSL_FLAG(std::string, batches, "8,32,128", "Concurrent sequences of the throughput runs");
+ABSL_FLAG(std::string, batches, "8,32,64,128,256", "Concurrent sequences of the throughput runs");
 ABSL_FLAG(int64_t, batch_steps, 8, "Timed decode steps per throughput run");
 ABSL_FLAG(bool, timings, false, "Print engine::PhaseTimes per layer and per token");
 ABSL_FLAG(std::string, store_dir, "/tmp/moe_bench_store",
@@ -355,6 +358,45 @@ class ResidentInt4Provider final : public store::ExpertProvider {
 //   once: the embedding row (H bf16), the final norm and the lm head (V*H bf16).
 // Qwen3-30B-A3B, G 64, ctx 512, bf16 cache: 48 * (37.75 + 0.52 + 21.23 + 1.05) MB + 622.3 MB =
 // 3.53 GB, so at 4.26 TB/s the roofline is ~1200 tokens/s. Activations (a few MB) are left out.
+double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
+                     double kv_bytes_per_position_layer);
+
+// The bytes a decode step of B sequences at context ctx must read, by kind: the dense weights
+// once (projections, norms, router, lm head), each expert of a layer's union once (the expected
+// union of B tokens' top-K under uniform routing, E (1 - (1 - K/E)^B), which the synthetic model's
+// random router approaches), every sequence's KV.
+struct StepBytes {
+  double dense = 0, experts = 0, kv = 0, union_per_layer = 0;
+  double total() const { return dense + experts + kv; }
+};
+StepBytes DecodeStepBytes(const engine::ModelConfig& c, size_t expert_bytes, int64_t B,
+                          int64_t ctx, double kv_bytes_per_position_layer) {
+  const double L = static_cast<double>(c.num_hidden_layers);
+  const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.num_experts_per_tok);
+  StepBytes b;
+  b.union_per_layer = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
+  b.experts = L * b.union_per_layer * static_cast<double>(expert_bytes);
+  b.kv = L * static_cast<double>(B * ctx) * kv_bytes_per_position_layer;
+  b.dense = BytesPerToken(c, expert_bytes, 0, 0) - L * K * static_cast<double>(expert_bytes);
+  return b;
+}
+
+// The matrix FLOPs of an n-token prefill: 2 per multiply-add of every projection a token runs
+// (attention, router, K experts, lm head for the last token) and causal attention's two products
+// (2 * 2 * n^2 / 2 * NH * D per layer).
+double PrefillFlops(const engine::ModelConfig& c, int64_t expert_width, int64_t n) {
+  const double H = static_cast<double>(c.hidden_size), N = static_cast<double>(n);
+  const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double per_token_layer = 2 * (q_dim * H + 2 * kv_dim * H + H * q_dim) +
+                                 2 * static_cast<double>(c.num_experts) * H +
+                                 static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H *
+                                     static_cast<double>(expert_width);
+  const double attention_layer = 2 * N * N * q_dim;
+  return static_cast<double>(c.num_hidden_layers) * (N * per_token_layer + attention_layer) +
+         2 * H * static_cast<double>(c.vocab_size);
+}
+
 double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
                      double kv_bytes_per_position_layer) {
   const double H = static_cast<double>(c.hidden_size);
@@ -686,6 +728,7 @@ absl::Status CheckFlags() {
   }
   const std::pair<const char*, std::string> lists[] = {
       {"batches", absl::GetFlag(FLAGS_batches)},
+      {"prompt", absl::GetFlag(FLAGS_prompt)},
       {"kv_contexts", absl::GetFlag(FLAGS_kv_contexts)},
       {"kv_batches", absl::GetFlag(FLAGS_kv_batches)}};
   for (const auto& [flag, value] : lists) MOE_RETURN_IF_ERROR(PositiveInts(flag, value).status());
@@ -803,18 +846,24 @@ absl::Status Run() {
 
   MOE_RETURN_IF_ERROR(SampleTimes(*backend, c.vocab_size, rng));
 
-  // ---- time to first token ----
-  {
-    const int64_t n = absl::GetFlag(FLAGS_prompt);
+  // ---- time to first token, against the FLOP roofline (--peak_tflops) ----
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> prompts,
+                       PositiveInts("prompt", absl::GetFlag(FLAGS_prompt)));
+  const double peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
+  for (const int64_t n : prompts) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, n + 1));
     const std::vector<int32_t> prompt = tokens(n);
     const engine::PhaseTimes b0 = model->phase_times();
     t0 = std::chrono::steady_clock::now();
     MOE_RETURN_IF_ERROR(Prefill(*model, seq, prompt));
     const double s = Seconds(t0, std::chrono::steady_clock::now());
+    const double flops = PrefillFlops(c, kExpertWidth, n);
     std::printf("%-44s %12.1f\n", absl::StrCat("time to first token, ", n, "-token prompt (ms)").c_str(),
                 s * 1e3);
-    std::printf("%-44s %12.0f\n", "prefill tokens/s", static_cast<double>(n) / s);
+    std::printf("%-44s %12.0f\n", "  prefill tokens/s", static_cast<double>(n) / s);
+    std::printf("%-44s %12.1f\n", "  TFLOP/s (matrix FLOPs / time)", flops / s / 1e12);
+    std::printf("%-44s %12.1f\n", "  FLOP roofline time to first token (ms)", 1e3 * flops / peak_flops);
+    std::printf("%-44s %11.1f%%\n", "  fraction of the FLOP roofline", 100 * flops / peak_flops / s);
     if (timings) PrintTimings("prefill", Diff(b0, model->phase_times()), n, c.num_hidden_layers);
   }
 
@@ -822,6 +871,13 @@ absl::Status Run() {
   const int64_t bsteps = absl::GetFlag(FLAGS_batch_steps);
   MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> batches,
                        PositiveInts("batches", absl::GetFlag(FLAGS_batches)));
+  if (!batches.empty()) {
+    std::printf("\ndecode steps of B sequences at context %lld: the bytes a step must read "
+                "(expert union under uniform routing, dense weights, KV) against the measured "
+                "copy bandwidth\n%-6s %10s %9s %8s %8s %8s %8s %11s %9s\n",
+                static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB",
+                "dense GB", "KV GB", "roofline/s", "fraction");
+  }
   for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
                          MakePagedSeqs(c, *backend, kv_format, B, ctx + bsteps + 4));
@@ -832,9 +888,13 @@ absl::Status Run() {
     t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < bsteps; ++i) MOE_RETURN_IF_ERROR(step());
     const double s = Seconds(t0, std::chrono::steady_clock::now());
-    std::printf("%-44s %12.1f\n",
-                absl::StrCat("throughput tokens/s, ", B, " sequences").c_str(),
-                static_cast<double>(B * bsteps) / s);
+    const double tok_s = static_cast<double>(B * bsteps) / s;
+    const StepBytes need = DecodeStepBytes(c, expert_bytes, B, ctx, seqs.BytesPerPositionLayer());
+    const double roofline_tok_s = static_cast<double>(B) * copy_bps / need.total();
+    std::printf("%-6lld %10.1f %9.2f %8.1f %8.2f %8.2f %8.2f %11.0f %8.1f%%\n",
+                static_cast<long long>(B), tok_s, 1e3 * s / static_cast<double>(bsteps),
+                need.union_per_layer, need.experts / 1e9, need.dense / 1e9, need.kv / 1e9,
+                roofline_tok_s, 100 * tok_s / roofline_tok_s);
     if (timings) {
       PrintTimings(absl::StrCat("batch ", B).c_str(), Diff(b0, model->phase_times()), B * bsteps,
                    c.num_hidden_layers);

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Batched MoE on the GPU machine, one call, from the repository root with bundle/ carried along:
+#   tests/bench/batched_moe.sh OUT_DIR [quick]
+# Parity of the expert kernels and the golden fixtures on CUDA (batch of 24 included), then
+# moe-bench on the Qwen3-30B-A3B shape at batch 1, 8, 32, 64, 128, 256 and for 512- and
+# 2048-token prompts against the byte and FLOP rooflines, with the --timings breakdown; then the
+# planned path's two group sizes against each other (MOE_ROUTED_CHUNK=8: tensor-core matrix-vector
+# groups; =128: tensor-core GEMM groups) at the batch sizes where the choice switches.
+# "quick": the kernel parity cases only and no A/B. Each step logs to OUT_DIR/<step>.txt; a
+# summary is printed last.
+set -uo pipefail
+out=${1:?usage: tests/bench/batched_moe.sh OUT_DIR [quick]}
+quick=${2:-}
+mkdir -p "$out"
+bin=$PWD/bundle/bin
+{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } |
+  tee "$out/gpu.txt"
+status=()
+run() {  # run NAME TIMEOUT CMD...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
+  local rc=$?
+  status+=("$(printf '%-16s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
+}
+bench() {  # bench NAME TIMEOUT [moe-bench flags...]
+  local name=$1 limit=$2
+  shift 2
+  run "$name" "$limit" "$bin/moe-bench" --model_dir=/tmp/moe_bench_model --store_dir= "$@"
+}
+if [[ $quick == quick ]]; then
+  run parity 200 "$bin/parity_test" --gtest_brief=1 --gtest_filter='*ExpertFfn*:*Gemm*:*MatMul*'
+else
+  run parity 240 "$bin/parity_test" --gtest_brief=1
+fi
+run golden_gpu 150 "$bin/golden_gpu_test"
+run golden_store_gpu 120 "$bin/golden_store_gpu_test"
+bench moe_bench 300 --timings --batches=8,32,64,128,256 --prompt=512,2048 --steps=32
+if [[ $quick != quick ]]; then
+  for chunk in 8 128; do
+    MOE_ROUTED_CHUNK=$chunk bench "chunk$chunk" 200 --batches=32,64,128,256 --prompt=2048 \
+      --steps=4 --batch_steps=4
+  done
+fi
+printf '%s\n' "${status[@]}" | tee "$out/summary.txt"
+for f in "$out"/moe_bench.txt "$out"/chunk*.txt; do
+  [[ -f $f ]] && { echo "== $f"; grep -E '^[0-9]+ |time to first|fraction|decode tokens/s' "$f"; }
+done
