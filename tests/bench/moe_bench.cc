@@ -888,13 +888,13 @@ absl::Status Run() {
     t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < bsteps; ++i) MOE_RETURN_IF_ERROR(step());
     const double s = Seconds(t0, std::chrono::steady_clock::now());
-    const double tok_s = static_cast<double>(B * bsteps) / s;
+    const double batch_tok_s = static_cast<double>(B * bsteps) / s;
     const StepBytes need = DecodeStepBytes(c, expert_bytes, B, ctx, seqs.BytesPerPositionLayer());
     const double roofline_tok_s = static_cast<double>(B) * copy_bps / need.total();
     std::printf("%-6lld %10.1f %9.2f %8.1f %8.2f %8.2f %8.2f %11.0f %8.1f%%\n",
-                static_cast<long long>(B), tok_s, 1e3 * s / static_cast<double>(bsteps),
+                static_cast<long long>(B), batch_tok_s, 1e3 * s / static_cast<double>(bsteps),
                 need.union_per_layer, need.experts / 1e9, need.dense / 1e9, need.kv / 1e9,
-                roofline_tok_s, 100 * tok_s / roofline_tok_s);
+                roofline_tok_s, 100 * batch_tok_s / roofline_tok_s);
     if (timings) {
       PrintTimings(absl::StrCat("batch ", B).c_str(), Diff(b0, model->phase_times()), B * bsteps,
                    c.num_hidden_layers);

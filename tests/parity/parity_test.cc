@@ -714,18 +714,9 @@ void RunExpertFfn(const FfnCase& c, int32_t group) {
   std::vector<std::vector<std::pair<int32_t, float>>> per_expert(c.pool);
   std::vector<int> order(c.pool);
   std::uniform_real_distribution<float> weight(0.05f, 1.f);
-  std::uniform_real_distribution<double> unit(1e-12, 1.0);
-  std::vector<double> key(c.pool);
   for (int64_t t = 0; t < c.T; ++t) {
     std::iota(order.begin(), order.end(), 0);
-    if (c.skew) {  // weighted sampling without replacement: the K largest u^(1 / w)
-      for (int e = 0; e < c.pool; ++e) {
-        key[e] = 4 * e < 3 * c.pool ? std::pow(unit(rng), e + 1.0) : -1.0;
-      }
-      std::sort(order.begin(), order.end(), [&](int a, int b) { return key[a] > key[b]; });
-    } else {
-      std::shuffle(order.begin(), order.end(), rng);
-    }
+    std::shuffle(order.begin(), order.end(), rng);
     for (int k = 0; k < c.K; ++k) per_expert[order[k]].push_back({static_cast<int32_t>(t), weight(rng)});
   }
   std::vector<int32_t> rows;
