@@ -71,6 +71,7 @@ CudaBackend::~CudaBackend() {
     cudaFree(s->data);
   }
   cudaFree(kv_verdict_);
+  cudaFree(routing_verdict_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   graphs_.reset();
   cudaStreamDestroy(stream_);
@@ -218,6 +219,27 @@ void CudaBackend::WaitForCopy(uint64_t number) {
   } else {
     SynchronizeCopies();
   }
+}
+
+unsigned int* CudaBackend::RoutingVerdict() {
+  if (routing_verdict_ == nullptr) {
+    MOE_CUDA_CHECK(cudaMalloc(&routing_verdict_, sizeof(unsigned int)));
+    graphs_->Memset(routing_verdict_, 0xff, sizeof(unsigned int));
+  }
+  routing_verdict_pending_ = true;
+  return routing_verdict_;
+}
+
+absl::Status CudaBackend::TakeRoutingError() {
+  uint32_t code = kNoRoutingFault;
+  if (routing_verdict_pending_) {
+    routing_verdict_pending_ = false;
+    CopyToHost(&code, routing_verdict_, sizeof(code));
+    if (code != kNoRoutingFault) graphs_->Memset(routing_verdict_, 0xff, sizeof(unsigned int));
+  }
+  code = std::min(code, routing_fault_);
+  routing_fault_ = kNoRoutingFault;
+  return RoutingError(code);
 }
 
 void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
