@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/base/memory.h"
 #include "kernels/kv_quant.h"
 #include "kernels/tensor.h"
 
@@ -285,6 +286,9 @@ class Backend {
   // 4 KiB-aligned (O_DIRECT reads land in it). Costly to allocate on CUDA (pinning): allocate
   // budgets once, not per copy. ResourceExhausted names the request.
   virtual absl::StatusOr<Buffer> AllocateHost(size_t bytes) = 0;
+  // The memory Allocate draws from, free now and in all: the GPU's (CUDA), the host's RAM (CPU).
+  // What budgets left to "auto" are sized from.
+  virtual base::MemoryTotals Memory() = 0;
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;

@@ -92,6 +92,12 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
   return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFree(q)); });
 }
 
+base::MemoryTotals CudaBackend::Memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  MOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {free_bytes, total_bytes};
+}
+
 absl::StatusOr<Buffer> CudaBackend::AllocateHost(size_t bytes) {
   if (bytes == 0) return Buffer();
   void* p = nullptr;  // cudaHostAlloc memory is page-aligned (>= 4 KiB)

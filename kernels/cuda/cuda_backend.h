@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
   // ResourceExhausted naming the bytes asked for and the bytes free when cudaMalloc fails.
   absl::StatusOr<Buffer> Allocate(size_t bytes) override;
   absl::StatusOr<Buffer> AllocateHost(size_t bytes) override;  // cudaHostAlloc (pinned)
+  base::MemoryTotals Memory() override;                          // cudaMemGetInfo
   absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;  // waits
