@@ -52,6 +52,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   for (CUevent_st*& e : compute_marks_) {
     MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
+  if (const char* tokens = std::getenv("MOE_CUDA_GRAPH_TOKENS"); tokens != nullptr) {
+    graph_max_tokens_ = std::max(0L, std::strtol(tokens, nullptr, 10));
+  }
   if (const char* chunk = std::getenv("MOE_ROUTED_CHUNK"); chunk != nullptr) {
     routed_chunk_override_ = std::max(0L, std::strtol(chunk, nullptr, 10));
   }
@@ -179,7 +182,7 @@ void CudaBackend::BeginStep(int64_t num_tokens, bool replayable) {
   graphs_->Stop();  // what the last step left recorded
   cuda::g_overlap_launches = overlap_ == OverlapLaunches::kAlways ||
                              (overlap_ == OverlapLaunches::kSmallSteps && num_tokens <= 8);
-  if (use_graphs_ && replayable && num_tokens <= 8) graphs_->Start();
+  if (use_graphs_ && replayable && num_tokens <= graph_max_tokens_) graphs_->Start();
 }
 
 void CudaBackend::EndStep() { graphs_->Stop(); }

@@ -163,6 +163,8 @@ class CudaBackend final : public Backend {
   // issued at once otherwise. Whatever waits for stream_ or uses it unrecorded flushes it first.
   std::unique_ptr<cuda::StepGraphs> graphs_;
   bool use_graphs_ = false;
+  // Steps of at most this many tokens are recorded (MOE_CUDA_GRAPH_TOKENS overrides, to measure).
+  int64_t graph_max_tokens_ = 8;
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials
