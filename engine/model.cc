@@ -242,6 +242,7 @@ absl::Status Model::ForwardSample(absl::Span<const ForwardItem> batch,
 absl::Status Model::FinishStep(absl::Span<const ForwardItem> batch) {
   backend_.EndStep();
   MOE_RETURN_IF_ERROR(backend_.TakeKvWriteError());
+  MOE_RETURN_IF_ERROR(backend_.TakeRoutingError());
   for (const ForwardItem& item : batch) {
     if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
   }
@@ -288,9 +289,10 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     }
   }
   const int64_t T = static_cast<int64_t>(ids.size()), H = c.hidden_size;
-  // A KV-write verdict left by a step that failed before taking it belongs to that step, whose
+  // A KV-write or routing verdict left by a step that failed before taking it belongs to that step, whose
   // caller already got an error: dropped here, so that it is not blamed on this one.
   backend_.TakeKvWriteError().IgnoreError();
+  backend_.TakeRoutingError().IgnoreError();
   MOE_RETURN_IF_ERROR(Reserve(T));
   moe_->BeginStep();
   const int64_t q_dim = c.num_attention_heads * c.head_dim;

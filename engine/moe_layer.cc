@@ -163,6 +163,7 @@ absl::Status MoeLayer::Run(int64_t layer, int64_t T, const float* h, float* out,
   route.num_experts = static_cast<int>(c.num_experts);
   route.top_k = static_cast<int>(K);
   route.renormalize = c.norm_topk_prob;
+  route.layer = static_cast<int32_t>(layer);
   route.weights = RouteWeights();
   // kReadable's ids go where the step's end copies them from.
   route.expert_ids = path == Path::kReadable
@@ -201,6 +202,7 @@ void MoeLayer::RunRouted(const kernels::ResidentExperts& table, const kernels::R
   r.experts = &table;
   r.expert_ids = route.expert_ids;
   r.weights = route.weights;
+  r.layer = route.layer;
   backend_.ExpertFfnRouted(r);
 }
 
@@ -411,6 +413,7 @@ void MoeLayer::PrefetchNextLayer(int64_t layer, int64_t T, const float* h, Phase
   route.num_experts = static_cast<int>(config_.num_experts);
   route.top_k = static_cast<int>(K);
   route.renormalize = config_.norm_topk_prob;
+  route.layer = static_cast<int32_t>(next);
   route.weights = RouteWeights();
   route.expert_ids = RouteIds(T);
   backend_.Route(route);

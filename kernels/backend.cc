@@ -93,6 +93,27 @@ absl::Status Backend::PagedAttention(absl::Span<const PagedAttentionArgs> batch)
   return absl::OkStatus();
 }
 
+void Backend::NoteRoutingFault(int32_t layer, RoutingFault fault) {
+  routing_fault_ = std::min(routing_fault_, 2 * static_cast<uint32_t>(std::max(layer, 0)) + fault);
+}
+
+absl::Status Backend::RoutingError(uint32_t code) {
+  if (code == kNoRoutingFault) return absl::OkStatus();
+  const uint32_t layer = code / 2;
+  return absl::InvalidArgumentError(
+      code % 2 == kNonFiniteLogits
+          ? absl::StrCat("layer ", layer, ": a token's router logits are not finite (NaN or "
+                         "infinity); its experts were not run")
+          : absl::StrCat("layer ", layer, ": an expert id outside the layer's experts was routed; "
+                         "that pair was skipped"));
+}
+
+absl::Status Backend::TakeRoutingError() {
+  const uint32_t code = routing_fault_;
+  routing_fault_ = kNoRoutingFault;
+  return RoutingError(code);
+}
+
 void Backend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   const int64_t n = a.num_tokens * a.top_k;
   if (n == 0) return;
@@ -100,17 +121,25 @@ void Backend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   std::vector<float> weights(n);
   CopyToHost(ids.data(), a.expert_ids, n * sizeof(int32_t));
   CopyToHost(weights.data(), a.weights, n * sizeof(float));
-  // Slots grouped by expert in ascending id, each expert's slots in order (Model::MoeBlock's plan).
-  std::vector<int64_t> order(n);
-  std::iota(order.begin(), order.end(), 0);
+  // A pair naming no expert of the layer is left out (reported by TakeRoutingError).
+  const int32_t E = a.experts->num_experts;
+  std::vector<int64_t> valid;
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] >= 0 && ids[i] < E) {
+      valid.push_back(i);
+    } else {
+      NoteRoutingFault(a.layer, kExpertOutOfRange);
+    }
+  }
+  // Slots grouped by expert in ascending id, each expert's slots in order (MoeLayer's host plan).
+  std::vector<int64_t> order = valid;
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t i, int64_t j) { return ids[i] < ids[j]; });
   std::vector<int32_t> rows(n);
   std::vector<float> row_weights(n);
   std::vector<ExpertWork> work;
-  for (int64_t r = 0; r < n; ++r) {
+  for (int64_t r = 0; r < static_cast<int64_t>(order.size()); ++r) {
     const int32_t e = ids[order[r]];
-    MOE_CHECK(e >= 0 && e < a.experts->num_experts) << "ExpertFfnRouted: expert id " << e;
     if (a.experts->views[e].gate.data == nullptr) continue;  // not resident: skipped
     if (work.empty() || work.back().weights != &a.experts->views[e]) {
       work.push_back({&a.experts->views[e], r, 0});

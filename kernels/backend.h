@@ -18,6 +18,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "kernels/base/memory.h"
 #include "kernels/kv_quant.h"
 #include "kernels/tensor.h"
 
@@ -122,8 +123,9 @@ struct ExpertFfnRoutedArgs {
   int64_t hidden_size = 0;           // H
   int top_k = 0;                     // K
   const ResidentExperts* experts = nullptr;  // host memory
-  const int32_t* expert_ids = nullptr;       // [T, K], each < experts->num_experts
+  const int32_t* expert_ids = nullptr;       // [T, K]; a pair outside [0, E) is skipped
   const float* weights = nullptr;            // [T, K]
+  int32_t layer = 0;                         // named by Backend::TakeRoutingError
 };
 
 // Causal attention of T new tokens at positions start_pos.. over a contiguous per-sequence cache
@@ -194,6 +196,7 @@ struct RouteArgs {
   bool renormalize = false;
   float* weights = nullptr;       // [T, K] out, descending (backend memory, like logits)
   int32_t* expert_ids = nullptr;  // [T, K] out (backend memory: copy to the host to plan experts)
+  int32_t layer = 0;              // named by Backend::TakeRoutingError
 };
 
 // RoPE in the rotate-half layout: for i < rot/2 the pair (x[i], x[i + rot/2]) is rotated by
@@ -283,6 +286,9 @@ class Backend {
   // 4 KiB-aligned (O_DIRECT reads land in it). Costly to allocate on CUDA (pinning): allocate
   // budgets once, not per copy. ResourceExhausted names the request.
   virtual absl::StatusOr<Buffer> AllocateHost(size_t bytes) = 0;
+  // The memory Allocate draws from, free now and in all: the GPU's (CUDA), the host's RAM (CPU).
+  // What budgets left to "auto" are sized from.
+  virtual base::MemoryTotals Memory() = 0;
   virtual void CopyToDevice(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyToHost(void* dst, const void* src, size_t bytes) = 0;
   virtual void CopyOnDevice(void* dst, const void* src, size_t bytes) = 0;
@@ -372,6 +378,12 @@ class Backend {
   virtual void Route(const RouteArgs& args) = 0;
   virtual void ExpertFfn(const ExpertFfnArgs& args) = 0;
   virtual void ExpertFfnRouted(const ExpertFfnRoutedArgs& args);
+  // Routing faults of the Route and ExpertFfnRouted calls since the last call: InvalidArgument
+  // naming the lowest layer at fault (RouteArgs::layer), else OK. Route gives a token whose
+  // router logits are not all finite experts 0..K-1 with weight 0; ExpertFfnRouted skips a pair
+  // whose expert id is outside [0, E); neither writes out of bounds. CUDA keeps the verdict on
+  // the device until here (a 4-byte copy: this waits for the device).
+  virtual absl::Status TakeRoutingError();
   // out[i] += x[i]
   virtual void Add(float* out, const float* x, int64_t n) = 0;
   // x[i] = 1 / (1 + exp(-x[i]))
@@ -379,6 +391,15 @@ class Backend {
   // Draws one token per SampleParams (see above) where the logits are: only the SampledTokens
   // cross to the host. Waits for the result.
   virtual void Sample(const SampleArgs& args) = 0;
+
+  // A routing fault's code: 2 * layer + fault, the lowest kept (what TakeRoutingError reports).
+  enum RoutingFault : uint32_t { kNonFiniteLogits = 0, kExpertOutOfRange = 1 };
+  static constexpr uint32_t kNoRoutingFault = ~0u;
+  static absl::Status RoutingError(uint32_t code);
+
+ protected:
+  void NoteRoutingFault(int32_t layer, RoutingFault fault);
+  uint32_t routing_fault_ = kNoRoutingFault;  // host-side faults since TakeRoutingError
 };
 
 struct BackendOptions {

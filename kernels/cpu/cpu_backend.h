@@ -23,6 +23,7 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<Buffer> Allocate(size_t bytes) override;
   absl::StatusOr<Buffer> AllocateHost(size_t bytes) override;
+  base::MemoryTotals Memory() override { return base::HostMemory(); }
   absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;

@@ -16,6 +16,14 @@ void CpuBackend::Route(const RouteArgs& a) {
   std::vector<int> order(E);
   for (int64_t t = 0; t < a.num_tokens; ++t) {
     const float* logits = a.logits + t * E;
+    if (!std::all_of(logits, logits + E, [](float x) { return std::isfinite(x); })) {
+      for (int k = 0; k < K; ++k) {  // experts 0..K-1, weight 0: nothing of them is added
+        a.expert_ids[t * K + k] = k;
+        a.weights[t * K + k] = 0.f;
+      }
+      NoteRoutingFault(a.layer, kNonFiniteLogits);
+      continue;
+    }
     const float max_logit = *std::max_element(logits, logits + E);
     float sum = 0.f;
     for (int e = 0; e < E; ++e) sum += probs[e] = std::exp(logits[e] - max_logit);

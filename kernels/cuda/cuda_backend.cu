@@ -52,6 +52,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   for (CUevent_st*& e : compute_marks_) {
     MOE_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
   }
+  if (const char* tokens = std::getenv("MOE_CUDA_GRAPH_TOKENS"); tokens != nullptr) {
+    graph_max_tokens_ = std::max(0L, std::strtol(tokens, nullptr, 10));
+  }
   if (const char* chunk = std::getenv("MOE_ROUTED_CHUNK"); chunk != nullptr) {
     routed_chunk_override_ = std::max(0L, std::strtol(chunk, nullptr, 10));
   }
@@ -71,6 +74,7 @@ CudaBackend::~CudaBackend() {
     cudaFree(s->data);
   }
   cudaFree(kv_verdict_);
+  cudaFree(routing_verdict_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   graphs_.reset();
   cudaStreamDestroy(stream_);
@@ -89,6 +93,12 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
         " free of ", base::FormatBytes(total_bytes)));
   }
   return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFree(q)); });
+}
+
+base::MemoryTotals CudaBackend::Memory() {
+  size_t free_bytes = 0, total_bytes = 0;
+  MOE_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return {free_bytes, total_bytes};
 }
 
 absl::StatusOr<Buffer> CudaBackend::AllocateHost(size_t bytes) {
@@ -172,7 +182,7 @@ void CudaBackend::BeginStep(int64_t num_tokens, bool replayable) {
   graphs_->Stop();  // what the last step left recorded
   cuda::g_overlap_launches = overlap_ == OverlapLaunches::kAlways ||
                              (overlap_ == OverlapLaunches::kSmallSteps && num_tokens <= 8);
-  if (use_graphs_ && replayable && num_tokens <= 8) graphs_->Start();
+  if (use_graphs_ && replayable && num_tokens <= graph_max_tokens_) graphs_->Start();
 }
 
 void CudaBackend::EndStep() { graphs_->Stop(); }
@@ -218,6 +228,27 @@ void CudaBackend::WaitForCopy(uint64_t number) {
   } else {
     SynchronizeCopies();
   }
+}
+
+unsigned int* CudaBackend::RoutingVerdict() {
+  if (routing_verdict_ == nullptr) {
+    MOE_CUDA_CHECK(cudaMalloc(&routing_verdict_, sizeof(unsigned int)));
+    graphs_->Memset(routing_verdict_, 0xff, sizeof(unsigned int));
+  }
+  routing_verdict_pending_ = true;
+  return routing_verdict_;
+}
+
+absl::Status CudaBackend::TakeRoutingError() {
+  uint32_t code = kNoRoutingFault;
+  if (routing_verdict_pending_) {
+    routing_verdict_pending_ = false;
+    CopyToHost(&code, routing_verdict_, sizeof(code));
+    if (code != kNoRoutingFault) graphs_->Memset(routing_verdict_, 0xff, sizeof(unsigned int));
+  }
+  code = std::min(code, routing_fault_);
+  routing_fault_ = kNoRoutingFault;
+  return RoutingError(code);
 }
 
 void* CudaBackend::Reserve(Scratch& s, size_t bytes) {

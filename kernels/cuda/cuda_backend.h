@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
   // ResourceExhausted naming the bytes asked for and the bytes free when cudaMalloc fails.
   absl::StatusOr<Buffer> Allocate(size_t bytes) override;
   absl::StatusOr<Buffer> AllocateHost(size_t bytes) override;  // cudaHostAlloc (pinned)
+  base::MemoryTotals Memory() override;                          // cudaMemGetInfo
   absl::StatusOr<DeviceTensor> Upload(const TensorView& host) override;
   void CopyToDevice(void* dst, const void* src, size_t bytes) override;
   void CopyToHost(void* dst, const void* src, size_t bytes) override;  // waits
@@ -91,6 +92,7 @@ class CudaBackend final : public Backend {
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void ExpertFfnRouted(const ExpertFfnRoutedArgs& args) override;
+  absl::Status TakeRoutingError() override;
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
   void Sample(const SampleArgs& args) override;  // sample.cu
@@ -120,6 +122,9 @@ class CudaBackend final : public Backend {
     const void* const* gate = nullptr;
     const void* const* up = nullptr;
     const void* const* down = nullptr;
+    int routed_experts = 0;  // routed ids outside [0, routed_experts) are faults
+    unsigned int* routing_verdict = nullptr;
+    unsigned int routing_code = 0;
   };
   // ExpertFfn's and ExpertFfnRouted's launches (expert_ffn.cu).
   // ExpertFfnRouted with more routed pairs than experts (expert_ffn.cu): planned on the GPU.
@@ -158,6 +163,8 @@ class CudaBackend final : public Backend {
   // issued at once otherwise. Whatever waits for stream_ or uses it unrecorded flushes it first.
   std::unique_ptr<cuda::StepGraphs> graphs_;
   bool use_graphs_ = false;
+  // Steps of at most this many tokens are recorded (MOE_CUDA_GRAPH_TOKENS overrides, to measure).
+  int64_t graph_max_tokens_ = 8;
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials
@@ -173,6 +180,11 @@ class CudaBackend final : public Backend {
   // ExpertFfnRouted with experts in host memory: the pointer table [3][E] the launches read,
   // then the routed host experts copied into VRAM, one slot a routed pair.
   Scratch staged_experts_;
+  // The routing kernels' fault code (Backend::RoutingFault, all ones: none), allocated on first
+  // use; read and reset by TakeRoutingError when a kernel that may write it ran since.
+  unsigned int* RoutingVerdict();
+  unsigned int* routing_verdict_ = nullptr;
+  bool routing_verdict_pending_ = false;
   // PlannedExpertFfnRouted's plan: group tables, rows, row weights, per-expert counts.
   Scratch routed_plan_;
   // MOE_ROUTED_CHUNK=n: the plan's rows per group (measurements; 0: chosen by the batch).

@@ -76,6 +76,7 @@ __global__ void StageRoutedExpertsKernel(const int32_t* ids, int num_experts,
   cuda::WaitForPriorKernel();
   const int y = static_cast<int>(blockIdx.y);
   const int e = ids[y];
+  if (e < 0 || e >= num_experts) return;  // no expert: the expert kernels skip it and report it
   for (int z = 0; z < y; ++z) {
     if (ids[z] == e) return;  // an earlier pair stages it
   }
@@ -110,11 +111,12 @@ struct RoutedPointers {
 // order, which changes no result: each row is its own dot product); and the group tables
 // groups[3][max_groups] (gate, up, down) of chunks of at most `chunk` rows, experts whose gate
 // pointer is null (not resident) left out, the unused entries zero rows. An id outside [0, E)
-// is skipped (its row stays unwritten and in no group): nothing is written out of bounds.
+// is skipped (its row stays unwritten and in no group) and `fault_code` goes into *verdict.
 __global__ void PlanRoutedExpertsKernel(const int32_t* ids, const float* weights, int n,
                                         int top_k, int num_experts, int chunk, int max_groups,
                                         RoutedPointers ptrs, int32_t* rows, float* row_weights,
-                                        int32_t* counts, cuda::GemmGroup* groups) {
+                                        int32_t* counts, cuda::GemmGroup* groups,
+                                        unsigned int* verdict, unsigned int fault_code) {
   cuda::WaitForPriorKernel();
   extern __shared__ int plan_smem[];
   int* count = plan_smem;                     // [E]
@@ -127,7 +129,11 @@ __global__ void PlanRoutedExpertsKernel(const int32_t* ids, const float* weights
   __syncthreads();
   for (int i = tid; i < n; i += blockDim.x) {
     const int e = ids[i];
-    if (e >= 0 && e < num_experts) atomicAdd(&count[e], 1);
+    if (e >= 0 && e < num_experts) {
+      atomicAdd(&count[e], 1);
+    } else {
+      atomicMin(verdict, fault_code);
+    }
   }
   __syncthreads();
   // Exclusive scans of rows and of chunks over the experts: warp 0, each lane a contiguous run.
@@ -259,6 +265,9 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
   ExpertGroups groups;
   groups.count = static_cast<int>(n);
   groups.routed_ids = a.expert_ids;
+  groups.routed_experts = a.experts->num_experts;
+  groups.routing_verdict = RoutingVerdict();
+  groups.routing_code = 2u * static_cast<unsigned>(a.layer) + kExpertOutOfRange;
   groups.gate = a.experts->gate;
   groups.up = a.experts->up;
   groups.down = a.experts->down;
@@ -312,7 +321,8 @@ void CudaBackend::PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const Exp
   const size_t smem = 4 * static_cast<size_t>(E) * sizeof(int);
   cuda::Launch(PlanRoutedExpertsKernel, 1, kPlanThreads, smem, stream_, a.expert_ids, a.weights,
                static_cast<int>(n), a.top_k, E, static_cast<int>(chunk),
-               static_cast<int>(max_groups), ptrs, rows, row_weights, counts, groups);
+               static_cast<int>(max_groups), ptrs, rows, row_weights, counts, groups,
+               RoutingVerdict(), 2u * static_cast<unsigned>(a.layer) + kExpertOutOfRange);
   if (ptrs.in_host != nullptr) {
     cuda::Launch(StageExpertsByIdKernel, dim3(kStageBlocks, static_cast<unsigned>(E)), 256, 0,
                  stream_, counts, ptrs, uint64_t{w0.gate.bytes()}, uint64_t{w0.up.bytes()},
@@ -336,6 +346,9 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
     } else {
       q.routed_ids = groups.routed_ids;
       q.routed_w = which == 0 ? groups.gate : which == 1 ? groups.up : groups.down;
+      q.routed_experts = groups.routed_experts;
+      q.routing_verdict = groups.routing_verdict;
+      q.routing_code = groups.routing_code;
     }
   };
   const int64_t I = w0.gate.dim(0);

@@ -11,7 +11,12 @@ namespace moe::kernels::cuda {
 __device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGroup& single,
                                              int g) {
   if (p.routed_ids != nullptr) {
-    const void* w = p.routed_w[p.routed_ids[g]];
+    const int32_t e = p.routed_ids[g];
+    if (e < 0 || e >= p.routed_experts) {
+      if (threadIdx.x == 0) atomicMin(p.routing_verdict, p.routing_code);
+      return {nullptr, g, 0};
+    }
+    const void* w = p.routed_w[e];
     return {w, g, w != nullptr ? 1 : 0};
   }
   return p.groups != nullptr ? p.groups[g] : single;

@@ -52,6 +52,11 @@ struct GemmParams {
   const int32_t* routed_ids = nullptr;
   const void* const* routed_w = nullptr;
   const void* const* routed_up = nullptr;
+  // A routed id outside [0, routed_experts) gives its group no rows and puts routing_code into
+  // *routing_verdict (the lowest kept: Backend::TakeRoutingError).
+  int routed_experts = 0;
+  unsigned int* routing_verdict = nullptr;
+  unsigned int routing_code = 0;
 
   bool glu() const { return up_groups != nullptr || routed_up != nullptr; }
   bool has_groups() const { return groups != nullptr || routed_ids != nullptr; }

@@ -9,8 +9,11 @@ namespace {
 constexpr int kRouteWarps = 4;
 
 // PER_LANE = ceil(E / 32) rounded up to the dispatched size.
+// A token whose logits are not all finite gets experts 0..K-1 with weight 0, and its layer's
+// fault code goes into *verdict (the lowest kept; Backend::TakeRoutingError).
 template <int PER_LANE>
-__global__ __launch_bounds__(kRouteWarps * kWarp) void RouteKernel(RouteArgs a) {
+__global__ __launch_bounds__(kRouteWarps * kWarp) void RouteKernel(RouteArgs a,
+                                                                    unsigned int* verdict) {
   WaitForPriorKernel();
   const int lane = threadIdx.x % kWarp;
   const int64_t t = static_cast<int64_t>(blockIdx.x) * kRouteWarps + threadIdx.x / kWarp;
@@ -24,6 +27,17 @@ __global__ __launch_bounds__(kRouteWarps * kWarp) void RouteKernel(RouteArgs a) 
     const int e = lane + i * kWarp;
     p[i] = e < E ? logits[e] : -INFINITY;
     max_logit = fmaxf(max_logit, p[i]);
+  }
+  bool finite = true;
+#pragma unroll
+  for (int i = 0; i < PER_LANE; ++i) finite = finite && (lane + i * kWarp >= E || isfinite(p[i]));
+  if (!__all_sync(0xffffffffu, finite)) {
+    if (lane < K) {
+      a.expert_ids[t * K + lane] = lane;
+      a.weights[t * K + lane] = 0.f;
+    }
+    if (lane == 0) atomicMin(verdict, 2u * static_cast<unsigned>(a.layer) + Backend::kNonFiniteLogits);
+    return;
   }
   max_logit = WarpMax(max_logit);
   float sum = 0.f;
@@ -90,15 +104,20 @@ void CudaBackend::Route(const RouteArgs& a) {
   const int threads = cuda::kRouteWarps * cuda::kWarp;
   const int per_lane = static_cast<int>(cuda::CeilDiv(a.num_experts, cuda::kWarp));
   if (per_lane <= 1) {
-    cuda::Launch(cuda::RouteKernel<1>, blocks, threads, 0, stream_, a);
+    cuda::Launch(cuda::RouteKernel<1>, blocks, threads, 0, stream_, a,
+                 RoutingVerdict());
   } else if (per_lane <= 2) {
-    cuda::Launch(cuda::RouteKernel<2>, blocks, threads, 0, stream_, a);
+    cuda::Launch(cuda::RouteKernel<2>, blocks, threads, 0, stream_, a,
+                 RoutingVerdict());
   } else if (per_lane <= 4) {
-    cuda::Launch(cuda::RouteKernel<4>, blocks, threads, 0, stream_, a);
+    cuda::Launch(cuda::RouteKernel<4>, blocks, threads, 0, stream_, a,
+                 RoutingVerdict());
   } else if (per_lane <= 8) {
-    cuda::Launch(cuda::RouteKernel<8>, blocks, threads, 0, stream_, a);
+    cuda::Launch(cuda::RouteKernel<8>, blocks, threads, 0, stream_, a,
+                 RoutingVerdict());
   } else if (per_lane <= 16) {
-    cuda::Launch(cuda::RouteKernel<16>, blocks, threads, 0, stream_, a);
+    cuda::Launch(cuda::RouteKernel<16>, blocks, threads, 0, stream_, a,
+                 RoutingVerdict());
   } else {
     MOE_CHECK(false) << "Route: unsupported num_experts " << a.num_experts << " (at most 512)";
   }

@@ -5,14 +5,17 @@
 #include <cstdio>
 #include <cstring>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "engine/model.h"
 #include "expertstore/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
 #if MOE_GOLDEN_ON_CUDA
 #include <cstdlib>
 
@@ -319,6 +322,50 @@ TEST_P(GoldenTest, BatchOf24MatchesEachAlone) {
                 GetParam().c_str(), kSeqs, chunks, worst, flips);
     EXPECT_LT(worst, cpu ? 1e-5 : 1e-3) << GetParam();
   }
+}
+
+// A router whose weights hold a NaN (the last sparse layer's, expert 0's row): every token's
+// logits there are not finite, so the step fails with InvalidArgument naming that layer and the
+// sequence's cache length does not advance; nothing aborts.
+TEST_P(GoldenTest, NonFiniteRouterFailsTheStepNamingTheLayer) {
+  testing::TempDir dir;
+  for (const auto& entry : std::filesystem::directory_iterator(FixtureDir(GetParam()))) {
+    std::filesystem::copy(entry.path(), dir.path() + "/" + entry.path().filename().string());
+  }
+  const std::string file = dir.path() + "/model.safetensors";
+  std::fstream io(file, std::ios::in | std::ios::out | std::ios::binary);
+  uint64_t header_bytes = 0;
+  io.read(reinterpret_cast<char*>(&header_bytes), 8);
+  std::string header(header_bytes, '\0');
+  io.read(header.data(), static_cast<std::streamsize>(header_bytes));
+  const auto h = nlohmann::json::parse(header);
+  int last = -1;
+  for (int l = 0; l < model_->config().num_hidden_layers; ++l) {
+    if (h.contains(absl::StrCat("model.layers.", l, ".mlp.gate.weight"))) last = l;
+  }
+  ASSERT_GE(last, 0) << GetParam() << ": no router tensor found";
+  const auto& t = h[absl::StrCat("model.layers.", last, ".mlp.gate.weight")];
+  ASSERT_EQ(t["dtype"], "F32");
+  const float nan = std::nanf("");
+  io.seekp(static_cast<std::streamoff>(8 + header_bytes + t["data_offsets"][0].get<uint64_t>()));
+  io.write(reinterpret_cast<const char*>(&nan), sizeof(nan));
+  io.close();
+
+  auto model = Model::Load(dir.path(), *backend_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto kv = SequenceKv::Create((*model)->config(), *backend_, 64);
+  ASSERT_TRUE(kv.ok());
+  const ForwardItem item{prompt_, kv->get()};
+  std::vector<float> logits;
+  const absl::Status st = (*model)->Forward({&item, 1}, false, &logits);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find(absl::StrCat("layer ", last, ":")), std::string::npos) << st;
+  EXPECT_EQ((*kv)->length(), 0);
+  // The unharmed model runs the next step as usual (no fault left over on the backend).
+  auto kv2 = SequenceKv::Create(model_->config(), *backend_, 64);
+  ASSERT_TRUE(kv2.ok());
+  const ForwardItem fine{prompt_, kv2->get()};
+  EXPECT_TRUE(model_->Forward({&fine, 1}, false, &logits).ok());
 }
 
 #if MOE_GOLDEN_ON_CUDA

@@ -690,6 +690,46 @@ TEST_P(RouteParity, MatchesCpu) {
   ExpectClose("Route.w", name, w.Read(), want_w, kTolF32);
 }
 
+// A token whose router logits are not all finite: experts 0..K-1 at weight 0 on both backends,
+// the fault reported naming the layer; the other tokens route as usual.
+TEST(RouteFaultParity, NonFiniteLogitsAreReportedNamingTheLayer) {
+  std::mt19937 rng(91);
+  const int64_t T = 40;
+  const int E = 128, K = 8;
+  std::vector<float> logits = Random(rng, T * E, -4.f, 4.f);
+  logits[3 * E + 17] = std::nanf("");
+  logits[20 * E + 5] = INFINITY;
+  logits[31 * E + 127] = -INFINITY;
+  std::vector<float> want_w(T * K);
+  std::vector<int32_t> want_ids(T * K);
+  kernels::RouteArgs a;
+  a.num_tokens = T;
+  a.num_experts = E;
+  a.top_k = K;
+  a.renormalize = true;
+  a.layer = 11;
+  a.logits = logits.data();
+  a.weights = want_w.data();
+  a.expert_ids = want_ids.data();
+  Cpu().Route(a);
+  const absl::Status cpu_fault = Cpu().TakeRoutingError();
+  DeviceArray<float> dl(logits);
+  DeviceArray<float> w = PoisonedOutput(want_w.size());
+  DeviceArray<int32_t> ids(std::vector<int32_t>(want_ids.size(), -1));
+  a.logits = dl.get();
+  a.weights = w.get();
+  a.expert_ids = ids.get();
+  Gpu().Route(a);
+  const absl::Status gpu_fault = Gpu().TakeRoutingError();
+  for (const absl::Status& st : {cpu_fault, gpu_fault}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+    EXPECT_NE(st.message().find("layer 11"), std::string::npos) << st;
+  }
+  EXPECT_TRUE(Gpu().TakeRoutingError().ok()) << "reported once";
+  ExpectEqualIds("Route.ids", "non-finite logits", ids.Read(), want_ids);
+  ExpectClose("Route.w", "non-finite logits", w.Read(), want_w, kTolF32);
+}
+
 INSTANTIATE_TEST_SUITE_P(Cases, RouteParity,
                          ::testing::Values(RouteCase{1, 128, 8, true},  // Qwen3-30B-A3B
                                            RouteCase{7, 60, 4, false},  // Qwen2-MoE
@@ -804,6 +844,7 @@ struct RoutedCase {
   bool absent = false;
   bool in_host = false;
   bool skew = false;
+  bool bad_ids = false;  // pairs naming expert -1 or E: skipped and reported on both backends
 };
 class ExpertFfnRoutedParity : public ::testing::TestWithParam<RoutedCase> {};
 
@@ -831,6 +872,7 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
       weights.push_back(weight(rng));
     }
   }
+  for (size_t i = 3; c.bad_ids && i < ids.size(); i += 7) ids[i] = i % 2 == 0 ? -1 : c.pool;
   std::vector<HostWeight> gate, up, down;
   std::vector<kernels::ExpertWeights> cpu_w, gpu_w;
   const float gs = 1.f / std::sqrt(static_cast<float>(c.H)), ds = 1.f / std::sqrt(static_cast<float>(c.I));
@@ -878,7 +920,9 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
                                            dptrs.get() + 2 * c.pool, c.pool,
                                            c.in_host ? dhost.get() : nullptr};
   const std::vector<float> x = Random(rng, c.T * c.H);
-  std::vector<float> want = Random(rng, c.T * c.H);
+  // One row past the output: a canary that neither backend may write.
+  std::vector<float> want = Random(rng, (c.T + 1) * c.H);
+  const std::vector<float> canary(want.end() - c.H, want.end());
   DeviceArray<float> out(want), dx(x), dweights(weights);
   DeviceArray<int32_t> dids(ids);
   kernels::ExpertFfnRoutedArgs a;
@@ -890,18 +934,30 @@ TEST_P(ExpertFfnRoutedParity, MatchesCpu) {
   a.experts = &cpu_table;
   a.expert_ids = ids.data();
   a.weights = weights.data();
+  a.layer = 5;
   Cpu().ExpertFfnRouted(a);
+  const absl::Status cpu_fault = Cpu().TakeRoutingError();
   a.out = out.get();
   a.x = dx.get();
   a.experts = &gpu_table;
   a.expert_ids = dids.get();
   a.weights = dweights.get();
   Gpu().ExpertFfnRouted(a);
+  const absl::Status gpu_fault = Gpu().TakeRoutingError();
+  EXPECT_EQ(cpu_fault.ok(), !c.bad_ids) << cpu_fault;
+  EXPECT_EQ(gpu_fault.ok(), !c.bad_ids) << gpu_fault;
+  if (c.bad_ids) {
+    EXPECT_NE(cpu_fault.message().find("layer 5"), std::string::npos) << cpu_fault;
+    EXPECT_NE(gpu_fault.message().find("layer 5"), std::string::npos) << gpu_fault;
+  }
+  const std::vector<float> got = out.Read();
+  EXPECT_EQ(std::vector<float>(got.end() - c.H, got.end()), canary) << "written out of bounds";
   ExpectClose("ExpertFfnRouted",
               Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
                    GroupTag(c.group), c.absent ? "some absent" : "",
-                   c.in_host ? "odd in host" : "", c.skew ? "skewed" : ""),
-              out.Read(), want, TolFor(c.dtype));
+                   c.in_host ? "odd in host" : "", c.skew ? "skewed" : "",
+                   c.bad_ids ? "bad ids" : ""),
+              got, want, TolFor(c.dtype));
 }
 
 INSTANTIATE_TEST_SUITE_P(
@@ -926,7 +982,11 @@ INSTANTIATE_TEST_SUITE_P(
                       // prefill chunks: experts averaging > 32 pairs take the GEMM's groups
                       RoutedCase{1024, 2048, 768, 64, 8, DType::kQ4, 64, false, false, true},
                       RoutedCase{600, 512, 256, 17, 4, DType::kQ4, 128, true, true, true},
-                      RoutedCase{300, 255, 97, 9, 3, DType::kBF16, 0, false, true, true}));
+                      RoutedCase{300, 255, 97, 9, 3, DType::kBF16, 0, false, true, true},
+                      // ids outside [0, E): per pair, planned in groups of 8 and of 128
+                      RoutedCase{3, 256, 96, 8, 2, DType::kBF16, 0, false, true, false, true},
+                      RoutedCase{64, 512, 256, 16, 4, DType::kQ4, 64, true, false, false, true},
+                      RoutedCase{600, 512, 256, 9, 4, DType::kQ4, 64, false, true, true, true}));
 
 // ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64

@@ -60,6 +60,27 @@ TEST(CpuBackendTest, RouteTopKRenormalisesAndBreaksTiesToLowerId) {
   EXPECT_NEAR(weights[0], std::exp(2.f) / denom, 1e-6);
 }
 
+// A token with a non-finite router logit gets experts 0..K-1 at weight 0 and the layer's fault
+// is reported once; the other tokens route as usual.
+TEST(CpuBackendTest, RouteReportsNonFiniteLogitsNamingTheLayer) {
+  CpuBackend cpu(1);
+  const std::vector<float> logits = {0.f, 2.f, 1.f, 3.f,  std::nanf(""), 1.f, 2.f, 0.f,
+                                     1.f, INFINITY, 0.f, 0.f};  // [3 tokens, 4 experts]
+  std::vector<float> weights(6, -1.f);
+  std::vector<int32_t> ids(6, -1);
+  RouteArgs a{logits.data(), 3, 4, 2, true, weights.data(), ids.data()};
+  a.layer = 7;
+  EXPECT_TRUE(cpu.TakeRoutingError().ok());
+  cpu.Route(a);
+  EXPECT_EQ(ids, (std::vector<int32_t>{3, 1, 0, 1, 0, 1}));
+  EXPECT_EQ(weights[2], 0.f);
+  EXPECT_EQ(weights[5], 0.f);
+  const absl::Status st = cpu.TakeRoutingError();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("layer 7"), std::string::npos) << st;
+  EXPECT_TRUE(cpu.TakeRoutingError().ok()) << "reported once";
+}
+
 TEST(CpuBackendTest, AttentionSlidingWindowSeesOnlyTheWindow) {
   // One head, D = 1, values = position: with window 2 the last token averages positions 3 and 4.
   CpuBackend cpu(2);
@@ -230,6 +251,29 @@ TEST(CpuBackendTest, ExpertFfnRoutedEqualsTheHostGrouping) {
   cpu.ExpertFfn(f);
   EXPECT_EQ(routed, grouped);
   EXPECT_NE(routed, out0);
+  EXPECT_TRUE(cpu.TakeRoutingError().ok());
+
+  // Pairs naming no expert (-1, E) are skipped and reported; the others give the same sums.
+  std::vector<int32_t> bad_ids = ids;
+  std::vector<float> bad_weights = weights;
+  for (const int i : {1, 7}) {
+    bad_ids[i] = i == 1 ? -1 : E;
+    bad_weights[i] = 0.f;  // the reference below: those pairs add nothing
+  }
+  std::vector<float> skipped = out0, zero_weighted = out0;
+  r.out = skipped.data();
+  r.expert_ids = bad_ids.data();
+  r.layer = 3;
+  cpu.ExpertFfnRouted(r);
+  const absl::Status st = cpu.TakeRoutingError();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("layer 3"), std::string::npos) << st;
+  r.out = zero_weighted.data();
+  r.expert_ids = ids.data();
+  r.weights = bad_weights.data();
+  cpu.ExpertFfnRouted(r);
+  for (size_t i = 0; i < skipped.size(); ++i) EXPECT_NEAR(skipped[i], zero_weighted[i], 1e-6);
+  EXPECT_TRUE(cpu.TakeRoutingError().ok());
 }
 
 TEST(TensorTest, HalfConversionsRoundTrip) {
