@@ -6,8 +6,11 @@
 # 2048-token prompts against the byte and FLOP rooflines, with the --timings breakdown; then the
 # planned path's two group sizes against each other (MOE_ROUTED_CHUNK=8: tensor-core matrix-vector
 # groups; =128: tensor-core GEMM groups) at the batch sizes where the choice switches.
-# "quick": the kernel parity cases only and no A/B. Each step logs to OUT_DIR/<step>.txt; a
-# summary is printed last.
+# "quick": the kernel parity cases only and no A/B. "profile": instead of the A/B, the GPU's own
+# timeline (CUPTI, bundle/lib/libmoe_timeline.so: bundle moe_timeline) of decode steps at 64 and
+# 256 sequences and of a 2048-token prefill, per kernel (timeline_report.py), and the batches
+# with CUDA graphs up to 256 tokens (MOE_CUDA_GRAPH_TOKENS). Each step logs to
+# OUT_DIR/<step>.txt; a summary is printed last.
 set -uo pipefail
 out=${1:?usage: tests/bench/batched_moe.sh OUT_DIR [quick]}
 quick=${2:-}
@@ -29,7 +32,7 @@ bench() {  # bench NAME TIMEOUT [moe-bench flags...]
   shift 2
   run "$name" "$limit" "$bin/moe-bench" --model_dir=/tmp/moe_bench_model --store_dir= "$@"
 }
-if [[ $quick == quick ]]; then
+if [[ $quick == quick || $quick == profile ]]; then
   run parity 200 "$bin/parity_test" --gtest_brief=1 --gtest_filter='*ExpertFfn*:*Gemm*:*MatMul*'
 else
   run parity 240 "$bin/parity_test" --gtest_brief=1
@@ -37,13 +40,26 @@ fi
 run golden_gpu 150 "$bin/golden_gpu_test"
 run golden_store_gpu 120 "$bin/golden_store_gpu_test"
 bench moe_bench 300 --timings --batches=8,32,64,128,256 --prompt=512,2048 --steps=32
-if [[ $quick != quick ]]; then
+if [[ $quick == profile ]]; then
+  tracer=$PWD/bundle/lib/libmoe_timeline.so
+  traced() {  # NAME MARKER moe-bench flags...
+    local name=$1 marker=$2
+    shift 2
+    LD_PRELOAD=$tracer MOE_TIMELINE_OUT=/tmp/$name.csv bench "$name" 200 --steps=2 "$@"
+    python3 tests/bench/timeline_report.py /tmp/$name.csv --marker "$marker" --skip 2 \
+      >"$out/${name}_kernels.txt" 2>&1
+  }
+  traced timeline_b64 SampleKernel --batches=64 --batch_steps=8 --prompt=16
+  traced timeline_b256 SampleKernel --batches=256 --batch_steps=8 --prompt=16
+  traced timeline_prefill SampleKernel --batches= --prompt=2048,2048,2048,2048
+  MOE_CUDA_GRAPH_TOKENS=256 bench graphs256 200 --batches=8,32,64,128,256 --prompt=16 --steps=8
+elif [[ $quick != quick ]]; then
   for chunk in 8 128; do
     MOE_ROUTED_CHUNK=$chunk bench "chunk$chunk" 200 --batches=32,64,128,256 --prompt=2048 \
       --steps=4 --batch_steps=4
   done
 fi
 printf '%s\n' "${status[@]}" | tee "$out/summary.txt"
-for f in "$out"/moe_bench.txt "$out"/chunk*.txt; do
+for f in "$out"/moe_bench.txt "$out"/chunk*.txt "$out"/graphs256.txt; do
   [[ -f $f ]] && { echo "== $f"; grep -E '^[0-9]+ |time to first|fraction|decode tokens/s' "$f"; }
 done

@@ -898,6 +898,13 @@ absl::Status Run() {
     if (timings) {
       PrintTimings(absl::StrCat("batch ", B).c_str(), Diff(b0, model->phase_times()), B * bsteps,
                    c.num_hidden_layers);
+      // The same steps synchronizing at every phase boundary: each phase's device time.
+      model->set_exact_timings(true);
+      const engine::PhaseTimes e0 = model->phase_times();
+      for (int64_t i = 0; i < bsteps; ++i) MOE_RETURN_IF_ERROR(step());
+      model->set_exact_timings(false);
+      PrintTimings(absl::StrCat("batch ", B, ", synchronized per phase").c_str(),
+                   Diff(e0, model->phase_times()), B * bsteps, c.num_hidden_layers);
     }
   }
 
