@@ -57,7 +57,10 @@ absl::StatusOr<BudgetFacts> ModelBudgetFacts(const std::string& dir) {
     return f;
   }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {  // a checkpoint: all of it loads
-    if (entry.path().extension() == ".safetensors") f.dense_bytes += entry.file_size(ec);
+    const std::string name = entry.path().filename().string();
+    if (name.rfind("model", 0) == 0 && entry.path().extension() == ".safetensors") {
+      f.dense_bytes += entry.file_size(ec);  // model.safetensors, model-00001-of-00002...
+    }
   }
   if (ec) return absl::NotFoundError(absl::StrCat(dir, ": ", ec.message()));
   return f;

@@ -880,7 +880,7 @@ absl::Status Run() {
   }
   for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
-                         MakePagedSeqs(c, *backend, kv_format, B, ctx + bsteps + 4));
+                         MakePagedSeqs(c, *backend, kv_format, B, ctx + 2 * bsteps + 4));
     MOE_RETURN_IF_ERROR(FillRandom(*backend, c, seqs, ctx, rng));
     auto step = [&]() { return DecodeStep(*model, seqs, tokens(B)); };
     MOE_RETURN_IF_ERROR(step());  // warm-up (scratch grows to B tokens)

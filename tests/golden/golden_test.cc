@@ -10,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/model.h"
 #include "expertstore/safetensors.h"
@@ -339,12 +341,21 @@ TEST_P(GoldenTest, NonFiniteRouterFailsTheStepNamingTheLayer) {
   std::string header(header_bytes, '\0');
   io.read(header.data(), static_cast<std::streamsize>(header_bytes));
   const auto h = nlohmann::json::parse(header);
+  // The router: a layer's "...gate.weight" of shape [E, H] (mlp.gate, block_sparse_moe.gate).
   int last = -1;
-  for (int l = 0; l < model_->config().num_hidden_layers; ++l) {
-    if (h.contains(absl::StrCat("model.layers.", l, ".mlp.gate.weight"))) last = l;
+  std::string router;
+  for (const auto& [name, t] : h.items()) {
+    int layer = -1;
+    if (name.rfind("model.layers.", 0) != 0 || !absl::EndsWith(name, ".gate.weight") ||
+        t["shape"][0] != model_->config().num_experts ||
+        !absl::SimpleAtoi(name.substr(13, name.find('.', 13) - 13), &layer) || layer <= last) {
+      continue;
+    }
+    last = layer;
+    router = name;
   }
   ASSERT_GE(last, 0) << GetParam() << ": no router tensor found";
-  const auto& t = h[absl::StrCat("model.layers.", last, ".mlp.gate.weight")];
+  const auto& t = h[router];
   ASSERT_EQ(t["dtype"], "F32");
   const float nan = std::nanf("");
   io.seekp(static_cast<std::streamoff>(8 + header_bytes + t["data_offsets"][0].get<uint64_t>()));
