@@ -8,8 +8,9 @@
 # groups; =128: tensor-core GEMM groups) at the batch sizes where the choice switches.
 # "quick": the kernel parity cases only and no A/B. "profile": instead of the A/B, the GPU's own
 # timeline (CUPTI, bundle/lib/libmoe_timeline.so: bundle moe_timeline) of decode steps at 64 and
-# 256 sequences and of a 2048-token prefill, per kernel (timeline_report.py), and the batches
-# with CUDA graphs up to 256 tokens (MOE_CUDA_GRAPH_TOKENS). Each step logs to
+# 256 sequences and of a 2048-token prefill, per kernel (timeline_report.py, appended to each
+# run's log; the CSVs in OUT_DIR/timelines.tar.xz), and the batches without MatMul's K split
+# (MOE_GEMM_SPLITK=0). Each step logs to
 # OUT_DIR/<step>.txt; a summary is printed last.
 set -uo pipefail
 out=${1:?usage: tests/bench/batched_moe.sh OUT_DIR [quick]}
@@ -46,13 +47,15 @@ if [[ $quick == profile ]]; then
     local name=$1 marker=$2
     shift 2
     LD_PRELOAD=$tracer MOE_TIMELINE_OUT=/tmp/$name.csv bench "$name" 200 --steps=2 "$@"
-    python3 tests/bench/timeline_report.py /tmp/$name.csv --marker "$marker" --skip 2 \
-      >"$out/${name}_kernels.txt" 2>&1
+    { python3 tests/bench/timeline_report.py /tmp/$name.csv --marker "$marker" --skip 2 2>&1 ||
+        { wc -l /tmp/$name.csv; head -3 /tmp/$name.csv; grep -c "$marker" /tmp/$name.csv; }
+    } >>"$out/$name.txt"
   }
   traced timeline_b64 SampleKernel --batches=64 --batch_steps=8 --prompt=16
   traced timeline_b256 SampleKernel --batches=256 --batch_steps=8 --prompt=16
   traced timeline_prefill SampleKernel --batches= --prompt=2048,2048,2048,2048
-  MOE_CUDA_GRAPH_TOKENS=256 bench graphs256 200 --batches=8,32,64,128,256 --prompt=16 --steps=8
+  MOE_GEMM_SPLITK=0 bench no_splitk 200 --batches=32,64,128,256 --prompt=2048 --steps=8
+  tar -C /tmp -cJf "$out/timelines.tar.xz" timeline_b64.csv timeline_b256.csv timeline_prefill.csv
 elif [[ $quick != quick ]]; then
   for chunk in 8 128; do
     MOE_ROUTED_CHUNK=$chunk bench "chunk$chunk" 200 --batches=32,64,128,256 --prompt=2048 \
@@ -60,6 +63,6 @@ elif [[ $quick != quick ]]; then
   done
 fi
 printf '%s\n' "${status[@]}" | tee "$out/summary.txt"
-for f in "$out"/moe_bench.txt "$out"/chunk*.txt "$out"/graphs256.txt; do
+for f in "$out"/moe_bench.txt "$out"/chunk*.txt "$out"/no_splitk.txt; do
   [[ -f $f ]] && { echo "== $f"; grep -E '^[0-9]+ |time to first|fraction|decode tokens/s' "$f"; }
 done
