@@ -55,6 +55,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   if (const char* tokens = std::getenv("MOE_CUDA_GRAPH_TOKENS"); tokens != nullptr) {
     graph_max_tokens_ = std::max(0L, std::strtol(tokens, nullptr, 10));
   }
+  if (const char* split = std::getenv("MOE_GEMM_SPLITK"); split != nullptr) {
+    split_k_ = std::string(split) != "0";
+  }
   if (const char* chunk = std::getenv("MOE_ROUTED_CHUNK"); chunk != nullptr) {
     routed_chunk_override_ = std::max(0L, std::strtol(chunk, nullptr, 10));
   }

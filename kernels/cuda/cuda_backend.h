@@ -165,6 +165,7 @@ class CudaBackend final : public Backend {
   bool use_graphs_ = false;
   // Steps of at most this many tokens are recorded (MOE_CUDA_GRAPH_TOKENS overrides, to measure).
   int64_t graph_max_tokens_ = 8;
+  bool split_k_ = true;  // MatMul's K split for small-tile GEMMs (MOE_GEMM_SPLITK=0: off)
   Scratch args_;       // small host arrays copied in per call (ids, positions, expert table)
   Scratch args2_;      // a second one for ops that stage two arrays
   Scratch work_;       // intermediates: expert activations, attention partials

@@ -337,6 +337,8 @@ __device__ __forceinline__ void StoreTile(const GemmParams& p, const GemmGroup& 
 
 // The tensor-core GEMM (gemm_mma.cu) for bf16 and quantized weights; false (nothing launched)
 // where it does not apply (other dtypes, K not a multiple of 32, A rows not 16-byte aligned).
+// Its tile is kGemmTileRows x kGemmTileCols of C.
+constexpr int kGemmTileRows = 64, kGemmTileCols = 128;
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 
 // The quantized path of LaunchGroupedGemm (matmul_quant.cu): p.w_dtype is kQ8, kQ4 or kQ2.

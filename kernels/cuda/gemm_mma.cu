@@ -16,7 +16,7 @@ namespace {
 
 // Block tile kTileM x kTileN of C, K in steps of kTileK; 8 warps as 2 (M) x 4 (N), each 32 x 32
 // of C: two m-tiles of 16 by four n-tiles of 8.
-constexpr int kTileM = 64, kTileN = 128, kTileK = 32, kGemmThreads = 256;
+constexpr int kTileM = kGemmTileRows, kTileN = kGemmTileCols, kTileK = 32, kGemmThreads = 256;
 // A tile row's bf16 pairs, padded so that the fragment loads of rows g = 0..7 (stride 20 words)
 // fall on 32 distinct banks.
 constexpr int kRowWords = kTileK / 2 + 4;
@@ -112,14 +112,19 @@ struct QuantWeights {
   }
 };
 
-// Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups); K a multiple of kTileK, A rows
+// Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups or k_splits); K a multiple of kTileK, A rows
 // 16-byte aligned (LaunchGemmMma checks both), quantized groups a multiple of kTileK
 // (DispatchQuant: powers of two >= 32).
 template <typename Fmt>
 __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParams p,
                                                              const GemmGroup single) {
   WaitForPriorKernel();
-  const GemmGroup grp = GroupOf(p, single, blockIdx.z);
+  const bool split = p.k_splits > 1 && !p.has_groups();  // blockIdx.z: the K slice
+  const GemmGroup grp = GroupOf(p, single, split ? 0 : blockIdx.z);
+  const int64_t k_slice = split ? CeilDiv(CeilDiv(p.K, kTileK), p.k_splits) * kTileK : p.K;
+  const int64_t k_begin = split ? blockIdx.z * k_slice : 0;
+  const int64_t k_end = Min64(p.K, k_begin + k_slice);
+  if (k_begin >= k_end) return;  // block-uniform
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
   if (m0 >= grp.row_count) return;  // block-uniform
@@ -178,12 +183,12 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
   const int wm = 32 * (warp / 4), wn = 32 * (warp % 4);  // the warp's 32 x 32 of the block tile
   float acc[2][4][4] = {};
   float part[2][4][4];  // quantized: the k-tile's code products, before s and m
-  load(0);
-  for (int64_t k0 = 0; k0 < p.K; k0 += kTileK) {
+  load(k_begin);
+  for (int64_t k0 = k_begin; k0 < k_end; k0 += kTileK) {
     __syncthreads();  // the previous tile's fragments have been read
     stage();
     __syncthreads();
-    if (k0 + kTileK < p.K) load(k0 + kTileK);  // in flight during this tile's products
+    if (k0 + kTileK < k_end) load(k0 + kTileK);  // in flight during this tile's products
     if constexpr (Fmt::kQuant) {
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
@@ -259,9 +264,10 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
   if (p.K % kTileK != 0 || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
+  const bool split = p.k_splits > 1 && !p.has_groups();
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kTileN)),
                   static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
-                  static_cast<unsigned>(p.num_groups));
+                  static_cast<unsigned>(split ? p.k_splits : p.num_groups));
   auto launch = [&](auto kernel) { Launch(kernel, grid, kGemmThreads, 0, stream, p, single); };
   switch (p.w_dtype) {
     case DType::kBF16: launch(GemmMmaKernel<Bf16Weights>); return true;

@@ -58,6 +58,11 @@ struct GemmParams {
   unsigned int* routing_verdict = nullptr;
   unsigned int routing_code = 0;
 
+  // One matrix (no groups table): the tensor-core GEMM splits K over k_splits blocks a tile, each
+  // adding its share into C (so C must be zeroed and `accumulate` set; the other kernels ignore it
+  // and accumulate whole sums). For decode batches whose tiles leave SMs idle.
+  int k_splits = 1;
+
   bool glu() const { return up_groups != nullptr || routed_up != nullptr; }
   bool has_groups() const { return groups != nullptr || routed_ids != nullptr; }
   int num_sms = 132;  // of the device: sizes the matrix-vector grid

@@ -582,6 +582,20 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   p.ldc = N;
   p.num_sms = num_sms_;
   p.group_size = w.group_size;
+  // Rows the tensor-core GEMM takes (bf16 past 32, quantized past kMatVecMaxRows) whose tiles
+  // would not give every SM two blocks (decode batches: k/v projections and the router at 256
+  // rows are 16 and 4 tiles): K split so that they do, each slice at least 8 k-tiles, into C
+  // zeroed first. MOE_GEMM_SPLITK=0 turns it off (measurements).
+  const bool gemm = w.dtype == DType::kBF16 ? T > 32 : IsQuantized(w.dtype) && T > cuda::kMatVecMaxRows;
+  if (gemm && split_k_) {
+    const int64_t tiles = cuda::CeilDiv(N, cuda::kGemmTileCols) * cuda::CeilDiv(T, cuda::kGemmTileRows);
+    p.k_splits = static_cast<int>(std::min(2 * num_sms_ / tiles, std::max<int64_t>(1, K / (32 * 8))));
+    p.k_splits = std::max(p.k_splits, 1);
+    if (p.k_splits > 1) {
+      Zero(out, static_cast<size_t>(T * N) * sizeof(float));
+      p.accumulate = true;
+    }
+  }
   // One group passed by value: no host->device copy on the decode path.
   cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
   if (bias == nullptr) return;

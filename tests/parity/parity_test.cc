@@ -108,7 +108,8 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{65, 733, 129, DType::kBF16, false},  // first tiled size
                       MatMulCase{130, 300, 2048, DType::kBF16, false},
                       MatMulCase{733, 733, 733, DType::kF32, false},
-                      MatMulCase{512, 2048, 2048, DType::kBF16, false},  // prefill
+                      MatMulCase{512, 2048, 2048, DType::kBF16, false},  // prefill, K split 2
+                      MatMulCase{256, 512, 2048, DType::kBF16, true},  // k proj: K split 8
                       // tensor-core GEMM: partial tiles of rows and columns, K of 3 k-tiles
                       MatMulCase{100, 200, 96, DType::kBF16, true},
                       MatMulCase{2048, 5120, 2048, DType::kBF16, false}));  // Qwen3-30B q/k/v
@@ -1003,7 +1004,9 @@ TEST_P(QuantMatMulParity, MatchesCpu) { RunMatMul(GetParam().mm, GetParam().grou
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, QuantMatMulParity,
-    ::testing::Values(QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 64},  // expert down
+    ::testing::Values(QuantMatMulCase{{256, 128, 2048, DType::kQ4, true}, 64},  // K split 8
+                      QuantMatMulCase{{100, 512, 2048, DType::kQ8, false}, 128},  // K split 8
+                      QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 64},  // expert down
                       QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 128},
                       QuantMatMulCase{{1, 768, 2048, DType::kQ4, false}, 64},  // expert gate/up
                       QuantMatMulCase{{1, 768, 2048, DType::kQ4, false}, 128},
