@@ -125,7 +125,9 @@ absl::Status Run() {
   eopts.max_context = absl::GetFlag(FLAGS_max_context);
   eopts.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   MOE_RETURN_IF_ERROR(base::Annotate(eopts.Validate(), "engine flags"));
-  engine::Engine eng(*model, *tokenizer, eopts);
+  // A worker whose KV budget holds no block could serve nothing: it does not start.
+  MOE_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, *tokenizer, eopts));
+  engine::Engine& eng = *engine;
 
   service::WorkerOptions wopts;
   wopts.model_name = absl::GetFlag(FLAGS_model_name);
