@@ -66,25 +66,29 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
   max_context_ = options.max_context > 0
                      ? std::min(options.max_context, c.max_position_embeddings)
                      : c.max_position_embeddings;
-  kv_status_ = [&]() -> absl::Status {
-    MOE_RETURN_IF_ERROR(options.Validate());
-    MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(options.kv_cache_dtype));
-    KvCacheOptions o;
-    o.format = format;
-    o.num_layers = static_cast<int>(c.num_hidden_layers);
-    o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
-    o.head_dim = static_cast<int>(c.head_dim);
-    o.block_size = options.block_size;
-    o.budget_bytes = static_cast<uint64_t>(options.kv_budget_bytes);
-    o.prefix_reuse = options.prefix_reuse;
-    MOE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(o));
-    cache_ = std::make_unique<KvCache>(std::move(cache));
-    bytes_per_token_ = cache_->Stats().bytes_per_token;
-    MOE_ASSIGN_OR_RETURN(paged_, PagedKv::Create(c, model.backend(), format, options.block_size,
-                                                 cache_->Stats().total_blocks));
-    return absl::OkStatus();
-  }();
-  if (!kv_status_.ok()) cache_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Tokenizer& tokenizer,
+                                                       const EngineOptions& options) {
+  MOE_RETURN_IF_ERROR(options.Validate());
+  MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(options.kv_cache_dtype));
+  const ModelConfig& c = model.config();
+  KvCacheOptions o;
+  o.format = format;
+  o.num_layers = static_cast<int>(c.num_hidden_layers);
+  o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
+  o.head_dim = static_cast<int>(c.head_dim);
+  o.block_size = options.block_size;
+  o.budget_bytes = static_cast<uint64_t>(options.kv_budget_bytes);
+  o.prefix_reuse = options.prefix_reuse;
+  MOE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(o));
+  std::unique_ptr<Engine> engine(new Engine(model, tokenizer, options));
+  engine->cache_ = std::make_unique<KvCache>(std::move(cache));
+  engine->bytes_per_token_ = engine->cache_->Stats().bytes_per_token;
+  MOE_ASSIGN_OR_RETURN(engine->paged_,
+                       PagedKv::Create(c, model.backend(), format, options.block_size,
+                                       engine->cache_->Stats().total_blocks));
+  return engine;
 }
 
 Engine::~Engine() = default;
@@ -110,14 +114,16 @@ absl::Status Engine::Add(Request request) {
                                                    request.stop.max_tokens, " exceeds the context of ",
                                                    max_context_));
   }
-  if (!kv_status_.ok()) return kv_status_;
   const int64_t bs = options_.block_size;
   const int64_t blocks = (total + bs - 1) / bs;
   if (blocks > cache_->Stats().total_blocks) {
-    return absl::ResourceExhaustedError(
-        absl::StrCat("request needs ", blocks * bs * bytes_per_token_, " bytes of KV (",
-                     blocks, " blocks of ", bs, " tokens), more than the whole budget ",
-                     options_.kv_budget_bytes, " (", cache_->Stats().total_blocks, " blocks)"));
+    // Permanent for this worker: waiting frees nothing more than the whole budget, so this is
+    // not ResourceExhausted (which clients retry).
+    return absl::InvalidArgumentError(absl::StrCat(
+        "max_tokens: prompt ", request.prompt.size(), " + max_tokens ", request.stop.max_tokens,
+        " needs ", blocks * bs * bytes_per_token_, " bytes of KV (", blocks, " blocks of ", bs,
+        " tokens), more than the worker's whole KV budget of ", options_.kv_budget_bytes,
+        " bytes (", cache_->Stats().total_blocks, " blocks)"));
   }
   if (request.top_logprobs < 0 || request.top_logprobs > 20) {
     return absl::InvalidArgumentError("top_logprobs: must be in [0, 20]");

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
@@ -86,11 +87,15 @@ struct EngineStats {
 
 class Engine {
  public:
-  Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options);
+  // Makes the engine and its KV cache. InvalidArgument for bad options; ResourceExhausted when
+  // the KV budget holds no block (an engine that could serve nothing is never made).
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(Model& model, const Tokenizer& tokenizer,
+                                                        const EngineOptions& options);
   ~Engine();
 
   // Queues a request. InvalidArgument names the bad field (empty prompt, ids outside the
-  // vocabulary, prompt + max_tokens over the context, sampling out of range, duplicate id).
+  // vocabulary, prompt + max_tokens over the context or over the whole KV budget, sampling out
+  // of range, duplicate id): none of these succeeds on a retry.
   absl::Status Add(Request request);
   // Cancels a queued or running request; its final event (kCancelled) comes from the next Step.
   // Unknown ids are ignored (the request may have finished already).
@@ -102,11 +107,12 @@ class Engine {
   // Schedules and runs one step and returns its events.
   std::vector<Event> Step();
   EngineStats Stats() const;
-  // The block manager, for tests and metrics (null when the KV cache could not be made).
+  // The block manager, for tests and metrics.
   const KvCache* kv_cache() const;
 
  private:
   struct Sequence;
+  Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& options);
   bool Admit(std::unique_ptr<Sequence>& seq);
   // Grows seq's blocks to cover `end` positions, dropping LRU sessions and then preempting the
   // newest running sequences without planned work as needed. False if seq itself was preempted.
@@ -131,7 +137,6 @@ class Engine {
     int64_t last_used = 0;
   };
   std::map<std::string, Session> sessions_;
-  absl::Status kv_status_;  // why the KV cache could not be made (then Add fails with it)
   std::unique_ptr<PagedKv> paged_;
   std::unique_ptr<KvCache> cache_;
   int64_t bytes_per_token_ = 0;

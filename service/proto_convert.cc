@@ -75,6 +75,10 @@ absl::Status ValidateInput(const moe::v1::GenerateRequest& r, const ModelLimits&
         if (msgs[i].role().empty()) {
           return Bad(absl::StrCat("chat.messages[", i, "].role"), "is empty");
         }
+        // A user turn with nothing in it asks nothing (system and assistant turns may be empty).
+        if (msgs[i].role() == "user" && msgs[i].content().empty()) {
+          return Bad(absl::StrCat("chat.messages[", i, "].content"), "a user turn is empty");
+        }
       }
       return absl::OkStatus();
     }

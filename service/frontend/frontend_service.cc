@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "service/security.h"
 #include "service/status_convert.h"
 
 namespace moe::service {
@@ -22,14 +23,6 @@ class Refusal final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnDone() override { delete this; }
 };
 
-// Same-length comparison whose time does not depend on where the strings differ.
-bool ConstantTimeEquals(const std::string& a, const std::string& b) {
-  if (a.size() != b.size()) return false;
-  unsigned char diff = 0;
-  for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
-  return diff == 0;
-}
-
 // Forwards a unary call to a worker; the worker's answer (or failure) becomes ours.
 // `call(async_stub, client_context, done)` starts the worker's method.
 template <typename Req, typename Call>
@@ -44,6 +37,7 @@ grpc::ServerUnaryReactor* Forward(grpc::CallbackServerContext* context, Router& 
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<grpc::ClientContext> client =
       grpc::ClientContext::FromCallbackServerContext(*context);
+  (*worker)->Authorize(client.get());
   // The lambda keeps the client context and the worker alive until the answer.
   call((*worker)->stub().async(), client.get(),
        [reactor, client, keep = *worker](grpc::Status status) { reactor->Finish(status); });
@@ -66,17 +60,7 @@ FrontendService::FrontendService(FrontendOptions options, WorkerSet& workers, Ro
 }
 
 absl::Status FrontendService::CheckAuth(const grpc::CallbackServerContext& context) const {
-  if (options_.auth_token.empty()) return absl::OkStatus();
-  const auto& md = context.client_metadata();
-  auto it = md.find("authorization");
-  if (it == md.end()) {
-    return absl::UnauthenticatedError("missing 'authorization: Bearer <token>' metadata");
-  }
-  if (!ConstantTimeEquals(std::string(it->second.data(), it->second.size()),
-                          "Bearer " + options_.auth_token)) {
-    return absl::UnauthenticatedError("wrong bearer token");
-  }
-  return absl::OkStatus();
+  return CheckBearerToken(context, options_.auth_token);
 }
 
 void FrontendService::StartDrain() {
@@ -99,16 +83,26 @@ std::map<std::string, moe::v1::ModelInfo> FrontendService::Models() const {
 void FrontendService::UpdateHealth(grpc::HealthCheckServiceInterface* health) {
   if (health == nullptr) return;
   const bool serving = !draining_;
-  health->SetServingStatus("", serving);
-  health->SetServingStatus("moe.v1.Inference", serving);
-  health->SetServingStatus("liveness", true);  // a drain must not get the process killed
+  std::map<std::string, bool> status;
+  status[""] = serving;
+  status["moe.v1.Inference"] = serving;
+  status["liveness"] = true;  // a drain must not get the process killed
   bool any_model = false;
   for (const auto& [name, info] : Models()) {
-    health->SetServingStatus("model/" + name, serving && info.ready_workers() > 0);
+    status["model/" + name] = serving && info.ready_workers() > 0;
     any_model = any_model || info.ready_workers() > 0;
   }
   // Ready for traffic: admitting, and some worker can serve.
-  health->SetServingStatus("readiness", serving && any_model);
+  status["readiness"] = serving && any_model;
+  // gRPC's health service sends every SetServingStatus to every Watch, changed or not: set only
+  // what changed since the last poll.
+  std::lock_guard<std::mutex> lock(health_mu_);
+  for (const auto& [service, up] : status) {
+    auto [it, inserted] = health_sent_.try_emplace(service, up);
+    if (!inserted && it->second == up) continue;
+    it->second = up;
+    health->SetServingStatus(service, up);
+  }
 }
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
@@ -173,6 +167,7 @@ grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerConte
   grpc::ServerUnaryReactor* reactor = context->DefaultReactor();
   std::shared_ptr<grpc::ClientContext> client =
       grpc::ClientContext::FromCallbackServerContext(*context);
+  worker->Authorize(client.get());
   worker->stub().async()->DropSession(
       client.get(), request, response,
       [reactor, client, worker](grpc::Status status) { reactor->Finish(status); });
@@ -198,9 +193,11 @@ grpc::ServerUnaryReactor* FrontendService::GetModel(grpc::CallbackServerContext*
   }
   const auto models = Models();
   auto it = models.find(request->model());
-  if (it == models.end()) {
+  // As ListModels: a model no up worker serves is not served (the API's NOT_FOUND).
+  if (it == models.end() || it->second.ready_workers() == 0) {
     return Answer(
-        context, absl::NotFoundError(absl::StrCat("model '", request->model(), "' is not served")));
+        context, absl::NotFoundError(absl::StrCat("model '", request->model(), "' is not served",
+                                                  it == models.end() ? "" : " (no worker is up)")));
   }
   *response = it->second;
   return Answer(context, absl::OkStatus());

@@ -7,6 +7,8 @@
 #include <grpcpp/health_check_service_interface.h>
 
 #include <atomic>
+#include <map>
+#include <mutex>
 #include <string>
 
 #include "moe/v1/moe.grpc.pb.h"
@@ -71,6 +73,8 @@ class FrontendService final : public moe::v1::Inference::WithRawCallbackMethod_G
   metrics::FrontendMetrics& metrics_;
   FrontendContext fe_;
   std::atomic<bool> draining_{false};
+  std::mutex health_mu_;
+  std::map<std::string, bool> health_sent_;  // what UpdateHealth last set; guarded by health_mu_
 };
 
 }  // namespace moe::service

@@ -32,6 +32,14 @@ int64_t EstimateTokens(const moe::v1::GenerateRequest& r) {
 // Failures that say "this worker could not serve it", worth another worker before any token.
 bool Retryable(const grpc::Status& s) { return s.error_code() == grpc::StatusCode::UNAVAILABLE; }
 
+// The worker failed the request itself (an unreadable expert store, a backend error): another
+// worker may well serve it, but the request might also be what fails, so it is tried once more.
+bool WorkerFault(const grpc::Status& s) {
+  return s.error_code() == grpc::StatusCode::DATA_LOSS ||
+         s.error_code() == grpc::StatusCode::INTERNAL ||
+         s.error_code() == grpc::StatusCode::UNKNOWN;
+}
+
 const char* FinishLabel(moe::v1::FinishReason r) {
   switch (r) {
     case moe::v1::FINISH_REASON_STOP:
@@ -60,6 +68,7 @@ class GenerateCall::Upstream final
         ctx_(grpc::ClientContext::FromCallbackServerContext(*call->context_)),
         worker_(std::move(worker)),
         remaining_(estimate) {
+    worker_->Authorize(ctx_.get());
     worker_->streams.fetch_add(1);
     worker_->outstanding_tokens.fetch_add(remaining_);
   }
@@ -278,6 +287,19 @@ void GenerateCall::Conclude(const grpc::Status& status) {
                      << "first token (" << status.error_message() << "); retrying elsewhere";
     fe_->metrics->Retried();
     return Attempt();
+  }
+  if (WorkerFault(status) && !relayed && attempts < fe_->max_attempts) {
+    lock.lock();
+    const bool first_fault = !fault_retried_;
+    fault_retried_ = true;
+    lock.unlock();
+    if (first_fault) {
+      MOE_LOG(WARNING) << "[frontend] " << request_.request_id() << ": worker failed the request "
+                       << "before the first token (" << status.error_message()
+                       << "); retrying once elsewhere";
+      fe_->metrics->Retried();
+      return Attempt();
+    }
   }
   if (Retryable(status) && relayed) {
     return End(grpc::Status(grpc::StatusCode::UNAVAILABLE,

@@ -1,8 +1,10 @@
 // GenerateCall: one client Generate call at the frontend. It validates, enters admission,
 // opens a Worker.Generate stream on the routed worker (deadline propagated), and relays
 // messages one at a time (read upstream -> write to client -> read again), so a slow client
-// slows its worker stream instead of buffering. A worker that fails before the first token is
-// retried on another; after it, the call ends UNAVAILABLE. Client cancellation or deadline
+// slows its worker stream instead of buffering. A worker that is unavailable before the first
+// token is retried on another (up to max_attempts); one that fails the request itself
+// (DATA_LOSS, INTERNAL) is retried on another once; after the first token, the call ends
+// UNAVAILABLE. Client cancellation or deadline
 // cancels the worker stream (the worker then frees the sequence's KV).
 #pragma once
 
@@ -71,6 +73,7 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool admitted_ = false, queued_ = false;
   bool cancelled_ = false, writing_ = false, ended_ = false, server_done_ = false;
   bool relayed_ = false;  // a message reached the client: no more retries
+  bool fault_retried_ = false;  // a worker fault (WorkerFault) was retried: not again
   moe::v1::FinishReason completion_reason_ = moe::v1::FINISH_REASON_UNSPECIFIED;
   double admitted_at_ = 0, first_token_at_ = 0, last_token_at_ = 0;
   int64_t tokens_sent_ = 0;

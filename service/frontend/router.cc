@@ -90,9 +90,11 @@ size_t Router::MatchedChunks(const std::string& target, const std::vector<uint64
   return n;
 }
 
-void Router::Remember(const std::string& target, const std::vector<uint64_t>& prefix) {
+void Router::Remember(const WorkerEndpoint& worker, const std::vector<uint64_t>& prefix) {
   if (prefix.empty()) return;
-  PrefixMemory& mem = prefixes_[target];
+  auto [slot, created] = prefixes_.try_emplace(worker.target());
+  PrefixMemory& mem = slot->second;
+  if (created) mem.restarts = worker.restarts();
   // Deepest chunk first, so that the first chunk ends most recent: eviction then drops the tails
   // of long prompts before the shared heads that every match walks through.
   for (auto h = prefix.rbegin(); h != prefix.rend(); ++h) {
@@ -155,13 +157,17 @@ absl::StatusOr<std::shared_ptr<WorkerEndpoint>> Router::Pick(const std::string& 
   int known = 0;
   for (size_t i = 0; i < all.size(); ++i) {
     const std::shared_ptr<WorkerEndpoint>& w = all[(offset + i) % all.size()];
-    // A worker seen down may come back restarted, with an empty cache: forget what it was sent.
-    if (!w->up()) prefixes_.erase(w->target());
+    // A restarted worker's cache is empty: forget what it was sent. One that was only down or
+    // unreachable for a while (same instance) keeps its cache, and so does the memory.
+    if (auto it = prefixes_.find(w->target());
+        it != prefixes_.end() && it->second.restarts != w->restarts()) {
+      prefixes_.erase(it);
+    }
     if (!w->has_model() || w->model_name() != model) continue;
     ++known;
     if (!w->up() || exclude.count(w->target()) != 0) continue;
     if (w->target() == session_target) {
-      if (use_prefix) Remember(w->target(), prefix);
+      if (use_prefix) Remember(*w, prefix);
       if (reason != nullptr) *reason = RouteReason::kSession;
       return w;
     }
@@ -200,7 +206,7 @@ absl::StatusOr<std::shared_ptr<WorkerEndpoint>> Router::Pick(const std::string& 
     chosen = longest;
     why = RouteReason::kPrefix;
   }
-  if (use_prefix) Remember(chosen->target(), prefix);
+  if (use_prefix) Remember(*chosen, prefix);
   if (reason != nullptr) *reason = why;
   return chosen;
 }

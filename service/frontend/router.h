@@ -84,6 +84,7 @@ class Router {
   struct PrefixMemory {
     std::list<uint64_t> lru;
     std::unordered_map<uint64_t, std::list<uint64_t>::iterator> index;
+    int64_t restarts = 0;  // the worker's restarts() when this was learnt
   };
 
   absl::Status UnknownModel(const std::string& model) const;
@@ -91,7 +92,7 @@ class Router {
   size_t MatchedChunks(const std::string& target, const std::vector<uint64_t>& prefix) const;
   // Adds `prefix` to `target`'s memory, evicting the least recently sent beyond the bound.
   // Requires mu_.
-  void Remember(const std::string& target, const std::vector<uint64_t>& prefix);
+  void Remember(const WorkerEndpoint& worker, const std::vector<uint64_t>& prefix);
 
   WorkerSet& workers_;
   const RouterOptions options_;

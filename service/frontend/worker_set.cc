@@ -18,14 +18,17 @@ namespace {
 
 // Worker restarts must be noticed within about a poll period, so reconnect backoff stays short
 // (gRPC's default grows to two minutes).
-std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target) {
+std::shared_ptr<grpc::Channel> MakeChannel(const std::string& target,
+                                           const WorkerChannelOptions& options) {
   grpc::ChannelArguments args;
+  if (!options.tls_server_name.empty()) args.SetSslTargetNameOverride(options.tls_server_name);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 200);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1000);
   args.SetMaxReceiveMessageSize(64 << 20);
   args.SetMaxSendMessageSize(64 << 20);
-  return grpc::CreateCustomChannel(target, grpc::InsecureChannelCredentials(), args);
+  return grpc::CreateCustomChannel(
+      target, options.credentials ? options.credentials : grpc::InsecureChannelCredentials(), args);
 }
 
 // host:port -> every "ip:port" getaddrinfo gives (IPv6 in brackets). Empty on failure.
@@ -56,9 +59,11 @@ std::vector<std::string> ResolveAll(const std::string& host_port) {
 
 }  // namespace
 
-WorkerEndpoint::WorkerEndpoint(std::string target)
+WorkerEndpoint::WorkerEndpoint(std::string target, const WorkerChannelOptions& options)
     : target_(std::move(target)),
-      channel_(MakeChannel(target_)),
+      token_(options.token),
+      down_after_failed_polls_(std::max(1, options.down_after_failed_polls)),
+      channel_(MakeChannel(target_, options)),
       stub_(moe::internal::v1::Worker::NewStub(channel_)) {}
 
 bool WorkerEndpoint::has_model() const {
@@ -76,6 +81,15 @@ std::string WorkerEndpoint::model_name() const {
   return model_.name();
 }
 
+int64_t WorkerEndpoint::restarts() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return restarts_;
+}
+
+void WorkerEndpoint::Authorize(grpc::ClientContext* context) const {
+  if (!token_.empty()) context->AddMetadata("authorization", "Bearer " + token_);
+}
+
 void WorkerEndpoint::MarkDown(const std::string& why) {
   if (up_.exchange(false)) {
     MOE_LOG(WARNING) << "[workers] " << target_ << " down: " << why;
@@ -83,19 +97,37 @@ void WorkerEndpoint::MarkDown(const std::string& why) {
 }
 
 bool WorkerEndpoint::Update(const grpc::Status& status, const moe::internal::v1::WorkerInfo& info) {
-  const bool now_up = status.ok() && info.serving();
-  if (status.ok()) {
+  const bool was_up = up_.load();
+  bool now_up = false;
+  std::string why;
+  {
     std::lock_guard<std::mutex> lock(mu_);
-    model_ = info.model();
-    has_model_ = true;
+    if (status.ok()) {
+      failed_polls_ = 0;
+      if (has_model_ && info.instance_id() != instance_id_) ++restarts_;
+      instance_id_ = info.instance_id();
+      model_ = info.model();
+      has_model_ = true;
+      now_up = info.serving();
+      why = info.not_serving_reason().empty() ? "not serving"
+                                              : "not serving: " + info.not_serving_reason();
+    } else {
+      ++failed_polls_;
+      now_up = was_up && failed_polls_ < down_after_failed_polls_;
+      why = absl::StrCat(status.error_message(), " (", failed_polls_, " polls in a row failed)");
+      // A worker that never answered would otherwise go unmentioned while clients hear that
+      // no worker is up: say so at the first failure and now and then after.
+      if (!has_model_ && failed_polls_ % 60 == 1) {
+        MOE_LOG(WARNING) << "[workers] " << target_ << " does not answer: " << why;
+      }
+    }
   }
-  const bool was_up = up_.exchange(now_up);
+  up_ = now_up;
   if (was_up != now_up) {
     if (now_up) {
       MOE_LOG(INFO) << "[workers] " << target_ << " up (model '" << info.model().name() << "')";
     } else {
-      MOE_LOG(WARNING) << "[workers] " << target_ << " down: "
-                       << (status.ok() ? "not serving (draining)" : status.error_message());
+      MOE_LOG(WARNING) << "[workers] " << target_ << " down: " << why;
     }
   }
   return was_up != now_up;
@@ -114,13 +146,16 @@ absl::Status WorkerSetOptions::Validate() const {
   if (poll_seconds <= 0 || poll_timeout_seconds <= 0 || dns_refresh_seconds <= 0) {
     return absl::InvalidArgumentError("worker poll and refresh periods must be > 0");
   }
+  if (channel.down_after_failed_polls < 1) {
+    return absl::InvalidArgumentError("down_after_failed_polls must be >= 1");
+  }
   return absl::OkStatus();
 }
 
 WorkerSet::WorkerSet(WorkerSetOptions options, Observer observer)
     : options_(std::move(options)), observer_(std::move(observer)) {
   for (const std::string& t : options_.static_targets) {
-    if (!t.empty()) workers_[t] = std::make_shared<WorkerEndpoint>(t);
+    if (!t.empty()) workers_[t] = std::make_shared<WorkerEndpoint>(t, options_.channel);
   }
 }
 
@@ -170,7 +205,8 @@ void WorkerSet::Resolve() {
     if (it == workers_.end()) {
       MOE_LOG(INFO) << "[workers] found " << t;
     }
-    next[t] = it != workers_.end() ? it->second : std::make_shared<WorkerEndpoint>(t);
+    next[t] = it != workers_.end() ? it->second
+                                   : std::make_shared<WorkerEndpoint>(t, options_.channel);
   }
   for (const auto& [t, w] : workers_) {
     if (next.count(t) == 0) {
@@ -187,6 +223,7 @@ void WorkerSet::PollAll() {
     ctx.set_deadline(
         std::chrono::system_clock::now() +
         std::chrono::microseconds(static_cast<int64_t>(options_.poll_timeout_seconds * 1e6)));
+    w->Authorize(&ctx);
     moe::internal::v1::WorkerInfo info;
     const grpc::Status status = w->stub().GetInfo(&ctx, moe::internal::v1::GetInfoRequest(), &info);
     w->Update(status, info);

@@ -1,8 +1,9 @@
 // WorkerSet: the workers the frontend knows, found from a static list or a DNS name (a
 // Kubernetes headless Service, re-resolved periodically), with their health and load.
-// A background thread polls every worker's GetInfo; a worker is routable while its last poll
-// succeeded and it said it is serving. A stream that fails with UNAVAILABLE marks its worker
-// down at once; the next good poll brings it back.
+// A background thread polls every worker's GetInfo; a worker is routable once a poll succeeded
+// and it said it is serving, until it says it is not, `down_after_failed_polls` polls in a row
+// fail (one slow poll under load is not a dead worker), or a stream fails with UNAVAILABLE
+// (marked down at once); the next good poll brings it back.
 #pragma once
 
 #include <grpcpp/grpcpp.h>
@@ -23,9 +24,17 @@
 
 namespace moe::service {
 
+// How the frontend talks to workers.
+struct WorkerChannelOptions {
+  std::shared_ptr<grpc::ChannelCredentials> credentials;  // null: plaintext
+  std::string tls_server_name;  // when set, the name the workers' certificate must carry
+  std::string token;            // sent as "authorization: Bearer <token>"; empty: none
+  int down_after_failed_polls = 3;
+};
+
 class WorkerEndpoint {
  public:
-  explicit WorkerEndpoint(std::string target);
+  WorkerEndpoint(std::string target, const WorkerChannelOptions& options);
 
   // "host:port" as given, or "ip:port" from DNS.
   const std::string& target() const { return target_; }
@@ -43,18 +52,28 @@ class WorkerEndpoint {
   std::atomic<int64_t> outstanding_tokens{0};
   std::atomic<int64_t> streams{0};
 
+  // Times the worker was seen with a new instance_id (restarted, its KV cache empty).
+  int64_t restarts() const;
+  // Adds the worker token (if any) to a call's metadata. Call before the call starts.
+  void Authorize(grpc::ClientContext* context) const;
+
   void MarkDown(const std::string& why);
   // Records a poll's outcome. Returns true when the up/down state changed.
   bool Update(const grpc::Status& status, const moe::internal::v1::WorkerInfo& info);
 
  private:
   const std::string target_;
+  const std::string token_;
+  const int down_after_failed_polls_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<moe::internal::v1::Worker::Stub> stub_;
   std::atomic<bool> up_{false};
   mutable std::mutex mu_;
   moe::v1::ModelInfo model_;  // guarded by mu_
   bool has_model_ = false;    // guarded by mu_
+  std::string instance_id_;   // guarded by mu_
+  int64_t restarts_ = 0;      // guarded by mu_
+  int64_t failed_polls_ = 0;  // in a row; guarded by mu_
 };
 
 struct WorkerSetOptions {
@@ -63,6 +82,7 @@ struct WorkerSetOptions {
   double poll_seconds = 1.0;                // GetInfo period. Default: 1
   double poll_timeout_seconds = 1.0;
   double dns_refresh_seconds = 5.0;
+  WorkerChannelOptions channel;
   absl::Status Validate() const;
 };
 

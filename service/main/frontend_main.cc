@@ -9,8 +9,6 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
-#include <fstream>
-#include <sstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -25,15 +23,20 @@
 #include "service/frontend/worker_set.h"
 #include "service/main/signals.h"
 #include "service/metrics/registry.h"
+#include "service/security.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address of the public API");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9451", "HTTP address of /metrics (port 0: any)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9451",
+          "HTTP address of /metrics (port 0: any). Loopback by default: give 0.0.0.0:9451 where "
+          "Prometheus scrapes from another host");
 ABSL_FLAG(std::vector<std::string>, workers, {}, "Comma-separated worker addresses (host:port)");
 ABSL_FLAG(std::string, workers_dns, "",
           "host:port whose every DNS address is a worker (a Kubernetes headless Service); "
           "re-resolved every --dns_refresh_seconds");
 ABSL_FLAG(double, dns_refresh_seconds, 5, "How often --workers_dns is resolved again");
 ABSL_FLAG(double, health_seconds, 1, "How often every worker's health and load are polled");
+ABSL_FLAG(int32_t, health_failures, 3,
+          "Polls in a row a worker must fail to be marked down (one good poll brings it back)");
 ABSL_FLAG(int64_t, max_running, 256, "Calls relayed to workers at once");
 ABSL_FLAG(int64_t, max_queued, 1024,
           "Calls waiting for a slot; beyond it calls get RESOURCE_EXHAUSTED at once");
@@ -43,9 +46,18 @@ ABSL_FLAG(int64_t, max_request_bytes, 4 << 20,
 ABSL_FLAG(std::string, auth_token, "",
           "If set, public calls need 'authorization: Bearer <token>' (health and reflection "
           "stay open for probes and tools)");
-ABSL_FLAG(std::string, auth_token_file, "", "Read --auth_token from this file instead");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "Read --auth_token from this file instead; an empty file is an error, never auth off");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key serves TLS");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(std::string, worker_token_file, "",
+          "Bearer token sent to the workers (their --auth_token_file); empty: none");
+ABSL_FLAG(std::string, worker_tls_ca, "",
+          "PEM CA certificate that signed the workers' --tls_cert: talk TLS to them. Empty: "
+          "plaintext");
+ABSL_FLAG(std::string, worker_tls_server_name, "",
+          "With --worker_tls_ca: the name the workers' certificate carries, when workers are "
+          "addressed by IP (--workers_dns)");
 ABSL_FLAG(bool, prefix_routing, true,
           "Route a request without a known session to the worker that was sent the longest "
           "prefix of its prompt (its KV cache likely holds it), unless that worker has more than "
@@ -64,28 +76,6 @@ ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running calls may tak
 namespace moe {
 namespace {
 
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-
-absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> Credentials() {
-  const std::string cert = absl::GetFlag(FLAGS_tls_cert), key = absl::GetFlag(FLAGS_tls_key);
-  if (cert.empty() && key.empty()) return grpc::InsecureServerCredentials();
-  if (cert.empty() || key.empty()) {
-    return absl::InvalidArgumentError("--tls_cert and --tls_key go together");
-  }
-  grpc::SslServerCredentialsOptions ssl;
-  grpc::SslServerCredentialsOptions::PemKeyCertPair pair;
-  MOE_ASSIGN_OR_RETURN(pair.cert_chain, ReadFile(cert));
-  MOE_ASSIGN_OR_RETURN(pair.private_key, ReadFile(key));
-  ssl.pem_key_cert_pairs.push_back(std::move(pair));
-  return grpc::SslServerCredentials(ssl);
-}
-
 absl::Status Run() {
   service::WorkerSetOptions wopts;
   wopts.static_targets = absl::GetFlag(FLAGS_workers);
@@ -93,6 +83,19 @@ absl::Status Run() {
   wopts.poll_seconds = absl::GetFlag(FLAGS_health_seconds);
   wopts.poll_timeout_seconds = std::max(0.2, wopts.poll_seconds);
   wopts.dns_refresh_seconds = absl::GetFlag(FLAGS_dns_refresh_seconds);
+  wopts.channel.down_after_failed_polls = absl::GetFlag(FLAGS_health_failures);
+  if (const std::string path = absl::GetFlag(FLAGS_worker_token_file); !path.empty()) {
+    absl::StatusOr<std::string> token = service::ReadTokenFile(path);
+    if (!token.ok()) return base::Annotate(token.status(), "--worker_token_file");
+    wopts.channel.token = *token;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> worker_credentials =
+      service::ChannelCredentialsFromFile(absl::GetFlag(FLAGS_worker_tls_ca));
+  if (!worker_credentials.ok()) {
+    return base::Annotate(worker_credentials.status(), "--worker_tls_ca");
+  }
+  wopts.channel.credentials = *worker_credentials;
+  wopts.channel.tls_server_name = absl::GetFlag(FLAGS_worker_tls_server_name);
   MOE_RETURN_IF_ERROR(base::Annotate(wopts.Validate(), "--workers/--workers_dns"));
   service::AdmissionOptions aopts{absl::GetFlag(FLAGS_max_running),
                                   absl::GetFlag(FLAGS_max_queued)};
@@ -100,15 +103,18 @@ absl::Status Run() {
   service::FrontendOptions fopts;
   fopts.auth_token = absl::GetFlag(FLAGS_auth_token);
   if (!absl::GetFlag(FLAGS_auth_token_file).empty()) {
-    MOE_ASSIGN_OR_RETURN(fopts.auth_token, ReadFile(absl::GetFlag(FLAGS_auth_token_file)));
-    while (!fopts.auth_token.empty() &&
-           std::isspace(static_cast<unsigned char>(fopts.auth_token.back()))) {
-      fopts.auth_token.pop_back();
-    }
+    // Fail closed: a file that holds no token is a broken secret, not a request for no auth.
+    absl::StatusOr<std::string> token =
+        service::ReadTokenFile(absl::GetFlag(FLAGS_auth_token_file));
+    if (!token.ok()) return base::Annotate(token.status(), "--auth_token_file");
+    fopts.auth_token = *token;
   }
   fopts.max_attempts = absl::GetFlag(FLAGS_max_attempts);
   if (fopts.max_attempts < 1) return absl::InvalidArgumentError("--max_attempts must be >= 1");
-  MOE_ASSIGN_OR_RETURN(auto credentials, Credentials());
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      service::ServerCredentialsFromFiles(absl::GetFlag(FLAGS_tls_cert),
+                                          absl::GetFlag(FLAGS_tls_key));
+  if (!credentials.ok()) return base::Annotate(credentials.status(), "--tls_cert/--tls_key");
   service::RouterOptions ropts;
   ropts.prefix_routing = absl::GetFlag(FLAGS_prefix_routing);
   ropts.prefix_entries =
@@ -142,12 +148,14 @@ absl::Status Run() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), credentials, &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
+  service::RefusePortReuse(builder);
   builder.RegisterService(&svc);
   builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_request_bytes)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen),
+                                               " (in use, or not an address of this host)"));
   }
   health = server->GetHealthCheckService();
   svc.UpdateHealth(health.load());

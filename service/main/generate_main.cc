@@ -173,7 +173,8 @@ absl::Status Run() {
   options.block_size = absl::GetFlag(FLAGS_kv_block_size);
   options.max_batch_tokens = std::max<int64_t>(256, static_cast<int64_t>(request.prompt.size()));
   MOE_RETURN_IF_ERROR(options.Validate());
-  engine::Engine eng(*model, *tokenizer, options);
+  MOE_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, *tokenizer, options));
+  engine::Engine& eng = *engine;
   const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
   MOE_RETURN_IF_ERROR(eng.Add(std::move(request)));
 

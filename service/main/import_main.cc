@@ -7,9 +7,11 @@
 // of the checkpoint is dense. config.json and the tokenizer files are copied beside them.
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "absl/flags/flag.h"
+#include "nlohmann/json.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model_config.h"
@@ -79,7 +81,28 @@ absl::Status CopyModelFiles(const std::string& model_dir, const std::string& sto
   return absl::OkStatus();
 }
 
+// The experts the finished import wrote (manifest.json's num_experts). FailedPrecondition when
+// there is no manifest: the import never finished, whatever blobs are there.
+absl::StatusOr<int64_t> ManifestExperts(const std::string& store_dir) {
+  const std::filesystem::path path = std::filesystem::path(store_dir) / "manifest.json";
+  std::ifstream in(path);
+  if (!in) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "no ", path.string(), ": the import did not finish (run moe-import again to resume)"));
+  }
+  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object() || !manifest.contains("num_experts") ||
+      !manifest["num_experts"].is_number_unsigned()) {
+    return absl::DataLossError(absl::StrCat(path.string(), ": no num_experts"));
+  }
+  return manifest["num_experts"].get<int64_t>();
+}
+
 int Verify(const std::string& store_dir) {
+  // Every expert the manifest promises must be there and good: a store missing blobs verifies
+  // nothing by checking only the blobs it has.
+  absl::StatusOr<int64_t> expected = ManifestExperts(store_dir);
+  if (!expected.ok()) return Fail(expected.status());
   auto result = store::VerifyStore(store_dir, [](int64_t done, int64_t total) {
     if (done % 64 == 0 || done == total) {
       std::fprintf(stderr, "\r[verify] %ld/%ld blobs", static_cast<long>(done),
@@ -91,8 +114,16 @@ int Verify(const std::string& store_dir) {
   for (const absl::Status& s : result->errors) {
     std::fprintf(stderr, "moe-import: %s\n", std::string(s.ToString()).c_str());
   }
-  std::fprintf(stderr, "[verify] %ld blobs ok, %zu bad\n", static_cast<long>(result->blobs_ok),
-               result->errors.size());
+  const int64_t indexed = result->blobs_ok + static_cast<int64_t>(result->errors.size());
+  std::fprintf(stderr, "[verify] %ld blobs ok, %zu bad, %ld of %ld experts indexed\n",
+               static_cast<long>(result->blobs_ok), result->errors.size(),
+               static_cast<long>(indexed), static_cast<long>(*expected));
+  if (indexed != *expected) {
+    std::fprintf(stderr, "moe-import: the store is incomplete: its index holds %ld of the %ld "
+                 "experts manifest.json names\n", static_cast<long>(indexed),
+                 static_cast<long>(*expected));
+    return 1;
+  }
   return result->errors.empty() ? 0 : 1;
 }
 

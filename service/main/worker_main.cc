@@ -9,12 +9,14 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/flags/flag.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
+#include "nlohmann/json.hpp"
 #include "engine/engine.h"
 #include "expertstore/expert_store.h"
 #include "kernels/base/bytes.h"
@@ -24,6 +26,7 @@
 #include "kernels/base/status.h"
 #include "service/main/signals.h"
 #include "service/metrics/registry.h"
+#include "service/security.h"
 #include "service/worker/engine_loop.h"
 #include "service/worker/worker_service.h"
 
@@ -34,9 +37,24 @@ ABSL_FLAG(std::string, model, kDefaultModelDir,
           "store made by moe-import. The default is the built-in model (random weights), "
           "written there on first use");
 ABSL_FLAG(std::string, model_name, "",
-          "The name requests use for the model. Default: the directory's base name");
-ABSL_FLAG(std::string, listen, "0.0.0.0:50061", "gRPC address of the worker API and health");
-ABSL_FLAG(std::string, metrics_listen, "0.0.0.0:9461", "HTTP address of /metrics (port 0: any)");
+          "The name requests use for the model. Default: a model store's name (moe-import "
+          "--model), else the directory's base name");
+ABSL_FLAG(std::string, listen, "127.0.0.1:50061",
+          "gRPC address of the worker API and health. Loopback by default: the worker API is "
+          "for the frontend only (give 0.0.0.0:50061 with --auth_token_file where the frontend "
+          "runs on another host)");
+ABSL_FLAG(std::string, metrics_listen, "127.0.0.1:9461",
+          "HTTP address of /metrics (port 0: any). Loopback by default: give 0.0.0.0:9461 where "
+          "Prometheus scrapes from another host");
+ABSL_FLAG(std::string, auth_token_file, "",
+          "If set, worker API calls need 'authorization: Bearer <token>' with the token in this "
+          "file (the frontend's --worker_token_file); an empty file is an error. Health and "
+          "reflection stay open for probes");
+ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain; with --tls_key serves TLS");
+ABSL_FLAG(std::string, tls_key, "", "PEM private key for --tls_cert");
+ABSL_FLAG(int32_t, max_consecutive_faults, 5,
+          "Requests in a row failing on the worker itself (DATA_LOSS, INTERNAL: e.g. a corrupt "
+          "expert store) after which it reports NOT_SERVING, with the reason, until restarted");
 ABSL_FLAG(std::string, name, "", "Name reported in responses and logs. Default: --listen");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
@@ -67,6 +85,18 @@ ABSL_FLAG(std::string, record_trace, "",
 
 namespace moe {
 namespace {
+
+// The "model" of a store's manifest.json (moe-import --model); empty when it names none.
+absl::StatusOr<std::string> StoreModelName(const std::string& dir) {
+  const std::filesystem::path path = std::filesystem::path(dir) / "manifest.json";
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!manifest.is_object()) return absl::DataLossError(absl::StrCat(path.string(), ": not JSON"));
+  return manifest.contains("model") && manifest["model"].is_string()
+             ? manifest["model"].get<std::string>()
+             : std::string();
+}
 
 absl::Status Run() {
   const std::string dir = absl::GetFlag(FLAGS_model);
@@ -125,10 +155,16 @@ absl::Status Run() {
   eopts.max_context = absl::GetFlag(FLAGS_max_context);
   eopts.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   MOE_RETURN_IF_ERROR(base::Annotate(eopts.Validate(), "engine flags"));
-  engine::Engine eng(*model, *tokenizer, eopts);
+  // A worker whose KV budget holds no block could serve nothing: it does not start.
+  MOE_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, *tokenizer, eopts));
+  engine::Engine& eng = *engine;
 
   service::WorkerOptions wopts;
   wopts.model_name = absl::GetFlag(FLAGS_model_name);
+  if (wopts.model_name.empty() && store != nullptr) {
+    // A store is served under the name moe-import --model gave it (its manifest's "model").
+    MOE_ASSIGN_OR_RETURN(wopts.model_name, StoreModelName(dir));
+  }
   if (wopts.model_name.empty()) {
     wopts.model_name = std::filesystem::path(dir).lexically_normal().filename().string();
     if (wopts.model_name.empty()) {
@@ -145,6 +181,20 @@ absl::Status Run() {
   wopts.kv_cache_format = eopts.kv_cache_dtype;
   wopts.device_budget_bytes = store != nullptr ? sopts.device_budget_bytes : 0;
   wopts.host_budget_bytes = store != nullptr ? sopts.host_budget_bytes : 0;
+  wopts.max_consecutive_faults = absl::GetFlag(FLAGS_max_consecutive_faults);
+  if (wopts.max_consecutive_faults < 1) {
+    return absl::InvalidArgumentError("--max_consecutive_faults must be >= 1");
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_auth_token_file); !path.empty()) {
+    // Fail closed: a file that holds no token is a broken secret, not a request for no auth.
+    absl::StatusOr<std::string> token = service::ReadTokenFile(path);
+    if (!token.ok()) return base::Annotate(token.status(), "--auth_token_file");
+    wopts.auth_token = *token;
+  }
+  absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+      service::ServerCredentialsFromFiles(absl::GetFlag(FLAGS_tls_cert),
+                                          absl::GetFlag(FLAGS_tls_key));
+  if (!credentials.ok()) return base::Annotate(credentials.status(), "--tls_cert/--tls_key");
 
   auto registry = std::make_shared<prometheus::Registry>();
   service::metrics::WorkerMetrics metrics(*registry);
@@ -171,20 +221,19 @@ absl::Status Run() {
   grpc::reflection::InitProtoReflectionServerBuilderPlugin();
   grpc::ServerBuilder builder;
   int port = 0;
-  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
+  service::RefusePortReuse(builder);
   builder.RegisterService(&svc);
   builder.SetMaxReceiveMessageSize(64 << 20);  // the frontend enforces the public limit
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen)));
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen),
+                                               " (in use, or not an address of this host)"));
   }
-  grpc::HealthCheckServiceInterface* health = server->GetHealthCheckService();
   // Kubernetes probes name a service: "liveness" serves as long as the process runs (a drain
-  // must not get it killed), "readiness" drops when the drain starts.
-  health->SetServingStatus("", true);
-  health->SetServingStatus("moe.internal.v1.Worker", true);
-  health->SetServingStatus("liveness", true);
-  health->SetServingStatus("readiness", true);
+  // must not get it killed), "readiness" drops when the drain starts or the worker keeps
+  // failing requests (WorkerService, Readiness).
+  svc.SetHealth(server->GetHealthCheckService());
   MOE_LOG(INFO) << "[worker] " << wopts.name << " serving model '" << wopts.model_name << "' ("
                 << model->config().arch.model_type << ", context " << wopts.context_length
                 << ") on port " << port << ", /metrics on port " << metrics_server->port();
@@ -193,9 +242,6 @@ absl::Status Run() {
   MOE_LOG(INFO) << "[worker] signal " << sig << ": draining for up to "
                 << absl::GetFlag(FLAGS_drain_seconds) << " s, " << loop.live() << " live";
   svc.StartDrain();
-  health->SetServingStatus("", false);
-  health->SetServingStatus("moe.internal.v1.Worker", false);
-  health->SetServingStatus("readiness", false);
   const double deadline = base::NowSeconds() + absl::GetFlag(FLAGS_drain_seconds);
   while (loop.live() > 0 && base::NowSeconds() < deadline) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -217,7 +263,8 @@ int main(int argc, char** argv) {
   moe::service::BlockTerminationSignals();
   moe::base::ParseFlags(argc, argv,
       "Serves one Mixture-of-Experts model to moe-frontend (internal worker API).\n"
-      "  moe-worker --model=models/default --listen=0.0.0.0:50061 --metrics_listen=0.0.0.0:9461",
+      "  moe-worker --model=models/default --listen=127.0.0.1:50061 "
+      "--metrics_listen=127.0.0.1:9461",
       __FILE__);
   const absl::Status status = moe::Run();
   if (!status.ok()) {

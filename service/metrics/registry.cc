@@ -289,8 +289,13 @@ absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
     const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
   auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
   try {
-    // One civetweb thread per scrape is plenty: Prometheus scrapes every few seconds.
-    server->exposer_ = std::make_unique<prometheus::Exposer>(address, 2);
+    // civetweb serves one connection per thread and waits up to request_timeout_ms for a
+    // connection's request: with its defaults (prometheus-cpp's 2 threads, 30 s), two idle TCP
+    // connections blocked every scrape for 30 s. Enough threads for a few stray connections,
+    // and a short wait for each (a scrape sends its request at once).
+    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
+        "listening_ports", address, "num_threads", "8", "request_timeout_ms", "2000",
+        "enable_keep_alive", "no"});
   } catch (const std::exception& e) {
     return absl::UnavailableError(
         absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));

@@ -58,6 +58,11 @@ void GenerateStream::OnEvent(engine::Event event) {
       }
       last_token_at_ = now;
     }
+    if (event.finish != engine::FinishReason::kNone && ctx_.readiness != nullptr &&
+        event.finish != engine::FinishReason::kCancelled) {
+      ctx_.readiness->RequestEnded(event.finish == engine::FinishReason::kError ? event.error
+                                                                                : absl::OkStatus());
+    }
     if (event.finish != engine::FinishReason::kNone) {
       const bool refused = event.finish == engine::FinishReason::kError && first_token_at_ == 0 &&
                            event.usage.completion_tokens == 0;

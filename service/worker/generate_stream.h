@@ -14,6 +14,7 @@
 #include "moe/internal/v1/worker.grpc.pb.h"
 #include "service/metrics/registry.h"
 #include "service/worker/engine_loop.h"
+#include "service/worker/readiness.h"
 
 namespace moe::service {
 
@@ -29,6 +30,7 @@ class GenerateStream final
     double frontend_queue_seconds = 0;
     double frontend_elapsed_seconds = 0;
     bool logprobs = false;  // the request asked for logprobs
+    Readiness* readiness = nullptr;  // told how the request ended; may be null
   };
 
   // Makes a stream that owns itself until gRPC calls OnDone (the engine loop may hold it longer).

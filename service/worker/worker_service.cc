@@ -1,10 +1,15 @@
 // WorkerService: requests -> engine::Request -> EngineLoop; tokenizer calls; info for routing.
 #include "service/worker/worker_service.h"
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/chat_template.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "service/proto_convert.h"
+#include "service/security.h"
 #include "service/status_convert.h"
 #include "service/worker/generate_stream.h"
 
@@ -26,7 +31,9 @@ WorkerService::WorkerService(WorkerOptions options, const engine::Model& model,
       model_(model),
       tokenizer_(tokenizer),
       loop_(loop),
-      metrics_(metrics) {
+      metrics_(metrics),
+      readiness_(options_.max_consecutive_faults),
+      instance_id_(absl::StrCat(getpid(), "-", base::NowMicros())) {
   const engine::ModelConfig& c = model_.config();
   info_.set_name(options_.model_name);
   info_.set_architecture(c.arch.model_type);
@@ -42,12 +49,30 @@ WorkerService::WorkerService(WorkerOptions options, const engine::Model& model,
   info_.set_kv_budget_bytes(options_.kv_budget_bytes);
   metrics_.SetModelInfo(options_.model_name, c.arch.model_type);
   metrics_.SetServing(true);
+  readiness_.SetListener([this](const std::string& reason) {
+    if (reason != "draining") {
+      MOE_LOG(ERROR) << "[worker] not serving: " << reason;
+    }
+    metrics_.SetServing(false);
+    if (grpc::HealthCheckServiceInterface* health = health_.load()) {
+      for (const char* service : {"", "moe.internal.v1.Worker", "readiness"}) {
+        health->SetServingStatus(service, false);
+      }
+    }
+  });
 }
 
-void WorkerService::StartDrain() {
-  serving_ = false;
-  metrics_.SetServing(false);
+void WorkerService::SetHealth(grpc::HealthCheckServiceInterface* health) {
+  health_ = health;
+  const bool serving = readiness_.serving();
+  for (const char* service : {"", "moe.internal.v1.Worker", "readiness"}) {
+    health->SetServingStatus(service, serving);
+  }
+  // Serving as long as the process runs: a drain or a fault must not get it restarted in a loop.
+  health->SetServingStatus("liveness", true);
 }
+
+void WorkerService::StartDrain() { readiness_.StartDrain(); }
 
 absl::Status WorkerService::CheckModel(const std::string& model) const {
   if (model.empty()) return absl::InvalidArgumentError("model: is required (see ListModels)");
@@ -100,7 +125,9 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   sctx.worker_name = options_.name;
   sctx.frontend_queue_seconds = wreq->frontend_queue_seconds();
   sctx.frontend_elapsed_seconds = wreq->frontend_elapsed_seconds();
-  sctx.logprobs = r.logprobs() || r.top_logprobs() > 0;
+  // top_logprobs counts only with logprobs (moe.v1): without it, no logprobs at all.
+  sctx.logprobs = r.logprobs();
+  sctx.readiness = &readiness_;
   std::shared_ptr<GenerateStream> stream = GenerateStream::Create(sctx, loop_, metrics_);
 
   auto refuse = [&](const absl::Status& st) {
@@ -108,7 +135,12 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
     stream->Reject(ToGrpcStatus(st));
     return stream.get();
   };
-  if (!serving_) return refuse(absl::UnavailableError("worker is draining"));
+  if (absl::Status st = CheckBearerToken(*context, options_.auth_token); !st.ok()) {
+    return refuse(st);
+  }
+  if (!readiness_.serving()) {
+    return refuse(absl::UnavailableError(absl::StrCat("worker is not serving: ", readiness_.reason())));
+  }
   if (absl::Status st = CheckModel(r.model()); !st.ok()) return refuse(st);
   const ModelLimits limits{model_.config().vocab_size, options_.context_length};
   if (absl::Status st = ValidateGenerateRequest(r, limits); !st.ok()) return refuse(st);
@@ -127,7 +159,7 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   er.sampling = ToSamplingParams(r.sampling());
   er.stop = ToStopConditions(r, n, options_.context_length);
   er.return_logprobs = sctx.logprobs;
-  er.top_logprobs = static_cast<int32_t>(r.top_logprobs());
+  er.top_logprobs = r.logprobs() ? static_cast<int32_t>(r.top_logprobs()) : 0;
   er.session_id = r.session_id();
   loop_.Add(std::move(er), stream);
   return stream.get();
@@ -136,6 +168,9 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
 grpc::ServerUnaryReactor* WorkerService::Tokenize(grpc::CallbackServerContext* context,
                                                   const moe::v1::TokenizeRequest* request,
                                                   moe::v1::TokenizeResponse* response) {
+  if (absl::Status st = CheckBearerToken(*context, options_.auth_token); !st.ok()) {
+    return Answer(context, st);
+  }
   if (absl::Status st = CheckModel(request->model()); !st.ok()) return Answer(context, st);
   absl::StatusOr<std::vector<int32_t>> ids;
   if (request->has_chat()) {
@@ -152,6 +187,9 @@ grpc::ServerUnaryReactor* WorkerService::Tokenize(grpc::CallbackServerContext* c
 grpc::ServerUnaryReactor* WorkerService::Detokenize(grpc::CallbackServerContext* context,
                                                     const moe::v1::DetokenizeRequest* request,
                                                     moe::v1::DetokenizeResponse* response) {
+  if (absl::Status st = CheckBearerToken(*context, options_.auth_token); !st.ok()) {
+    return Answer(context, st);
+  }
   if (absl::Status st = CheckModel(request->model()); !st.ok()) return Answer(context, st);
   std::vector<int32_t> ids(request->token_ids().begin(), request->token_ids().end());
   absl::StatusOr<std::string> text = tokenizer_.Decode(ids, request->skip_special_tokens());
@@ -163,6 +201,9 @@ grpc::ServerUnaryReactor* WorkerService::Detokenize(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext* context,
                                                      const moe::v1::DropSessionRequest* request,
                                                      moe::v1::DropSessionResponse*) {
+  if (absl::Status st = CheckBearerToken(*context, options_.auth_token); !st.ok()) {
+    return Answer(context, st);
+  }
   if (absl::Status st = CheckModel(request->model()); !st.ok()) return Answer(context, st);
   if (request->session_id().empty()) {
     return Answer(context, absl::InvalidArgumentError("session_id: is required"));
@@ -176,8 +217,13 @@ grpc::ServerUnaryReactor* WorkerService::DropSession(grpc::CallbackServerContext
 grpc::ServerUnaryReactor* WorkerService::GetInfo(grpc::CallbackServerContext* context,
                                                  const moe::internal::v1::GetInfoRequest*,
                                                  moe::internal::v1::WorkerInfo* response) {
+  if (absl::Status st = CheckBearerToken(*context, options_.auth_token); !st.ok()) {
+    return Answer(context, st);
+  }
   *response->mutable_model() = info_;
-  response->set_serving(serving_);
+  response->set_serving(readiness_.serving());
+  response->set_not_serving_reason(readiness_.reason());
+  response->set_instance_id(instance_id_);
   const engine::EngineStats stats = loop_.stats();
   response->set_running_requests(static_cast<uint32_t>(stats.running));
   response->set_waiting_requests(static_cast<uint32_t>(stats.waiting));

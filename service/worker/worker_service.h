@@ -2,6 +2,7 @@
 #pragma once
 
 #include <grpcpp/grpcpp.h>
+#include <grpcpp/health_check_service_interface.h>
 
 #include <atomic>
 #include <cstdint>
@@ -13,6 +14,7 @@
 #include "moe/internal/v1/worker.grpc.pb.h"
 #include "service/metrics/registry.h"
 #include "service/worker/engine_loop.h"
+#include "service/worker/readiness.h"
 
 namespace moe::service {
 
@@ -26,6 +28,10 @@ struct WorkerOptions {
   std::string expert_format;         // "checkpoint" or "store"
   uint64_t device_budget_bytes = 0;  // expert store tiers (0: off)
   uint64_t host_budget_bytes = 0;
+  // Requests in a row failing with a worker fault (Readiness) that turn the worker NOT_SERVING.
+  int max_consecutive_faults = 5;
+  // When set, every worker API call needs "authorization: Bearer <token>". Default: off
+  std::string auth_token;
 };
 
 // Thread-safe. `model`, `tokenizer`, `loop` and `metrics` must outlive it.
@@ -37,7 +43,10 @@ class WorkerService final : public moe::internal::v1::Worker::CallbackService {
 
   // From now on Generate answers UNAVAILABLE and GetInfo says not serving; running streams go on.
   void StartDrain();
-  bool serving() const { return serving_.load(); }
+  bool serving() const { return readiness_.serving(); }
+  // Once the server is built: readiness changes (drain, repeated worker faults) turn the
+  // services "", moe.internal.v1.Worker and readiness NOT_SERVING there. Must outlive this.
+  void SetHealth(grpc::HealthCheckServiceInterface* health);
 
   // The model as GetModel reports it.
   const moe::v1::ModelInfo& model_info() const { return info_; }
@@ -71,7 +80,9 @@ class WorkerService final : public moe::internal::v1::Worker::CallbackService {
   EngineLoop& loop_;
   metrics::WorkerMetrics& metrics_;
   moe::v1::ModelInfo info_;
-  std::atomic<bool> serving_{true};
+  Readiness readiness_;
+  const std::string instance_id_;  // WorkerInfo.instance_id
+  std::atomic<grpc::HealthCheckServiceInterface*> health_{nullptr};
   std::atomic<int64_t> next_id_{0};
 };
 

@@ -325,6 +325,33 @@ function checkConsistency(objects, overlay) {
       fail(where(hpa), "no Pods metric on a moe_ queue metric");
     }
   }
+  // NetworkPolicies: every pod is selected by one that restricts ingress; a port named
+  // *metrics is open to Prometheus only, and the worker API (a worker's port grpc) to the
+  // frontend only (the frontend's token protects nothing if anything else can call the workers).
+  const policies = objects.filter((o) => o.kind === "NetworkPolicy" &&
+    (o.spec.policyTypes ?? ["Ingress"]).includes("Ingress"));
+  for (const { owner, pod } of templates) {
+    const mine = policies.filter((p) => selects(p.spec.podSelector?.matchLabels, pod.metadata.labels));
+    if (mine.length === 0) {
+      fail(where(owner), "no NetworkPolicy selects its pods");
+      continue;
+    }
+    const isWorker = pod.metadata.labels?.["app.kubernetes.io/component"] === "worker";
+    for (const port of pod.spec.containers.flatMap((c) => c.ports ?? [])) {
+      const rules = mine.flatMap((p) => p.spec.ingress ?? []).filter((r) =>
+        !r.ports || r.ports.some((rp) => rp.port === port.name || rp.port === port.containerPort));
+      const peers = rules.flatMap((r) => r.from ?? [{}]);  // a rule without from: anyone
+      const onlyFrom = (name) =>
+        peers.every((peer) => peer.podSelector?.matchLabels?.["app.kubernetes.io/name"] === name && !peer.ipBlock);
+      if (port.name.endsWith("metrics") && !onlyFrom("prometheus")) {
+        fail(where(owner), `port ${port.name} is open to more than Prometheus`);
+      }
+      if (isWorker && port.name === "grpc" && !onlyFrom("moe-frontend")) {
+        fail(where(owner), `port grpc is open to more than the frontend`);
+      }
+    }
+  }
+
   for (const mon of objects.filter((o) => ["PodMonitor", "ServiceMonitor"].includes(o.kind))) {
     const endpoints = mon.spec.podMetricsEndpoints ?? mon.spec.endpoints;
     const targets = mon.kind === "PodMonitor"

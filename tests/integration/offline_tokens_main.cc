@@ -54,7 +54,9 @@ absl::Status Run() {
   request.sampling.seed = absl::GetFlag(FLAGS_seed);
   request.stop.max_tokens = absl::GetFlag(FLAGS_max_tokens);
   request.stop.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
-  engine::Engine eng(*model, *tokenizer, engine::EngineOptions{});
+  MOE_ASSIGN_OR_RETURN(auto engine,
+                       engine::Engine::Create(*model, *tokenizer, engine::EngineOptions{}));
+  engine::Engine& eng = *engine;
   MOE_RETURN_IF_ERROR(eng.Add(std::move(request)));
   std::vector<int32_t> tokens;
   std::string text;

@@ -17,6 +17,14 @@
 namespace moe::engine {
 namespace {
 
+// Engine::Create, failing the test (with the status) if the engine cannot be made.
+std::unique_ptr<Engine> MakeEngine(Model& model, const Tokenizer& tokenizer,
+                                   const EngineOptions& options) {
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model, tokenizer, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  return std::move(engine).value();
+}
+
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -78,11 +86,13 @@ TEST_F(EngineTest, BatchedRequestsGetTheirSoloTokens) {
   small_steps.max_batch_tokens = 5;  // forces chunked prefill interleaved with decodes
   std::map<std::string, std::vector<int32_t>> solo;
   for (const char* id : {"a", "b", "c"}) {
-    Engine engine(*model_, *tokenizer_, small_steps);
+    auto engine_owner = MakeEngine(*model_, *tokenizer_, small_steps);
+    Engine& engine = *engine_owner;
     ASSERT_TRUE(engine.Add(MakeRequest(id, std::string("The sea ") + id + " is wide and deep", 12)).ok());
     solo[id] = RunAll(engine)[id].tokens;
   }
-  Engine engine(*model_, *tokenizer_, small_steps);
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, small_steps);
+  Engine& engine = *engine_owner;
   for (const char* id : {"a", "b", "c"}) {
     ASSERT_TRUE(engine.Add(MakeRequest(id, std::string("The sea ") + id + " is wide and deep", 12)).ok());
   }
@@ -97,7 +107,8 @@ TEST_F(EngineTest, BatchedRequestsGetTheirSoloTokens) {
 
 TEST_F(EngineTest, SameSeedSameTokens) {
   auto run = [&](uint64_t seed) {
-    Engine engine(*model_, *tokenizer_, {});
+    auto engine_owner = MakeEngine(*model_, *tokenizer_, {});
+    Engine& engine = *engine_owner;
     EXPECT_TRUE(engine.Add(MakeRequest("x", "Hello", 16, 1.0f, seed)).ok());
     return RunAll(engine)["x"].tokens;
   };
@@ -106,7 +117,8 @@ TEST_F(EngineTest, SameSeedSameTokens) {
 }
 
 TEST_F(EngineTest, CancelFreesKvAtOnce) {
-  Engine engine(*model_, *tokenizer_, {});
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& engine = *engine_owner;
   ASSERT_TRUE(engine.Add(MakeRequest("x", "Hello there", 100)).ok());
   engine.Step();
   engine.Step();
@@ -120,7 +132,8 @@ TEST_F(EngineTest, CancelFreesKvAtOnce) {
 }
 
 TEST_F(EngineTest, SessionTurnReusesKv) {
-  Engine engine(*model_, *tokenizer_, {});
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& engine = *engine_owner;
   Request first = MakeRequest("t1", "You are a helpful assistant. Tell me about the sea.", 8);
   first.session_id = "s";
   const std::vector<int32_t> prompt1 = first.prompt;
@@ -141,7 +154,8 @@ TEST_F(EngineTest, SessionTurnReusesKv) {
   EXPECT_EQ(r2.final_event.usage.cached_prompt_tokens,
             static_cast<int64_t>(prompt1.size() + r1.tokens.size() - 1));
   // The cached path gives the tokens a cold run gives.
-  Engine cold(*model_, *tokenizer_, {});
+  auto cold_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& cold = *cold_owner;
   second.session_id.clear();
   ASSERT_TRUE(cold.Add(second).ok());
   EXPECT_EQ(RunAll(cold)["t2"].tokens, r2.tokens);
@@ -150,12 +164,14 @@ TEST_F(EngineTest, SessionTurnReusesKv) {
 }
 
 TEST_F(EngineTest, StopStringEndsTheStreamAndIsNotEmitted) {
-  Engine probe(*model_, *tokenizer_, {});
+  auto probe_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& probe = *probe_owner;
   ASSERT_TRUE(probe.Add(MakeRequest("p", "Once upon a time", 24)).ok());
   const std::string full = RunAll(probe)["p"].text;
   ASSERT_GT(full.size(), 8u);
   const std::string stop = full.substr(4, 3);
-  Engine engine(*model_, *tokenizer_, {});
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& engine = *engine_owner;
   Request r = MakeRequest("s", "Once upon a time", 24);
   r.stop.stop_strings = {stop};
   ASSERT_TRUE(engine.Add(r).ok());
@@ -166,7 +182,8 @@ TEST_F(EngineTest, StopStringEndsTheStreamAndIsNotEmitted) {
 
 TEST_F(EngineTest, EosFromGenerationConfigStopsUnlessIgnored) {
   constexpr int64_t kMaxTokens = 16;
-  Engine probe(*model_, *tokenizer_, {});
+  auto probe_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& probe = *probe_owner;
   ASSERT_TRUE(probe.Add(MakeRequest("p", "The sea is", kMaxTokens)).ok());
   const std::vector<int32_t> greedy = RunAll(probe)["p"].tokens;
   ASSERT_EQ(static_cast<int64_t>(greedy.size()), kMaxTokens);
@@ -190,7 +207,8 @@ TEST_F(EngineTest, EosFromGenerationConfigStopsUnlessIgnored) {
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ((*model)->config().eos_token_ids, std::vector<int32_t>{eos});
 
-  Engine engine(**model, *tokenizer_, {});
+  auto engine_owner = MakeEngine(**model, *tokenizer_, {});
+  Engine& engine = *engine_owner;
   Request r = MakeRequest("s", "The sea is", kMaxTokens);
   r.stop.ignore_eos = false;
   ASSERT_TRUE(engine.Add(r).ok());
@@ -202,7 +220,8 @@ TEST_F(EngineTest, EosFromGenerationConfigStopsUnlessIgnored) {
   EXPECT_EQ(stopped.text, *tokenizer_->Decode({greedy.data(), eos_step}));
 
   // ignore_eos generates through it to max_tokens.
-  Engine through(**model, *tokenizer_, {});
+  auto through_owner = MakeEngine(**model, *tokenizer_, {});
+  Engine& through = *through_owner;
   r.stop.ignore_eos = true;
   ASSERT_TRUE(through.Add(r).ok());
   const auto full = RunAll(through)["s"];
@@ -211,7 +230,8 @@ TEST_F(EngineTest, EosFromGenerationConfigStopsUnlessIgnored) {
 }
 
 TEST_F(EngineTest, BadRequestsAreRefusedWithTheField) {
-  Engine engine(*model_, *tokenizer_, {});
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, {});
+  Engine& engine = *engine_owner;
   Request r = MakeRequest("x", "Hi", 4);
   r.prompt.clear();
   EXPECT_NE(engine.Add(r).message().find("prompt"), std::string::npos);
@@ -228,10 +248,27 @@ TEST_F(EngineTest, BadRequestsAreRefusedWithTheField) {
   r = MakeRequest("x", "Hi", 4);
   ASSERT_TRUE(engine.Add(r).ok());
   EXPECT_EQ(engine.Add(r).code(), absl::StatusCode::kInvalidArgument);  // duplicate live id
+}
+
+// A budget that holds no block makes no engine (a worker must not start and then fail every
+// request); a request that needs more KV than the whole budget is refused for good
+// (InvalidArgument naming the limit), not ResourceExhausted, which clients retry forever.
+TEST_F(EngineTest, KvBudgetLimitsArePermanentErrors) {
   EngineOptions tiny;
   tiny.kv_budget_bytes = 1024;
-  Engine small(*model_, *tokenizer_, tiny);
-  EXPECT_EQ(small.Add(MakeRequest("y", "Hi", 4)).code(), absl::StatusCode::kResourceExhausted);
+  absl::StatusOr<std::unique_ptr<Engine>> none = Engine::Create(*model_, *tokenizer_, tiny);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kResourceExhausted) << none.status();
+  EXPECT_NE(none.status().message().find("holds no block"), std::string::npos) << none.status();
+
+  EngineOptions two_blocks;
+  two_blocks.block_size = 4;
+  two_blocks.kv_budget_bytes = SequenceKv::BytesPerToken(model_->config()) * 4 * 2;
+  auto small_owner = MakeEngine(*model_, *tokenizer_, two_blocks);
+  Engine& small = *small_owner;
+  const absl::Status too_big = small.Add(MakeRequest("y", "Hi", 16));
+  EXPECT_EQ(too_big.code(), absl::StatusCode::kInvalidArgument) << too_big;
+  EXPECT_NE(too_big.message().find("whole KV budget"), std::string::npos) << too_big;
+  EXPECT_TRUE(small.Add(MakeRequest("z", "Hi", 2)).ok());
 }
 
 TEST_F(EngineTest, KvBudgetQueuesInsteadOfFailing) {
@@ -240,7 +277,8 @@ TEST_F(EngineTest, KvBudgetQueuesInsteadOfFailing) {
   const int64_t per_token = SequenceKv::BytesPerToken(model_->config());
   Request a = MakeRequest("a", "One two three", 6), b = MakeRequest("b", "Four five six", 6);
   opts.kv_budget_bytes = per_token * static_cast<int64_t>(std::max(a.prompt.size(), b.prompt.size()) + 6);
-  Engine engine(*model_, *tokenizer_, opts);
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, opts);
+  Engine& engine = *engine_owner;
   ASSERT_TRUE(engine.Add(a).ok());
   ASSERT_TRUE(engine.Add(b).ok());
   engine.Step();
@@ -260,7 +298,8 @@ TEST_F(EngineTest, SharedPrefixReusesBlocks) {
   for (int32_t& t : prefix) t = static_cast<int32_t>(rng() % 600);
   EngineOptions opts;
   opts.max_batch_tokens = 256;
-  Engine engine(*model_, *tokenizer_, opts);
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, opts);
+  Engine& engine = *engine_owner;
   auto run = [&](const std::string& id, std::vector<int32_t> prompt) {
     Request r;
     r.id = id;
@@ -300,7 +339,8 @@ TEST_F(EngineTest, SharedPrefixReusesBlocks) {
   EXPECT_EQ(rb.final_event.usage.cached_prompt_tokens, 992);
   EXPECT_EQ(rb.final_event.usage.prompt_tokens, 1002);
   // The cached path gives what a cold engine gives.
-  Engine cold(*model_, *tokenizer_, opts);
+  auto cold_owner = MakeEngine(*model_, *tokenizer_, opts);
+  Engine& cold = *cold_owner;
   Request r;
   r.id = "b";
   r.prompt = b;
@@ -320,15 +360,18 @@ TEST_F(EngineTest, PreemptionRecomputesAndKeepsTokens) {
   std::vector<Request> reqs;
   for (int i = 0; i < 6; ++i) {
     reqs.push_back(MakeRequest(absl::StrCat("r", i), absl::StrCat("Tell story number ", i, " about the sea"), 40));
-    Engine engine(*model_, *tokenizer_, roomy);
+    auto engine_owner = MakeEngine(*model_, *tokenizer_, roomy);
+    Engine& engine = *engine_owner;
     ASSERT_TRUE(engine.Add(reqs.back()).ok());
     solo[reqs.back().id] = RunAll(engine)[reqs.back().id].tokens;
   }
   EngineOptions tight;
   tight.block_size = 4;
-  Engine probe(*model_, *tokenizer_, roomy);
+  auto probe_owner = MakeEngine(*model_, *tokenizer_, roomy);
+  Engine& probe = *probe_owner;
   tight.kv_budget_bytes = probe.Stats().kv_bytes_per_token * 4 * 24;  // 24 blocks of 4 tokens
-  Engine engine(*model_, *tokenizer_, tight);
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, tight);
+  Engine& engine = *engine_owner;
   for (const Request& r : reqs) ASSERT_TRUE(engine.Add(r).ok());
   auto results = RunAll(engine);
   for (const Request& r : reqs) {
@@ -350,9 +393,11 @@ TEST_F(EngineTest, RandomOperationsLeakNoBlocks) {
   opts.max_batch_tokens = 24;
   opts.max_running = 8;
   opts.max_sessions = 3;
-  Engine probe(*model_, *tokenizer_, opts);
+  auto probe_owner = MakeEngine(*model_, *tokenizer_, opts);
+  Engine& probe = *probe_owner;
   opts.kv_budget_bytes = probe.Stats().kv_bytes_per_token * 4 * 40;  // 40 blocks of 4
-  Engine engine(*model_, *tokenizer_, opts);
+  auto engine_owner = MakeEngine(*model_, *tokenizer_, opts);
+  Engine& engine = *engine_owner;
   std::mt19937 rng(1234);
   const std::vector<int32_t> shared = {11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
   std::vector<std::string> live;
@@ -407,7 +452,8 @@ TEST_F(EngineTest, CompressedFormatsRun) {
   for (const char* dtype : {"bf16", "fp8_e4m3", "tq4", "tq3", "tq2"}) {
     EngineOptions opts;
     opts.kv_cache_dtype = dtype;
-    Engine engine(*model_, *tokenizer_, opts);
+    auto engine_owner = MakeEngine(*model_, *tokenizer_, opts);
+    Engine& engine = *engine_owner;
     ASSERT_TRUE(engine.Add(MakeRequest("x", "The sea is wide and deep", 8)).ok()) << dtype;
     auto r = RunAll(engine)["x"];
     EXPECT_EQ(r.final_event.finish, FinishReason::kLength) << dtype << " " << r.final_event.error;
@@ -415,8 +461,8 @@ TEST_F(EngineTest, CompressedFormatsRun) {
   }
   EngineOptions bad;
   bad.kv_cache_dtype = "int3";
-  Engine engine(*model_, *tokenizer_, bad);
-  EXPECT_EQ(engine.Add(MakeRequest("x", "Hi", 4)).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Engine::Create(*model_, *tokenizer_, bad).status().code(),
+            absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace

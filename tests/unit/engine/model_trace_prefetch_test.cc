@@ -76,7 +76,9 @@ class ModelTracePrefetchTest : public ::testing::Test {
   // request order; *steps counts Engine::Step calls.
   std::vector<std::vector<int32_t>> Generate(Model& model, int64_t* steps = nullptr) {
     EngineOptions options;
-    Engine engine(model, *tokenizer_, options);
+    absl::StatusOr<std::unique_ptr<Engine>> made = Engine::Create(model, *tokenizer_, options);
+    EXPECT_TRUE(made.ok()) << made.status();
+    Engine& engine = **made;
     const char* prompts[] = {"The sea is calm tonight.", "Write a short poem about the sea."};
     for (int i = 0; i < 2; ++i) {
       Request r;

@@ -128,6 +128,33 @@ TEST_P(ImportMain, StoreServesTheCheckpointsExperts) {
   }
 }
 
+// --verify checks the blob count against the manifest: a store missing experts, or one whose
+// import never finished (no manifest.json), fails even when every blob it has is good.
+TEST(ImportMainVerify, IncompleteStoreFails) {
+  TempDir dir;
+  const std::string store_dir = dir.path + "/s";
+  ASSERT_EQ(RunImport(absl::StrCat("--model_dir=", MOE_SOURCE_DIR, "/tests/golden/fixtures/mixtral",
+                                   " --store_dir=", store_dir, " --format=bf16")),
+            0);
+  ASSERT_EQ(RunImport(absl::StrCat("--store_dir=", store_dir, " --verify")), 0);
+  const std::string manifest_path = store_dir + "/manifest.json";
+  std::string manifest;
+  {
+    std::ifstream in(manifest_path);
+    manifest.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  // One more expert promised than indexed: as if the index lost an entry.
+  const size_t at = manifest.find("\"num_experts\": ");
+  ASSERT_NE(at, std::string::npos) << manifest;
+  const size_t begin = at + std::string("\"num_experts\": ").size();
+  const size_t end = manifest.find_first_not_of("0123456789", begin);
+  const int64_t n = std::stoll(manifest.substr(begin, end - begin));
+  std::ofstream(manifest_path) << manifest.substr(0, begin) << n + 1 << manifest.substr(end);
+  EXPECT_EQ(RunImport(absl::StrCat("--store_dir=", store_dir, " --verify")), 1);
+  std::filesystem::remove(manifest_path);
+  EXPECT_EQ(RunImport(absl::StrCat("--store_dir=", store_dir, " --verify")), 1);
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ImportMain,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"));
 

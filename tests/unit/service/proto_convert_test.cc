@@ -91,6 +91,14 @@ TEST(ValidateGenerateRequest, NamesTheBadField) {
   ExpectInvalid(r, "chat.messages");
   r.mutable_chat()->add_messages()->set_content("hi");
   ExpectInvalid(r, "chat.messages[0].role");
+  r = Valid();
+  moe::v1::ChatMessage* system = r.mutable_chat()->add_messages();
+  system->set_role("system");  // an empty system turn is fine
+  moe::v1::ChatMessage* user = r.mutable_chat()->add_messages();
+  user->set_role("user");
+  ExpectInvalid(r, "chat.messages[1].content");
+  user->set_content("hi");
+  EXPECT_TRUE(ValidateGenerateRequest(r, ModelLimits{}).ok());
 }
 
 TEST(ValidateGenerateRequest, UnknownLimitsAreNotChecked) {

@@ -22,10 +22,11 @@ class RouterTest : public ::testing::Test {
     o.static_targets = {"127.0.0.1:1", "127.0.0.1:2"};
     return o;
   }
-  static void Serve(WorkerEndpoint& w, bool serving) {
+  static void Serve(WorkerEndpoint& w, bool serving, const std::string& instance = "i") {
     moe::internal::v1::WorkerInfo info;
     info.mutable_model()->set_name("m");
     info.set_serving(serving);
+    info.set_instance_id(instance);
     w.Update(grpc::Status::OK, info);
   }
   // Token ids [first, first + n).
@@ -125,15 +126,15 @@ TEST_F(RouterTest, MemoryIsBoundedPerWorker) {
   EXPECT_EQ(reason_, RouteReason::kPrefix);
 }
 
-TEST_F(RouterTest, DownWorkersSkippedAndForgotten) {
+TEST_F(RouterTest, DownWorkersSkippedAndForgottenWhenRestarted) {
   Router router(workers_, {});
   EXPECT_EQ(PickFor(router, Ids(0, 64), {w1_->target()}), w0_->target());
   w1_->outstanding_tokens = 10;
   w0_->MarkDown("test");
   EXPECT_EQ(PickFor(router, Ids(0, 64)), w1_->target());
   EXPECT_EQ(reason_, RouteReason::kLeastLoad);
-  // Back up (perhaps restarted, cache empty): what it was sent is forgotten, w1 learnt it.
-  Serve(*w0_, true);
+  // Back up restarted (a new instance, cache empty): what it was sent is forgotten, w1 learnt it.
+  Serve(*w0_, true, "restarted");
   EXPECT_EQ(PickFor(router, Ids(0, 64)), w1_->target());
   EXPECT_EQ(reason_, RouteReason::kPrefix);
   w1_->MarkDown("test");
@@ -141,6 +142,51 @@ TEST_F(RouterTest, DownWorkersSkippedAndForgotten) {
   EXPECT_EQ(reason_, RouteReason::kLeastLoad);
   w0_->MarkDown("test");
   EXPECT_EQ(router.Pick("m", "", {}, {}).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// A worker that missed polls (or failed a stream) but did not restart keeps its cache, and the
+// router its memory of it: a flap costs no prefills.
+TEST_F(RouterTest, PrefixMemorySurvivesAFlap) {
+  Router router(workers_, {});
+  EXPECT_EQ(PickFor(router, Ids(0, 64), {w1_->target()}), w0_->target());
+  w0_->MarkDown("test");
+  EXPECT_EQ(PickFor(router, Ids(100, 64)), w1_->target());
+  Serve(*w0_, true);  // the same instance
+  w0_->outstanding_tokens = 10;
+  EXPECT_EQ(PickFor(router, Ids(0, 64)), w0_->target());
+  EXPECT_EQ(reason_, RouteReason::kPrefix);
+}
+
+// One failed poll is not a dead worker: down after down_after_failed_polls in a row, up again
+// after one good poll. A worker that says it is not serving is down at once.
+TEST(WorkerEndpoint, DownAfterConsecutiveFailedPolls) {
+  WorkerChannelOptions options;
+  options.down_after_failed_polls = 3;
+  WorkerEndpoint w("127.0.0.1:1", options);
+  moe::internal::v1::WorkerInfo info;
+  info.mutable_model()->set_name("m");
+  info.set_serving(true);
+  const grpc::Status timeout(grpc::StatusCode::DEADLINE_EXCEEDED, "poll timed out");
+  EXPECT_FALSE(w.up());
+  w.Update(timeout, {});
+  EXPECT_FALSE(w.up());  // never answered: stays down
+  w.Update(grpc::Status::OK, info);
+  EXPECT_TRUE(w.up());
+  for (int round = 0; round < 2; ++round) {
+    w.Update(timeout, {});
+    w.Update(timeout, {});
+    EXPECT_TRUE(w.up()) << round;
+    w.Update(grpc::Status::OK, info);  // resets the count
+  }
+  for (int i = 0; i < 3; ++i) w.Update(timeout, {});
+  EXPECT_FALSE(w.up());
+  w.Update(grpc::Status::OK, info);
+  EXPECT_TRUE(w.up());
+  info.set_serving(false);
+  info.set_not_serving_reason("draining");
+  w.Update(grpc::Status::OK, info);
+  EXPECT_FALSE(w.up());
+  EXPECT_EQ(w.restarts(), 0);
 }
 
 TEST_F(RouterTest, SessionComesFirst) {
