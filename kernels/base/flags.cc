@@ -18,12 +18,15 @@ std::vector<char*> ParseFlags(int argc, char** argv, absl::string_view usage,
                               absl::string_view main_file) {
   absl::SetProgramUsageMessage(usage);
   // absl's default --help lists only flags from a file named like the binary (moe-worker.cc);
-  // ours live in the *_main.cc that calls us. absl hands the filter the flag's __FILE__,
-  // possibly without its leading '/', so match the end.
+  // ours live in the *_main.cc that calls us and the files beside it that it links (the flags
+  // moe-worker and moe-generate share: service/main/model_flags.cc). absl hands the filter the
+  // flag's __FILE__, possibly without its leading '/', so match the end of the directory.
   const std::string file(absl::StripPrefix(main_file, "/"));
+  const std::string dir = file.substr(0, file.rfind('/') + 1);
   absl::FlagsUsageConfig config;
-  config.contains_help_flags = [file](absl::string_view path) {
-    return absl::EndsWith(path, file);
+  config.contains_help_flags = [dir](absl::string_view path) {
+    const absl::string_view path_dir = path.substr(0, path.rfind('/') + 1);
+    return absl::EndsWith(path_dir, dir);
   };
   config.contains_helpshort_flags = config.contains_help_flags;
   absl::SetFlagsUsageConfig(config);

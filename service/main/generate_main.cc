@@ -23,12 +23,8 @@
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "nlohmann/json.hpp"
+#include "service/main/model_flags.h"
 
-constexpr char kDefaultModelDir[] = "models/default";
-
-ABSL_FLAG(std::string, model, kDefaultModelDir,
-          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json). The default "
-          "is the built-in model (random weights), written there on first use");
 ABSL_FLAG(std::string, prompt, "", "Prompt text, tokenized as is (no chat template)");
 ABSL_FLAG(std::string, messages, "",
           "Chat messages as JSON, e.g. '[{\"role\":\"user\",\"content\":\"Hi\"}]', rendered with "
@@ -47,30 +43,9 @@ ABSL_FLAG(double, frequency_penalty, 0.0, "OpenAI-style frequency penalty in [-2
 ABSL_FLAG(uint64_t, seed, 0, "Sampling seed: the same seed gives the same tokens");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the model's EOS tokens");
-ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
-ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
-ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory budget (e.g. 512MiB, 2GiB)");
-ABSL_FLAG(std::string, device_budget, "0",
-          "Expert store: VRAM (device tier) budget, e.g. 16GiB; 0 removes the tier. Only for a "
-          "--model made by moe-import");
-ABSL_FLAG(std::string, host_budget, "0",
-          "Expert store: pinned host RAM (host tier) budget; 0 removes the tier");
-ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
-ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
-          "Expert store: comma-separated layers whose experts are never evicted");
-ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
-          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
-ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(bool, timings, false,
           "Print the per-phase time breakdown of the forward pass, as device times: the model "
           "synchronizes at every phase boundary, which slows the run it measures");
-ABSL_FLAG(std::string, record_trace, "",
-          "Write the routing trace of this run (per step and MoE layer, the experts the batch "
-          "needed) to this file, for moe-store-sim --trace. Empty: none");
-ABSL_FLAG(bool, prefetch, false,
-          "Expert store: prefetch the next layer's likely experts (its router applied to the "
-          "current hidden state; one more host copy per layer). Accuracy is printed as "
-          "prefetch used/issued");
 
 namespace moe {
 namespace {
@@ -96,49 +71,13 @@ absl::StatusOr<std::vector<engine::ChatMessage>> ParseMessages(const std::string
 }
 
 absl::Status Run() {
-  const std::string dir = absl::GetFlag(FLAGS_model);
-  if (dir == kDefaultModelDir && !std::filesystem::exists(std::filesystem::path(dir) / "config.json")) {
-    MOE_LOG(INFO) << "writing the built-in default model (random weights) to " << dir;
-    MOE_RETURN_IF_ERROR(engine::WriteDefaultModel(dir));
-  }
-  kernels::BackendOptions backend_options;
-  backend_options.num_threads = absl::GetFlag(FLAGS_threads);
-  const std::string backend_name = absl::GetFlag(FLAGS_backend);
-  if (backend_name != "cpu" && backend_name != "cuda") {
-    return absl::InvalidArgumentError(absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
-  }
-  MOE_ASSIGN_OR_RETURN(auto backend,
-                       kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
-                                                                  : kernels::BackendKind::kCuda,
-                                            backend_options));
-  const double t_load = base::NowSeconds();
-  store::StoreOptions store_options;
-  MOE_ASSIGN_OR_RETURN(store_options.device_budget_bytes,
-                       base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
-  MOE_ASSIGN_OR_RETURN(store_options.host_budget_bytes,
-                       base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
-  store_options.policy.name = absl::GetFlag(FLAGS_policy);
-  for (const std::string& layer : absl::GetFlag(FLAGS_pinned_layers)) {
-    int32_t l = 0;
-    if (!absl::SimpleAtoi(layer, &l)) {
-      return absl::InvalidArgumentError(absl::StrCat("--pinned_layers: '", layer, "' is not a layer"));
-    }
-    store_options.policy.pinned_layers.push_back(l);
-  }
-  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, store_options));
-  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
-  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_prefetch));
+  // Shared with moe-worker (service/main/model_flags.h): backend, budgets, model, tokenizer.
+  MOE_ASSIGN_OR_RETURN(service::LoadedModel loaded, service::LoadModelFromFlags("[generate]"));
+  engine::Model* model = loaded.model.get();
+  engine::Tokenizer* tokenizer = loaded.tokenizer.get();
+  kernels::Backend* backend = loaded.backend.get();
+  std::unique_ptr<store::RoutingTraceWriter>& trace = loaded.trace;
   model->set_exact_timings(absl::GetFlag(FLAGS_timings));
-  if (absl::GetFlag(FLAGS_prefetch) && model->expert_store() == nullptr) {
-    MOE_LOG(WARNING) << "--prefetch: " << dir << " is not a model store (moe-import); no effect";
-  }
-  std::unique_ptr<store::RoutingTraceWriter> trace;
-  if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
-    MOE_ASSIGN_OR_RETURN(trace, model->RecordRoutingTrace(path));
-  }
-  MOE_LOG(INFO) << "loaded " << dir << " (" << model->config().arch.model_type << ", "
-                << model->config().num_hidden_layers << " layers, " << model->config().num_experts
-                << " experts) in " << base::NowSeconds() - t_load << " s";
 
   std::string text = absl::GetFlag(FLAGS_prompt);
   if (text.empty()) {
@@ -167,10 +106,9 @@ absl::Status Run() {
   request.stop.ignore_eos = absl::GetFlag(FLAGS_ignore_eos);
 
   engine::EngineOptions options;
-  MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
-  options.kv_budget_bytes = static_cast<int64_t>(kv_budget);
-  options.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  options.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  options.kv_budget_bytes = loaded.kv_budget;
+  options.kv_cache_dtype = loaded.kv_cache_dtype;
+  options.block_size = loaded.kv_block_size;
   options.max_batch_tokens = std::max<int64_t>(256, static_cast<int64_t>(request.prompt.size()));
   MOE_RETURN_IF_ERROR(options.Validate());
   MOE_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, *tokenizer, options));

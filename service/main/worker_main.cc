@@ -24,18 +24,13 @@
 #include "kernels/base/flags.h"
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
+#include "service/main/model_flags.h"
 #include "service/main/signals.h"
 #include "service/metrics/registry.h"
 #include "service/security.h"
 #include "service/worker/engine_loop.h"
 #include "service/worker/worker_service.h"
 
-constexpr char kDefaultModelDir[] = "models/default";
-
-ABSL_FLAG(std::string, model, kDefaultModelDir,
-          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a model "
-          "store made by moe-import. The default is the built-in model (random weights), "
-          "written there on first use");
 ABSL_FLAG(std::string, model_name, "",
           "The name requests use for the model. Default: a model store's name (moe-import "
           "--model), else the directory's base name");
@@ -56,32 +51,14 @@ ABSL_FLAG(int32_t, max_consecutive_faults, 5,
           "Requests in a row failing on the worker itself (DATA_LOSS, INTERNAL: e.g. a corrupt "
           "expert store) after which it reports NOT_SERVING, with the reason, until restarted");
 ABSL_FLAG(std::string, name, "", "Name reported in responses and logs. Default: --listen");
-ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
-ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
-ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
-          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
-ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
-ABSL_FLAG(std::string, kv_budget, "1GiB", "KV cache memory for all sequences and sessions");
-ABSL_FLAG(int64_t, max_running, 64, "Sequences in the running batch");
-ABSL_FLAG(int64_t, max_batch_tokens, 256, "Tokens per engine step (prefill chunks + decodes)");
+ABSL_FLAG(int64_t, max_running, 0,
+          "Sequences in the running batch; 0: 256 on a GPU (decode steps big enough for the "
+          "tensor cores), 64 on the CPU");
+ABSL_FLAG(int64_t, max_batch_tokens, 0,
+          "Tokens per engine step (prefill chunks + decodes); 0: 2048 on a GPU, 256 on the CPU");
 ABSL_FLAG(int64_t, max_context, 0, "Context length; 0: the model's max_position_embeddings");
 ABSL_FLAG(int64_t, max_sessions, 64, "Conversations whose KV is kept between turns");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running streams may take to finish");
-ABSL_FLAG(std::string, device_budget, "0",
-          "Expert store (when --model is a store made by moe-import): VRAM (device tier) "
-          "budget, e.g. 16GiB; 0 removes the tier");
-ABSL_FLAG(std::string, host_budget, "0",
-          "Expert store: pinned host RAM (host tier) budget; 0 removes the tier");
-ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
-ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
-          "Expert store: comma-separated layers whose experts are never evicted");
-ABSL_FLAG(bool, prefetch, false,
-          "Expert store: prefetch the next layer's likely experts (its router applied to the "
-          "current hidden state; one more host copy per layer). Accuracy: "
-          "moe_store_prefetches_total{result=\"used\"} / {result=\"issued\"}");
-ABSL_FLAG(std::string, record_trace, "",
-          "Write the routing trace of every engine step (per MoE layer, the experts the batch "
-          "needed) to this file, for moe-store-sim --trace; flushed after every step. Empty: none");
 
 namespace moe {
 namespace {
@@ -99,59 +76,25 @@ absl::StatusOr<std::string> StoreModelName(const std::string& dir) {
 }
 
 absl::Status Run() {
-  const std::string dir = absl::GetFlag(FLAGS_model);
-  if (dir == kDefaultModelDir &&
-      !std::filesystem::exists(std::filesystem::path(dir) / "config.json")) {
-    MOE_LOG(INFO) << "writing the built-in default model (random weights) to " << dir;
-    MOE_RETURN_IF_ERROR(engine::WriteDefaultModel(dir));
-  }
-  const std::string backend_name = absl::GetFlag(FLAGS_backend);
-  if (backend_name != "cpu" && backend_name != "cuda") {
-    return absl::InvalidArgumentError(
-        absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
-  }
-  kernels::BackendOptions backend_options;
-  backend_options.num_threads = absl::GetFlag(FLAGS_threads);
-  MOE_ASSIGN_OR_RETURN(auto backend,
-                       kernels::MakeBackend(backend_name == "cpu" ? kernels::BackendKind::kCpu
-                                                                  : kernels::BackendKind::kCuda,
-                                            backend_options));
+  // Shared with moe-generate (service/main/model_flags.h): backend, budgets, model, tokenizer.
+  MOE_ASSIGN_OR_RETURN(service::LoadedModel loaded, service::LoadModelFromFlags("[worker]"));
+  const std::string& dir = loaded.dir;
+  engine::Model* model = loaded.model.get();
+  engine::Tokenizer* tokenizer = loaded.tokenizer.get();
   // When --model is a model store (moe-import), experts come from the tiered store; its
   // counters then feed /metrics.
-  store::StoreOptions sopts;
-  MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
-                       base::ParseBytes(absl::GetFlag(FLAGS_device_budget)));
-  MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes, base::ParseBytes(absl::GetFlag(FLAGS_host_budget)));
-  sopts.policy.name = absl::GetFlag(FLAGS_policy);
-  for (const std::string& layer : absl::GetFlag(FLAGS_pinned_layers)) {
-    int32_t l = 0;
-    if (!absl::SimpleAtoi(layer, &l)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("--pinned_layers: '", layer, "' is not a layer"));
-    }
-    sopts.policy.pinned_layers.push_back(l);
-  }
-  MOE_ASSIGN_OR_RETURN(auto model, engine::Model::Load(dir, *backend, sopts));
   const store::ExpertStore* store = model->expert_store();
-  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_prefetch));
-  if (absl::GetFlag(FLAGS_prefetch) && store == nullptr) {
-    MOE_LOG(WARNING) << "--prefetch: " << dir << " is not a model store (moe-import); no effect";
-  }
   // Declared before the engine loop, so it outlives every step that appends to it.
-  std::unique_ptr<store::RoutingTraceWriter> trace;
-  if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
-    MOE_ASSIGN_OR_RETURN(trace, model->RecordRoutingTrace(path));
-    MOE_LOG(INFO) << "[worker] recording the routing trace to " << path;
-  }
-  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(dir));
+  std::unique_ptr<store::RoutingTraceWriter>& trace = loaded.trace;
 
   engine::EngineOptions eopts;
-  MOE_ASSIGN_OR_RETURN(const uint64_t kv_budget, base::ParseBytes(absl::GetFlag(FLAGS_kv_budget)));
-  eopts.kv_budget_bytes = static_cast<int64_t>(kv_budget);
+  eopts.kv_budget_bytes = loaded.kv_budget;
   eopts.max_running = absl::GetFlag(FLAGS_max_running);
-  eopts.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
-  eopts.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  if (eopts.max_running == 0) eopts.max_running = loaded.gpu ? 256 : 64;
+  eopts.kv_cache_dtype = loaded.kv_cache_dtype;
+  eopts.block_size = loaded.kv_block_size;
   eopts.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
+  if (eopts.max_batch_tokens == 0) eopts.max_batch_tokens = loaded.gpu ? 2048 : 256;
   eopts.max_context = absl::GetFlag(FLAGS_max_context);
   eopts.max_sessions = absl::GetFlag(FLAGS_max_sessions);
   MOE_RETURN_IF_ERROR(base::Annotate(eopts.Validate(), "engine flags"));
@@ -179,8 +122,8 @@ absl::Status Run() {
   wopts.kv_budget_bytes = eopts.kv_budget_bytes;
   wopts.expert_format = store != nullptr ? "store" : "checkpoint";
   wopts.kv_cache_format = eopts.kv_cache_dtype;
-  wopts.device_budget_bytes = store != nullptr ? sopts.device_budget_bytes : 0;
-  wopts.host_budget_bytes = store != nullptr ? sopts.host_budget_bytes : 0;
+  wopts.device_budget_bytes = loaded.device_budget;
+  wopts.host_budget_bytes = loaded.host_budget;
   wopts.max_consecutive_faults = absl::GetFlag(FLAGS_max_consecutive_faults);
   if (wopts.max_consecutive_faults < 1) {
     return absl::InvalidArgumentError("--max_consecutive_faults must be >= 1");

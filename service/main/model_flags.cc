@@ -1,0 +1,139 @@
+#include "service/main/model_flags.h"
+
+#include <filesystem>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "engine/budgets.h"
+#include "engine/default_model.h"
+#include "kernels/base/bytes.h"
+#include "kernels/base/clock.h"
+#include "kernels/base/log.h"
+#include "kernels/base/memory.h"
+#include "kernels/base/status.h"
+
+constexpr char kDefaultModelDir[] = "models/default";
+
+ABSL_FLAG(std::string, model, kDefaultModelDir,
+          "Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a model "
+          "store made by moe-import. The default is the built-in model (random weights), "
+          "written there on first use");
+ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
+ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
+ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
+          "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
+ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
+ABSL_FLAG(std::string, kv_budget, "auto",
+          "KV cache memory for all sequences and sessions, e.g. 8GiB. auto: 1GiB on the CPU; on "
+          "a GPU what is left of 90% of its free memory after the dense weights, a 2GiB "
+          "workspace and the experts' VRAM tier (engine/budgets.h)");
+ABSL_FLAG(std::string, device_budget, "auto",
+          "Expert store (when --model is a store made by moe-import): VRAM (device tier) "
+          "budget, e.g. 16GiB; 0 removes the tier. auto: every expert if they take at most 75% "
+          "of the usable VRAM (see --kv_budget), else 75% of it; 0 on the CPU");
+ABSL_FLAG(std::string, host_budget, "auto",
+          "Expert store: pinned host RAM (host tier) budget; 0 removes the tier. auto: the "
+          "experts the VRAM tier does not hold, at most half the available RAM; 0 on the CPU");
+ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
+ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
+          "Expert store: comma-separated layers whose experts are never evicted");
+ABSL_FLAG(bool, prefetch, false,
+          "Expert store: prefetch the next layer's likely experts (its router applied to the "
+          "current hidden state; one more host copy per layer). Its accuracy is prefetch "
+          "used / issued (moe-generate's [store] line, moe_store_prefetches_total)");
+ABSL_FLAG(std::string, record_trace, "",
+          "Write the routing trace (per step and MoE layer, the experts the batch needed) to "
+          "this file, for moe-store-sim --trace. Empty: none");
+
+namespace moe::service {
+namespace {
+
+// A budget flag: "auto" takes `automatic`, else a byte count (base::ParseBytes).
+absl::StatusOr<uint64_t> Budget(const char* flag, const std::string& value, uint64_t automatic) {
+  if (value == "auto") return automatic;
+  absl::StatusOr<uint64_t> bytes = base::ParseBytes(value);
+  if (!bytes.ok()) return base::Annotate(bytes.status(), absl::StrCat("--", flag));
+  return *bytes;
+}
+
+}  // namespace
+
+absl::StatusOr<LoadedModel> LoadModelFromFlags(const char* who) {
+  LoadedModel m;
+  m.dir = absl::GetFlag(FLAGS_model);
+  if (m.dir == kDefaultModelDir &&
+      !std::filesystem::exists(std::filesystem::path(m.dir) / "config.json")) {
+    MOE_LOG(INFO) << who << " writing the built-in default model (random weights) to " << m.dir;
+    MOE_RETURN_IF_ERROR(engine::WriteDefaultModel(m.dir));
+  }
+  const std::string backend_name = absl::GetFlag(FLAGS_backend);
+  if (backend_name != "cpu" && backend_name != "cuda") {
+    return absl::InvalidArgumentError(absl::StrCat("--backend: '", backend_name, "' (cpu or cuda)"));
+  }
+  m.gpu = backend_name == "cuda";
+  kernels::BackendOptions backend_options;
+  backend_options.num_threads = absl::GetFlag(FLAGS_threads);
+  MOE_ASSIGN_OR_RETURN(m.backend, kernels::MakeBackend(m.gpu ? kernels::BackendKind::kCuda
+                                                             : kernels::BackendKind::kCpu,
+                                                       backend_options));
+
+  // Budgets: "auto" from the machine and the model's size, before anything is allocated.
+  const bool any_auto = absl::GetFlag(FLAGS_kv_budget) == "auto" ||
+                        absl::GetFlag(FLAGS_device_budget) == "auto" ||
+                        absl::GetFlag(FLAGS_host_budget) == "auto";
+  engine::Budgets automatic;
+  if (any_auto) {
+    MOE_ASSIGN_OR_RETURN(engine::BudgetFacts facts, engine::ModelBudgetFacts(m.dir));
+    facts.gpu = m.gpu;
+    facts.free_device = m.gpu ? m.backend->Memory().free_bytes : 0;
+    facts.free_host = base::HostMemory().free_bytes;
+    MOE_ASSIGN_OR_RETURN(automatic, engine::AutoBudgets(facts));
+  }
+  store::StoreOptions sopts;
+  MOE_ASSIGN_OR_RETURN(sopts.device_budget_bytes,
+                       Budget("device_budget", absl::GetFlag(FLAGS_device_budget), automatic.device));
+  MOE_ASSIGN_OR_RETURN(sopts.host_budget_bytes,
+                       Budget("host_budget", absl::GetFlag(FLAGS_host_budget), automatic.host));
+  MOE_ASSIGN_OR_RETURN(const uint64_t kv,
+                       Budget("kv_budget", absl::GetFlag(FLAGS_kv_budget), automatic.kv));
+  m.kv_budget = static_cast<int64_t>(kv);
+  sopts.policy.name = absl::GetFlag(FLAGS_policy);
+  for (const std::string& layer : absl::GetFlag(FLAGS_pinned_layers)) {
+    int32_t l = 0;
+    if (!absl::SimpleAtoi(layer, &l)) {
+      return absl::InvalidArgumentError(absl::StrCat("--pinned_layers: '", layer, "' is not a layer"));
+    }
+    sopts.policy.pinned_layers.push_back(l);
+  }
+
+  const double t_load = base::NowSeconds();
+  MOE_ASSIGN_OR_RETURN(m.model, engine::Model::Load(m.dir, *m.backend, sopts));
+  MOE_ASSIGN_OR_RETURN(m.tokenizer, engine::Tokenizer::LoadFromDir(m.dir));
+  const bool is_store = m.model->expert_store() != nullptr;
+  m.device_budget = is_store ? sopts.device_budget_bytes : 0;
+  m.host_budget = is_store ? sopts.host_budget_bytes : 0;
+  m.model->set_prefetch_next_layer(absl::GetFlag(FLAGS_prefetch));
+  if (absl::GetFlag(FLAGS_prefetch) && !is_store) {
+    MOE_LOG(WARNING) << who << " --prefetch: " << m.dir
+                     << " is not a model store (moe-import); no effect";
+  }
+  if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
+    MOE_ASSIGN_OR_RETURN(m.trace, m.model->RecordRoutingTrace(path));
+    MOE_LOG(INFO) << who << " recording the routing trace to " << path;
+  }
+  m.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  m.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  const engine::ModelConfig& c = m.model->config();
+  MOE_LOG(INFO) << who << " loaded " << m.dir << " (" << c.arch.model_type << ", "
+                << c.num_hidden_layers << " layers, " << c.num_experts << " experts) on "
+                << backend_name << " in " << base::NowSeconds() - t_load << " s; budgets: KV "
+                << base::FormatBytes(kv) << ", expert VRAM tier "
+                << (is_store ? base::FormatBytes(m.device_budget) : "- (experts loaded whole)")
+                << ", host tier " << (is_store ? base::FormatBytes(m.host_budget) : "-")
+                << (any_auto ? " (auto: engine/budgets.h)" : "");
+  return m;
+}
+
+}  // namespace moe::service
