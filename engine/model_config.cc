@@ -98,6 +98,56 @@ absl::Status ReadEos(const json& j, std::vector<int32_t>* out) {
   return absl::OkStatus();
 }
 
+// Resolves c->layer_types as transformers does for the family (SlidingWindowRule); needs
+// num_hidden_layers checked. qwen2_moe: sliding_window = use_sliding_window ? sliding_window :
+// None; layer_types from config.json, else "sliding_attention" where layer >= max_window_layers.
+absl::Status ReadSlidingWindow(const json& cfg, ModelConfig* c) {
+  const SlidingWindowRule rule = c->arch.sliding_window;
+  bool use_sliding_window = rule == SlidingWindowRule::kAllLayers;
+  if (rule == SlidingWindowRule::kGated || rule == SlidingWindowRule::kPerLayer) {
+    MOE_RETURN_IF_ERROR(Read(cfg, "use_sliding_window", &use_sliding_window, false));
+  }
+  if (use_sliding_window) MOE_RETURN_IF_ERROR(Read(cfg, "sliding_window", &c->sliding_window, false));
+  if (c->sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window must be >= 0, got ",
+                                                   c->sliding_window));
+  }
+  if (use_sliding_window && rule != SlidingWindowRule::kAllLayers && c->sliding_window == 0) {
+    return absl::InvalidArgumentError(
+        "config.json: use_sliding_window is true but sliding_window is not set");
+  }
+  const int64_t L = c->num_hidden_layers;
+  c->layer_types.assign(L, "full_attention");
+  if (c->sliding_window == 0) return absl::OkStatus();
+  if (rule != SlidingWindowRule::kPerLayer) {
+    c->layer_types.assign(L, "sliding_attention");
+    return absl::OkStatus();
+  }
+  if (Has(cfg, "layer_types")) {
+    std::vector<std::string> types;
+    MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &types, true));
+    if (static_cast<int64_t>(types.size()) != L) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types.size(),
+                                                     " entries, num_hidden_layers is ", L));
+    }
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (types[i] != "full_attention" && types[i] != "sliding_attention") {
+        return absl::UnimplementedError(absl::StrCat(
+            "config.json: layer_types[", i, "] '", types[i],
+            "' is not supported (full_attention, sliding_attention)"));
+      }
+    }
+    c->layer_types = std::move(types);
+    return absl::OkStatus();
+  }
+  int64_t max_window_layers = 28;  // transformers' Qwen2MoeConfig default
+  MOE_RETURN_IF_ERROR(Read(cfg, "max_window_layers", &max_window_layers, false));
+  for (int64_t l = std::max<int64_t>(0, max_window_layers); l < L; ++l) {
+    c->layer_types[l] = "sliding_attention";
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -107,6 +157,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+int64_t ModelConfig::SlidingWindow(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layer_types.size())) return 0;
+  return layer_types[layer] == "sliding_attention" ? sliding_window : 0;
+}
 
 bool ModelConfig::IsSparseLayer(int64_t layer) const {
   if (num_experts <= 0) return false;
@@ -162,10 +217,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   c.attention_bias = a.default_qkv_bias;
   MOE_RETURN_IF_ERROR(Read(cfg, a.qkv_bias_field, &c.attention_bias, false));
   MOE_RETURN_IF_ERROR(Read(cfg, "clip_qkv", &c.clip_qkv, false));
-  // Sliding window applies when set, unless the family gates it with use_sliding_window.
-  bool use_sliding_window = true;
-  MOE_RETURN_IF_ERROR(Read(cfg, "use_sliding_window", &use_sliding_window, false));
-  if (use_sliding_window) MOE_RETURN_IF_ERROR(Read(cfg, "sliding_window", &c.sliding_window, false));
+  // Every family's MLPs and experts compute silu(gate) * up; refuse another activation rather
+  // than compute SiLU under its name (transformers' ACT2FN: "swish" is SiLU too).
+  MOE_RETURN_IF_ERROR(Read(cfg, "hidden_act", &c.hidden_act, false));
+  if (c.hidden_act != "silu" && c.hidden_act != "swish") {
+    return absl::UnimplementedError(absl::StrCat("config.json: hidden_act '", c.hidden_act,
+                                                 "' is not implemented (silu, swish)"));
+  }
   MOE_RETURN_IF_ERROR(ReadRope(cfg, &c.rope));
   MOE_RETURN_IF_ERROR(ReadEos(cfg, &c.eos_token_ids));
   MOE_RETURN_IF_ERROR(Read(cfg, "bos_token_id", &c.bos_token_id, false));
@@ -204,6 +262,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsSparseLayer(l)) MOE_RETURN_IF_ERROR(positive(c.intermediate_size, "intermediate_size"));
   }
+  MOE_RETURN_IF_ERROR(ReadSlidingWindow(cfg, &c));
   if (c.rope.original_max_position_embeddings == 0) {
     c.rope.original_max_position_embeddings = c.max_position_embeddings;
   }
