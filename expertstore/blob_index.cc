@@ -36,8 +36,10 @@ std::string Encode(const BlobLocation& l) {
       .dump();
 }
 
-absl::StatusOr<BlobLocation> Decode(const std::string& key, const std::string& value,
-                                    const std::string& path) {
+}  // namespace
+
+absl::StatusOr<BlobLocation> DecodeBlobLocation(const std::string& key, const std::string& value,
+                                                const std::string& path) {
   try {
     const json j = json::parse(value);
     BlobLocation l;
@@ -61,8 +63,6 @@ absl::StatusOr<BlobLocation> Decode(const std::string& key, const std::string& v
         absl::StrCat("index ", path, ": entry '", key, "' does not decode: ", e.what()));
   }
 }
-
-}  // namespace
 
 BlobIndex::BlobIndex(std::string path, std::unique_ptr<rocksdb::DB> db, IndexManifest manifest)
     : path_(std::move(path)), db_(std::move(db)), manifest_(std::move(manifest)) {}
@@ -129,7 +129,7 @@ absl::StatusOr<BlobLocation> BlobIndex::Get(int32_t layer, int32_t expert) const
         absl::StrCat(ExpertName(layer, expert), " is not in the index ", path_));
   }
   if (!s.ok()) return absl::InternalError(absl::StrCat("index ", path_, ": ", s.ToString()));
-  return Decode(key, value, path_);
+  return DecodeBlobLocation(key, value, path_);
 }
 
 absl::StatusOr<std::vector<BlobLocation>> BlobIndex::List() const {
@@ -138,7 +138,7 @@ absl::StatusOr<std::vector<BlobLocation>> BlobIndex::List() const {
   std::vector<BlobLocation> out;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     MOE_ASSIGN_OR_RETURN(BlobLocation l,
-                         Decode(it->key().ToString(), it->value().ToString(), path_));
+                         DecodeBlobLocation(it->key().ToString(), it->value().ToString(), path_));
     out.push_back(std::move(l));
   }
   if (!it->status().ok()) {
