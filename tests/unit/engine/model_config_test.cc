@@ -164,6 +164,31 @@ TEST(ModelConfigTest, SlidingWindowRulesOfTheOtherFamilies) {
   EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 0, 0}));
 }
 
+// Found by fuzz_model_config (inputs in tests/fuzz/corpus/fuzz_model_config/): a float where an
+// integer belongs went through nlohmann's float->int conversion (undefined behaviour when out of
+// range), and 10^15 layers hung the parser.
+TEST(ModelConfigTest, IntegersMustBeIntegersInRangeAndLayersBounded) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"num_experts", 1e300}, {"num_experts", 1.5}, {"vocab_size", -1e30},
+           {"bos_token_id", int64_t{1} << 40}, {"mlp_only_layers", {1, 2.5}},
+           {"eos_token_id", {1, 1e20}}}) {
+    auto j = Qwen3();
+    j[key] = value;
+    const absl::Status st = ParseModelConfig(j.dump(), "").status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << key << " " << value;
+    EXPECT_NE(st.message().find(key), std::string::npos) << st;
+  }
+  auto j = Qwen3();
+  j["num_experts"] = 8.0;  // an integral float is the integer
+  auto c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+  j["num_hidden_layers"] = int64_t{1000000000000000};
+  const absl::Status st = ParseModelConfig(j.dump(), "").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("num_hidden_layers"), std::string::npos) << st;
+}
+
 TEST(ModelConfigTest, ClearErrors) {
   auto unknown = Qwen3();
   unknown["model_type"] = "llama";
