@@ -11,10 +11,10 @@ cmake -S . -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DMOE_WERR
 cmake --build "$build_dir" -j "$jobs"
 ctest --test-dir "$build_dir" -LE gpu --output-on-failure -j "$jobs" --timeout 900
 
-# Soak, short: 64 streams with random cancels and deadlines for 75 s through moe-frontend and
+# Soak, short: 64 streams with random cancels and deadlines for 80 s through moe-frontend and
 # moe-worker; RSS flat after warm-up, no unexpected status, KV back to 0 (tests/soak/soak.py).
 MOE_BUILD_DIR="$build_dir" MOE_TEST_MODEL="$build_dir/tests/integration/model" \
-  /usr/bin/python3 tests/soak/soak.py --seconds=75 --sample=5 --warmup=25
+  /usr/bin/python3 tests/soak/soak.py --seconds=80 --sample=5 --warmup=30
 
 # Fuzzing smoke: the libFuzzer targets (clang, ASan + UBSan) for 60 s in all (tests/fuzz/run.sh).
 MOE_FUZZ_BUILD_DIR="$build_dir-fuzz" tests/fuzz/run.sh

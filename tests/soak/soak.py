@@ -4,6 +4,9 @@ worker's KV cache bytes in use (/metrics). Passes when no call ends with an unex
 every OK call ends with a completion, RSS is flat after warm-up (growth over the measured window
 below max(8 MiB, 5 %)), and the KV in use returns to 0 once the load stops.
 
+The worker's KV budget is small (--kv_budget, 4 MiB) so that warm-up fills it; preemptions and
+prefix-cache evictions are part of the load.
+
 Usage (Debian's /usr/bin/python3; the integration model must exist, see tests/integration):
   MOE_BUILD_DIR=build MOE_TEST_MODEL=build/tests/integration/model \\
     /usr/bin/python3 tests/soak/soak.py --seconds=600 --sample=10 --out=/tmp/soak
@@ -70,12 +73,15 @@ def main():
     ap.add_argument("--sample", type=float, default=10)
     ap.add_argument("--warmup", type=float, default=None, help="seconds; default a third")
     ap.add_argument("--out", default=None)
+    # Small, so that the prefix cache has filled the KV pool (touched every page of it) during
+    # warm-up: a 1 GiB pool fills at the rate new prompts arrive and reads as RSS growth for hours.
+    ap.add_argument("--kv_budget", default="4MiB")
     args = ap.parse_args()
     warmup = args.seconds / 3 if args.warmup is None else args.warmup
     out = args.out or os.path.join(os.environ.get("MOE_BUILD_DIR", "build"), "soak")
     os.makedirs(out, exist_ok=True)
 
-    cluster = harness.Cluster(workers=1)
+    cluster = harness.Cluster(workers=1, worker_args=[f"--kv_budget={args.kv_budget}"])
     failures = []
     try:
         fe = cluster.add_frontend()
