@@ -13,6 +13,7 @@ packages=(
   python3-yaml            # tests/deploy reads the rendered Kubernetes manifests
   openssl                 # the TLS test's self-signed certificate
   prometheus              # promtool and the real server the metrics tests query
+  clang libclang-rt-14-dev  # tests/fuzz: clang 14 and its libFuzzer/ASan/UBSan runtimes
 )
 
 missing=()

@@ -15,6 +15,7 @@ std::vector<Architecture> Table() {
     a.qk_norm = QkNorm::kPerHead;
     a.default_norm_topk_prob = true;
     a.reads_sparse_step = true;
+    a.sliding_window = SlidingWindowRule::kGated;
     t.push_back(a);
   }
   {
@@ -24,6 +25,7 @@ std::vector<Architecture> Table() {
     a.qkv_bias_field = "qkv_bias";
     a.has_shared_expert = true;
     a.reads_sparse_step = true;
+    a.sliding_window = SlidingWindowRule::kPerLayer;
     t.push_back(a);
   }
   {
@@ -43,6 +45,7 @@ std::vector<Architecture> Table() {
     a.model_type = "olmoe";
     a.qk_norm = QkNorm::kWholeProj;
     a.expert_width_fields = {"intermediate_size"};
+    a.sliding_window = SlidingWindowRule::kNone;
     t.push_back(a);
   }
   return t;

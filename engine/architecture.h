@@ -15,6 +15,15 @@ enum class QkNorm {
   kWholeProj,  // olmoe: RMSNorm over the whole q (k) projection, before splitting into heads
 };
 
+// Which layers config.json's sliding_window applies to, as transformers reads each family.
+enum class SlidingWindowRule {
+  kNone,       // olmoe: no sliding-window attention (sliding_window is not a field of the family)
+  kAllLayers,  // mixtral: sliding_window, when set, windows every layer
+  kGated,      // qwen3_moe: only with use_sliding_window (default false), then every layer
+  kPerLayer,   // qwen2_moe: gated like kGated, and only on the layers layer_types names
+               // "sliding_attention" (without layer_types: layer >= max_window_layers)
+};
+
 struct Architecture {
   std::string model_type;
   QkNorm qk_norm = QkNorm::kNone;
@@ -33,6 +42,7 @@ struct Architecture {
   bool always_renormalize = false;     // mixtral: top-k weights always sum to 1
   bool default_norm_topk_prob = false;
   bool reads_sparse_step = false;      // decoder_sparse_step / mlp_only_layers are meaningful
+  SlidingWindowRule sliding_window = SlidingWindowRule::kAllLayers;
 };
 
 // Unimplemented names the model_type and lists those supported.

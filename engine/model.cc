@@ -451,7 +451,7 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
       a.start_pos = item.start;
       a.num_heads = static_cast<int>(c.num_attention_heads);
       a.scale = 1.f / std::sqrt(static_cast<float>(D));
-      a.sliding_window = c.sliding_window;
+      a.sliding_window = c.SlidingWindow(layer);
       reads.push_back(a);
     }
     offset += n;
@@ -480,7 +480,7 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
     a.num_kv_heads = static_cast<int>(c.num_key_value_heads);
     a.head_dim = static_cast<int>(D);
     a.scale = 1.f / std::sqrt(static_cast<float>(D));
-    a.sliding_window = c.sliding_window;
+    a.sliding_window = c.SlidingWindow(layer);
     backend_.Attention(a);
     offset += n;
   }

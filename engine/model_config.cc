@@ -2,7 +2,10 @@
 #include "engine/model_config.h"
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
+#include <limits>
+#include <type_traits>
 #include <fstream>
 #include <sstream>
 
@@ -27,18 +30,72 @@ absl::StatusOr<json> ParseJson(const std::string& text, const std::string& what)
 // Present and non-null.
 bool Has(const json& j, const std::string& key) { return j.contains(key) && !j[key].is_null(); }
 
+// `v` as an integer of type T: an integer JSON number, or a float with an integral value, in T's
+// range. nlohmann's get<T>() converts an out-of-range float with undefined behaviour (found by
+// fuzz_model_config) and truncates 1.5 silently.
+template <typename T>
+bool ToInteger(const json& v, T* out) {
+  using Limits = std::numeric_limits<T>;
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u > static_cast<uint64_t>(Limits::max())) return false;
+    *out = static_cast<T>(u);
+    return true;
+  }
+  if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i < static_cast<int64_t>(Limits::min()) || i > static_cast<int64_t>(Limits::max())) {
+      return false;
+    }
+    *out = static_cast<T>(i);
+    return true;
+  }
+  if (v.is_number_float()) {
+    const double d = v.get<double>();
+    // 2^63 is the first double past int64's range; [min, max] of narrower types are exact.
+    if (!std::isfinite(d) || d != std::trunc(d) || d < static_cast<double>(Limits::min()) ||
+        d >= std::ldexp(1.0, Limits::digits)) {
+      return false;
+    }
+    *out = static_cast<T>(d);
+    return true;
+  }
+  return false;
+}
+
+template <typename T>
+absl::Status ReadValue(const json& v, const std::string& key, T* out) {
+  const auto wrong = [&](const char* what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: '", key, "' ", what, ", got ", v.dump()));
+  };
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+    if (!ToInteger(v, out)) return wrong("must be an integer in range");
+  } else if constexpr (std::is_same_v<T, std::vector<int64_t>>) {
+    if (!v.is_array()) return wrong("must be a list of integers");
+    out->clear();
+    for (const json& e : v) {
+      int64_t i = 0;
+      if (!ToInteger(e, &i)) return wrong("must be a list of integers");
+      out->push_back(i);
+    }
+  } else {
+    try {
+      *out = v.get<T>();
+    } catch (const json::exception& e) {
+      return wrong("has the wrong type");
+    }
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::Status Read(const json& j, const std::string& key, T* out, bool required) {
   if (!Has(j, key)) {
     if (required) return absl::InvalidArgumentError(absl::StrCat("config.json: missing '", key, "'"));
     return absl::OkStatus();
   }
-  try {
-    *out = j[key].get<T>();
-  } catch (const json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: '", key, "' has the wrong type"));
-  }
-  return absl::OkStatus();
+  return ReadValue(j[key], key, out);
 }
 
 absl::Status ReadRope(const json& cfg, RopeConfig* rope) {
@@ -86,14 +143,64 @@ absl::Status ReadRope(const json& cfg, RopeConfig* rope) {
 absl::Status ReadEos(const json& j, std::vector<int32_t>* out) {
   if (!Has(j, "eos_token_id")) return absl::OkStatus();
   out->clear();
-  try {
-    if (j["eos_token_id"].is_array()) {
-      for (const auto& v : j["eos_token_id"]) out->push_back(v.get<int32_t>());
-    } else {
-      out->push_back(j["eos_token_id"].get<int32_t>());
+  const json& eos = j["eos_token_id"];
+  for (const json& v : eos.is_array() ? eos : json::array({eos})) {
+    int32_t id = 0;
+    if (!ToInteger(v, &id)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "eos_token_id is neither an integer nor a list of integers, got ", eos.dump()));
     }
-  } catch (const json::exception&) {
-    return absl::InvalidArgumentError("eos_token_id is neither an integer nor a list of integers");
+    out->push_back(id);
+  }
+  return absl::OkStatus();
+}
+
+// Resolves c->layer_types as transformers does for the family (SlidingWindowRule); needs
+// num_hidden_layers checked. qwen2_moe: sliding_window = use_sliding_window ? sliding_window :
+// None; layer_types from config.json, else "sliding_attention" where layer >= max_window_layers.
+absl::Status ReadSlidingWindow(const json& cfg, ModelConfig* c) {
+  const SlidingWindowRule rule = c->arch.sliding_window;
+  bool use_sliding_window = rule == SlidingWindowRule::kAllLayers;
+  if (rule == SlidingWindowRule::kGated || rule == SlidingWindowRule::kPerLayer) {
+    MOE_RETURN_IF_ERROR(Read(cfg, "use_sliding_window", &use_sliding_window, false));
+  }
+  if (use_sliding_window) MOE_RETURN_IF_ERROR(Read(cfg, "sliding_window", &c->sliding_window, false));
+  if (c->sliding_window < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: sliding_window must be >= 0, got ",
+                                                   c->sliding_window));
+  }
+  if (use_sliding_window && rule != SlidingWindowRule::kAllLayers && c->sliding_window == 0) {
+    return absl::InvalidArgumentError(
+        "config.json: use_sliding_window is true but sliding_window is not set");
+  }
+  const int64_t L = c->num_hidden_layers;
+  c->layer_types.assign(L, "full_attention");
+  if (c->sliding_window == 0) return absl::OkStatus();
+  if (rule != SlidingWindowRule::kPerLayer) {
+    c->layer_types.assign(L, "sliding_attention");
+    return absl::OkStatus();
+  }
+  if (Has(cfg, "layer_types")) {
+    std::vector<std::string> types;
+    MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &types, true));
+    if (static_cast<int64_t>(types.size()) != L) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types.size(),
+                                                     " entries, num_hidden_layers is ", L));
+    }
+    for (size_t i = 0; i < types.size(); ++i) {
+      if (types[i] != "full_attention" && types[i] != "sliding_attention") {
+        return absl::UnimplementedError(absl::StrCat(
+            "config.json: layer_types[", i, "] '", types[i],
+            "' is not supported (full_attention, sliding_attention)"));
+      }
+    }
+    c->layer_types = std::move(types);
+    return absl::OkStatus();
+  }
+  int64_t max_window_layers = 28;  // transformers' Qwen2MoeConfig default
+  MOE_RETURN_IF_ERROR(Read(cfg, "max_window_layers", &max_window_layers, false));
+  for (int64_t l = std::max<int64_t>(0, max_window_layers); l < L; ++l) {
+    c->layer_types[l] = "sliding_attention";
   }
   return absl::OkStatus();
 }
@@ -107,6 +214,11 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 
 }  // namespace
+
+int64_t ModelConfig::SlidingWindow(int64_t layer) const {
+  if (layer < 0 || layer >= static_cast<int64_t>(layer_types.size())) return 0;
+  return layer_types[layer] == "sliding_attention" ? sliding_window : 0;
+}
 
 bool ModelConfig::IsSparseLayer(int64_t layer) const {
   if (num_experts <= 0) return false;
@@ -162,10 +274,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   c.attention_bias = a.default_qkv_bias;
   MOE_RETURN_IF_ERROR(Read(cfg, a.qkv_bias_field, &c.attention_bias, false));
   MOE_RETURN_IF_ERROR(Read(cfg, "clip_qkv", &c.clip_qkv, false));
-  // Sliding window applies when set, unless the family gates it with use_sliding_window.
-  bool use_sliding_window = true;
-  MOE_RETURN_IF_ERROR(Read(cfg, "use_sliding_window", &use_sliding_window, false));
-  if (use_sliding_window) MOE_RETURN_IF_ERROR(Read(cfg, "sliding_window", &c.sliding_window, false));
+  // Every family's MLPs and experts compute silu(gate) * up; refuse another activation rather
+  // than compute SiLU under its name (transformers' ACT2FN: "swish" is SiLU too).
+  MOE_RETURN_IF_ERROR(Read(cfg, "hidden_act", &c.hidden_act, false));
+  if (c.hidden_act != "silu" && c.hidden_act != "swish") {
+    return absl::UnimplementedError(absl::StrCat("config.json: hidden_act '", c.hidden_act,
+                                                 "' is not implemented (silu, swish)"));
+  }
   MOE_RETURN_IF_ERROR(ReadRope(cfg, &c.rope));
   MOE_RETURN_IF_ERROR(ReadEos(cfg, &c.eos_token_ids));
   MOE_RETURN_IF_ERROR(Read(cfg, "bos_token_id", &c.bos_token_id, false));
@@ -184,6 +299,13 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   MOE_RETURN_IF_ERROR(positive(c.vocab_size, "vocab_size"));
   MOE_RETURN_IF_ERROR(positive(c.hidden_size, "hidden_size"));
   MOE_RETURN_IF_ERROR(positive(c.num_hidden_layers, "num_hidden_layers"));
+  // Per-layer work below (and in every loader) is O(layers): 10^15 layers hung the parser
+  // (fuzz_model_config). The largest released MoE models have under 100.
+  constexpr int64_t kMaxLayers = 4096;
+  if (c.num_hidden_layers > kMaxLayers) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: num_hidden_layers ",
+                                                   c.num_hidden_layers, " exceeds ", kMaxLayers));
+  }
   MOE_RETURN_IF_ERROR(positive(c.num_attention_heads, "num_attention_heads"));
   MOE_RETURN_IF_ERROR(positive(c.num_key_value_heads, "num_key_value_heads"));
   MOE_RETURN_IF_ERROR(positive(c.head_dim, "head_dim"));
@@ -204,6 +326,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsSparseLayer(l)) MOE_RETURN_IF_ERROR(positive(c.intermediate_size, "intermediate_size"));
   }
+  MOE_RETURN_IF_ERROR(ReadSlidingWindow(cfg, &c));
   if (c.rope.original_max_position_embeddings == 0) {
     c.rope.original_max_position_embeddings = c.max_position_embeddings;
   }

@@ -48,7 +48,15 @@ struct ModelConfig {
   bool tie_word_embeddings = false;
   bool attention_bias = false;  // q/k/v biases
   double clip_qkv = 0.0;        // 0: no clipping (olmoe)
-  int64_t sliding_window = 0;   // 0: full attention
+  // Sliding-window attention: sliding_window tokens on the layers whose layer_types entry is
+  // "sliding_attention" (resolved from use_sliding_window, layer_types and max_window_layers by
+  // the family's SlidingWindowRule; one entry per layer, "full_attention" or
+  // "sliding_attention"). Read it through SlidingWindow(layer).
+  int64_t sliding_window = 0;  // 0: full attention everywhere
+  std::vector<std::string> layer_types;
+  // The activation of every MLP and expert: "silu" (transformers' "swish" is the same function);
+  // anything else is refused at load.
+  std::string hidden_act = "silu";
   RopeConfig rope;
 
   // generation_config.json (falls back to config.json's values)
@@ -58,11 +66,14 @@ struct ModelConfig {
   // True when `layer` routes to experts (transformers: not in mlp_only_layers and
   // num_experts > 0 and (layer + 1) % decoder_sparse_step == 0).
   bool IsSparseLayer(int64_t layer) const;
+  // The attention window of `layer` in tokens; 0: full attention.
+  int64_t SlidingWindow(int64_t layer) const;
 };
 
 // Reads dir/config.json and, if present, dir/generation_config.json.
 // NotFound: no config.json. InvalidArgument: malformed JSON, a missing or inconsistent field
-// (named). Unimplemented: a model_type or rope type this engine does not run.
+// (named). Unimplemented: a model_type, rope type, hidden_act or layer type this engine does not
+// run (named with its value).
 absl::StatusOr<ModelConfig> LoadModelConfig(const std::string& dir);
 // The same from JSON text (generation_config may be empty).
 absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,

@@ -3,9 +3,13 @@
 // thousand entries, read once at open, so legibility (ldb scan) wins over a binary encoding.
 #include "expertstore/blob_index.h"
 
+#include <limits>
+#include <stdexcept>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "kernels/base/status.h"
+#include "kernels/quant.h"
 #include "nlohmann/json.hpp"
 #include "rocksdb/db.h"
 #include "rocksdb/write_batch.h"
@@ -36,33 +40,83 @@ std::string Encode(const BlobLocation& l) {
       .dump();
 }
 
-absl::StatusOr<BlobLocation> Decode(const std::string& key, const std::string& value,
-                                    const std::string& path) {
+// j[key] as an integer of type T; throws (caught by the caller) for a float, a string or a value
+// out of T's range, which nlohmann's get<T>() would convert with undefined behaviour.
+template <typename T>
+T Integer(const json& j, const char* key) {
+  const json& v = j.at(key);
+  if (v.is_number_unsigned()) {
+    const uint64_t u = v.get<uint64_t>();
+    if (u <= static_cast<uint64_t>(std::numeric_limits<T>::max())) return static_cast<T>(u);
+  } else if (v.is_number_integer()) {
+    const int64_t i = v.get<int64_t>();
+    if (i >= static_cast<int64_t>(std::numeric_limits<T>::min()) &&
+        (i < 0 || static_cast<uint64_t>(i) <= static_cast<uint64_t>(std::numeric_limits<T>::max()))) {
+      return static_cast<T>(i);
+    }
+  }
+  throw std::runtime_error(absl::StrCat("'", key, "' is not an integer in range: ", v.dump()));
+}
+
+// What the reader and the kernels rely on: aligned, and the three matrices inside `length`.
+// Bounding the dimensions (2^20 each) keeps ComputeBlobLayout's products from overflowing.
+absl::Status CheckGeometry(const BlobLocation& l) {
+  constexpr int64_t kMaxDim = int64_t{1} << 20;
+  std::string bad;
+  if (l.hidden_size <= 0 || l.hidden_size > kMaxDim || l.intermediate_size <= 0 ||
+      l.intermediate_size > kMaxDim) {
+    bad = absl::StrCat("hidden_size ", l.hidden_size, " / intermediate_size ",
+                       l.intermediate_size, " outside [1, ", kMaxDim, "]");
+  } else if (l.length == 0 || l.offset % kBlobAlignment != 0 || l.length % kBlobAlignment != 0) {
+    bad = absl::StrCat("offset ", l.offset, " / length ", l.length, " not multiples of ",
+                       kBlobAlignment);
+  } else if (kernels::IsQuantized(l.dtype) &&
+             !kernels::ValidateQuantFormat(l.dtype, l.group_size).ok()) {
+    bad = absl::StrCat("group_size ", l.group_size, " is not valid for ",
+                       kernels::DTypeName(l.dtype));
+  } else if (const uint64_t need =
+                 ComputeBlobLayout(l.dtype, l.group_size, l.hidden_size, l.intermediate_size)
+                     .length;
+             need > l.length) {
+    bad = absl::StrCat("a ", l.intermediate_size, "x", l.hidden_size, " ",
+                       kernels::DTypeName(l.dtype), " expert needs ", need, " bytes, length is ",
+                       l.length);
+  }
+  if (bad.empty()) return absl::OkStatus();
+  return absl::DataLossError(absl::StrCat(ExpertName(l.layer, l.expert), ": ", bad));
+}
+
+}  // namespace
+
+absl::StatusOr<BlobLocation> DecodeBlobLocation(const std::string& key, const std::string& value,
+                                                const std::string& path) {
   try {
     const json j = json::parse(value);
     BlobLocation l;
-    l.layer = j.at("layer").get<int32_t>();
-    l.expert = j.at("expert").get<int32_t>();
+    l.layer = Integer<int32_t>(j, "layer");
+    l.expert = Integer<int32_t>(j, "expert");
     l.file = j.at("file").get<std::string>();
-    l.offset = j.at("offset").get<uint64_t>();
-    l.length = j.at("length").get<uint64_t>();
-    l.checksum = j.at("checksum").get<uint64_t>();
-    l.version = j.at("version").get<uint32_t>();
-    const int dtype = j.at("dtype").get<int>();
+    l.offset = Integer<uint64_t>(j, "offset");
+    l.length = Integer<uint64_t>(j, "length");
+    l.checksum = Integer<uint64_t>(j, "checksum");
+    l.version = Integer<uint32_t>(j, "version");
+    const int dtype = Integer<int>(j, "dtype");
     if (dtype < 0 || dtype > static_cast<int>(kernels::DType::kQ2))
       throw std::runtime_error("dtype");
     l.dtype = static_cast<kernels::DType>(dtype);
-    l.group_size = j.at("group_size").get<int32_t>();
-    l.hidden_size = j.at("hidden_size").get<int64_t>();
-    l.intermediate_size = j.at("intermediate_size").get<int64_t>();
+    l.group_size = Integer<int32_t>(j, "group_size");
+    l.hidden_size = Integer<int64_t>(j, "hidden_size");
+    l.intermediate_size = Integer<int64_t>(j, "intermediate_size");
+    if (absl::Status st = CheckGeometry(l); !st.ok()) {
+      return absl::DataLossError(absl::StrCat("index ", path, ": entry '", key, "': ",
+                                              st.message()));
+    }
     return l;
   } catch (const std::exception& e) {
     return absl::DataLossError(
         absl::StrCat("index ", path, ": entry '", key, "' does not decode: ", e.what()));
   }
 }
-
-}  // namespace
 
 BlobIndex::BlobIndex(std::string path, std::unique_ptr<rocksdb::DB> db, IndexManifest manifest)
     : path_(std::move(path)), db_(std::move(db)), manifest_(std::move(manifest)) {}
@@ -102,7 +156,7 @@ absl::StatusOr<std::unique_ptr<BlobIndex>> BlobIndex::Open(const std::string& pa
     try {
       const json j = json::parse(value);
       manifest.model = j.at("model").get<std::string>();
-      manifest.format_version = j.at("format_version").get<uint32_t>();
+      manifest.format_version = Integer<uint32_t>(j, "format_version");
     } catch (const std::exception& e) {
       return absl::DataLossError(
           absl::StrCat("index ", path, ": manifest does not decode: ", e.what()));
@@ -129,7 +183,7 @@ absl::StatusOr<BlobLocation> BlobIndex::Get(int32_t layer, int32_t expert) const
         absl::StrCat(ExpertName(layer, expert), " is not in the index ", path_));
   }
   if (!s.ok()) return absl::InternalError(absl::StrCat("index ", path_, ": ", s.ToString()));
-  return Decode(key, value, path_);
+  return DecodeBlobLocation(key, value, path_);
 }
 
 absl::StatusOr<std::vector<BlobLocation>> BlobIndex::List() const {
@@ -138,7 +192,7 @@ absl::StatusOr<std::vector<BlobLocation>> BlobIndex::List() const {
   std::vector<BlobLocation> out;
   for (it->Seek(prefix); it->Valid() && it->key().starts_with(prefix); it->Next()) {
     MOE_ASSIGN_OR_RETURN(BlobLocation l,
-                         Decode(it->key().ToString(), it->value().ToString(), path_));
+                         DecodeBlobLocation(it->key().ToString(), it->value().ToString(), path_));
     out.push_back(std::move(l));
   }
   if (!it->status().ok()) {

@@ -22,6 +22,13 @@ struct IndexManifest {
   uint32_t format_version = kStoreFormatVersion;
 };
 
+// Decodes one index entry's value (key and index_path name it in errors); what Get and List
+// return for each entry. DataLoss when it does not decode, or describes a blob the readers
+// cannot use: dimensions outside [1, 2^20], offset or length not 4 KiB multiples, a group size
+// invalid for its quantized dtype, or matrices that do not fit `length`.
+absl::StatusOr<BlobLocation> DecodeBlobLocation(const std::string& key, const std::string& value,
+                                                const std::string& index_path);
+
 class BlobIndex {
  public:
   // Opens the index at `path` (a RocksDB directory).

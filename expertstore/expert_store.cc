@@ -14,9 +14,15 @@
 
 namespace moe::store {
 
-// A per-handle buffer for a load that found no slot; freed when its last handle goes.
+// A load that found no device slot: one of the pool's buffers, returned to it when the last
+// handle (and the load itself) is done with it.
 struct ExpertStore::Transient {
-  kernels::Buffer device;
+  TransientPool* pool = nullptr;
+  int index = -1;
+  void* data = nullptr;
+  ~Transient() {
+    if (index >= 0) pool->Release(index);
+  }
   std::promise<absl::Status> promise;
   std::shared_future<absl::Status> ready;
   int64_t start_us = 0;
@@ -55,6 +61,14 @@ absl::Status StoreOptions::Validate() const {
   if (io_threads <= 0) {
     return absl::InvalidArgumentError(absl::StrCat("store: io_threads ", io_threads, " <= 0"));
   }
+  if (transient_buffers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store: transient_buffers ", transient_buffers, " < 0"));
+  }
+  if (transient_wait_ms < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store: transient_wait_ms ", transient_wait_ms, " < 0"));
+  }
   return absl::OkStatus();
 }
 
@@ -83,9 +97,12 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
     store->host_allocator_ = MakeAlignedHostAllocator();
   }
   const BlobLocation* largest = &entries[0];
+  absl::flat_hash_map<int32_t, int> experts_per_layer;
+  int most_experts = 0;
   for (const BlobLocation& l : entries) {
     if (l.length > largest->length) largest = &l;
     store->num_layers_ = std::max(store->num_layers_, l.layer + 1);
+    most_experts = std::max(most_experts, ++experts_per_layer[l.layer]);
   }
   store->slot_bytes_ = largest->length;
   MOE_RETURN_IF_ERROR(
@@ -108,6 +125,9 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
     store->host_ = std::make_unique<SlotTier>("host", std::move(memory), slot, n, std::move(policy),
                                               &store->stats_.host);
   }
+  store->transient_ = std::make_unique<TransientPool>(
+      backend, slot,
+      options.transient_buffers > 0 ? options.transient_buffers : most_experts);
   store->copy_thread_ = std::make_unique<base::ThreadPool>(1);
   store->reader_ = std::make_unique<BlobReader>(
       options.store_dir, BlobReaderOptions{.io_threads = options.io_threads,
@@ -134,8 +154,13 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
   }
   std::vector<ExpertHandle> handles;
   handles.reserve(experts.size());
-  std::lock_guard<std::mutex> lock(mu_);
-  for (const int32_t e : experts) handles.push_back(AcquireLocked(layer, e, true));
+  std::unique_lock<std::mutex> lock(mu_);
+  std::vector<size_t> need;  // misses that found no device slot
+  for (const int32_t e : experts) {
+    handles.push_back(AcquireLocked(layer, e, true));
+    if (!handles.back().ready.valid()) need.push_back(handles.size() - 1);
+  }
+  if (!need.empty()) AcquireTransients(lock, need, &handles);
   return handles;
 }
 
@@ -150,6 +175,53 @@ void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts,
                                                       : stats_.host_reads_loaded);
   }
   for (const int32_t e : experts) AcquireLocked(layer, e, false);
+}
+
+void ExpertStore::AcquireTransients(std::unique_lock<std::mutex>& lock,
+                                    const std::vector<size_t>& need,
+                                    std::vector<ExpertHandle>* handles) {
+  const int n = std::min<int>(static_cast<int>(need.size()), transient_->capacity());
+  absl::StatusOr<std::vector<int>> buffers;
+  absl::StatusOr<std::optional<std::vector<int>>> now = transient_->TryTake(n);
+  if (!now.ok()) {
+    buffers = now.status();
+  } else if (now->has_value()) {
+    buffers = std::move(**now);
+  } else {
+    ++stats_.transient_waits;
+    // Unlocked: the loads of the handles that will release buffers complete under mu_.
+    lock.unlock();
+    buffers = transient_->Take(n, absl::Milliseconds(options_.transient_wait_ms));
+    lock.lock();
+  }
+  for (size_t k = 0; k < need.size(); ++k) {
+    ExpertHandle& h = (*handles)[need[k]];
+    absl::Status error = buffers.status();
+    if (buffers.ok() && static_cast<int>(k) >= n) {
+      error = absl::ResourceExhaustedError(absl::StrCat(
+          "one Acquire needs ", need.size(), " transient buffers, more than the pool's ",
+          transient_->capacity(), " (StoreOptions::transient_buffers)"));
+    }
+    if (!error.ok()) {
+      if (absl::IsResourceExhausted(error)) ++stats_.transient_exhausted;
+      h.ready = Failed(base::Annotate(error, ExpertName(h.layer, h.expert)));
+      continue;
+    }
+    const BlobLocation& loc = locations_.at(ExpertId{h.layer, h.expert});
+    ++stats_.transient_loads;
+    auto t = std::make_shared<Transient>();
+    t->pool = transient_.get();
+    t->index = (*buffers)[k];
+    t->data = transient_->data(t->index);
+    t->ready = t->promise.get_future().share();
+    t->start_us = base::NowMicros();
+    FillFromBelow(loc, Target{-1, t});
+    auto* weights = new kernels::ExpertWeights(BlobWeights(loc, t->data));
+    h.ready = t->ready;
+    h.weights = std::shared_ptr<const kernels::ExpertWeights>(
+        weights, [t](const kernels::ExpertWeights* w) { delete w; });
+  }
+  stats_.transient_buffers = static_cast<uint64_t>(transient_->allocated());
 }
 
 ExpertHandle ExpertStore::AcquireLocked(int32_t layer, int32_t e, bool hold) {
@@ -184,22 +256,9 @@ ExpertHandle ExpertStore::AcquireLocked(int32_t layer, int32_t e, bool hold) {
     }
   }
   if (!hold) return {};
-  // No device tier, or every device slot is pinned: a buffer of this handle's own.
-  ++stats_.transient_loads;
-  auto t = std::make_shared<Transient>();
-  t->ready = t->promise.get_future().share();
-  t->start_us = base::NowMicros();
-  absl::StatusOr<kernels::Buffer> buffer = backend_->Allocate(loc.length);
-  if (!buffer.ok()) {
-    return ExpertHandle{layer, e, Failed(base::Annotate(buffer.status(), ExpertName(layer, e))),
-                        nullptr};
-  }
-  t->device = std::move(*buffer);
-  FillFromBelow(loc, Target{-1, t});
-  auto* weights = new kernels::ExpertWeights(BlobWeights(loc, t->device.data()));
-  return ExpertHandle{layer, e, t->ready,
-                      std::shared_ptr<const kernels::ExpertWeights>(
-                          weights, [t](const kernels::ExpertWeights* w) { delete w; })};
+  // No device tier, or every device slot is pinned: a pool buffer held by the handle, taken
+  // with the call's other such misses (AcquireTransients).
+  return ExpertHandle{layer, e, {}, nullptr};
 }
 
 void ExpertStore::Prefetch(int32_t layer, absl::Span<const int32_t> experts) {
@@ -441,7 +500,7 @@ void ExpertStore::DrainCopies() {
 
 void* ExpertStore::TargetData(const Target& target) const {
   return target.device_slot >= 0 ? device_->data(target.device_slot)
-                                 : target.transient->device.data();
+                                 : target.transient->data;
 }
 
 void ExpertStore::FinishTarget(const Target& target, const absl::Status& status) {

@@ -2,8 +2,9 @@
 //
 //   Acquire(layer, experts)
 //     device tier hit ............ handle ready at once (slot pinned by the handle)
-//     device miss ................ claim a device slot (or, when all are pinned, a transient
-//                                  backend buffer owned by the handle), then fill it from
+//     device miss ................ claim a device slot (or, when all are pinned, one of a
+//                                  fixed pool of transient backend buffers, held by the
+//                                  handle; waits when every one is held), then fill it from
 //       host tier hit ............ copy host -> device on the copy thread (batched)
 //       host miss ................ claim a host slot, read the blob into it on an I/O thread
 //                                  (O_DIRECT, checksum verified), then copy it up
@@ -33,6 +34,7 @@
 #include "expertstore/policy.h"
 #include "expertstore/slot_tier.h"
 #include "expertstore/stats.h"
+#include "expertstore/transient_pool.h"
 
 namespace moe::store {
 
@@ -45,6 +47,13 @@ struct StoreOptions {
   int io_threads = 8;                // blob reads in flight. Default: 8.
   bool verify_checksums = true;      // Default: true.
   bool use_o_direct = true;          // Default: true.
+  // Buffers for loads that find no device slot (TransientPool), allocated on first use and kept.
+  // 0: as many as the largest layer has experts, so that one Acquire per layer (the engine's)
+  // never waits on itself. Default: 0.
+  int transient_buffers = 0;
+  // How long an Acquire waits for a transient buffer when every one is held before that
+  // expert's handle fails with ResourceExhausted. Default: 30000.
+  int64_t transient_wait_ms = 30000;
 
   // InvalidArgument naming the field.
   absl::Status Validate() const;
@@ -65,7 +74,12 @@ class ExpertStore final : public ExpertProvider {
   ~ExpertStore() override;
 
   // ExpertProvider. InvalidArgument for a layer outside [0, num_layers()); an expert the index
-  // does not hold gets a handle whose future is NotFound.
+  // does not hold gets a handle whose future is NotFound. The misses that find no device slot
+  // take their transient buffers together; when fewer are free, Acquire waits (store unlocked)
+  // up to transient_wait_ms for them (StoreStats::transient_waits), then their handles' futures
+  // are ResourceExhausted (transient_exhausted), as are those of a call that needs more buffers
+  // than the pool has. A caller that holds transient handles while it calls Acquire again may
+  // wait on itself until then.
   absl::StatusOr<std::vector<ExpertHandle>> Acquire(int32_t layer,
                                                     absl::Span<const int32_t> experts) override;
 
@@ -140,7 +154,13 @@ class ExpertStore final : public ExpertProvider {
 
   // All of these run with mu_ held.
   // Acquire for one expert; with hold false (Use) no pin, no handle and no transient buffer.
+  // With hold, a miss that finds no device slot returns an empty handle (ready not valid):
+  // AcquireTransients fills it.
   ExpertHandle AcquireLocked(int32_t layer, int32_t expert, bool hold);
+  // Loads handles[i] for each i in `need` into transient buffers, taken together (waiting with
+  // `lock` released if need be, see Acquire), or fails them.
+  void AcquireTransients(std::unique_lock<std::mutex>& lock, const std::vector<size_t>& need,
+                         std::vector<ExpertHandle>* handles);
   uint64_t ReadableVersionLocked(int32_t layer) const;
   void FillFromBelow(const BlobLocation& loc, const Target& target);
   void ReadIntoHostSlot(const BlobLocation& loc, int host_slot);
@@ -168,6 +188,7 @@ class ExpertStore final : public ExpertProvider {
   StoreStats stats_;                   // guarded by mu_
   std::unique_ptr<SlotTier> device_;   // null when its budget is 0; guarded by mu_
   std::unique_ptr<SlotTier> host_;     // likewise
+  std::unique_ptr<TransientPool> transient_;  // its own lock (a leaf)
   std::vector<CopyJob> copy_queue_;    // guarded by mu_
   bool copy_drain_scheduled_ = false;  // guarded by mu_
 

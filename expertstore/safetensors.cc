@@ -117,7 +117,12 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
         const int64_t v = d.get<int64_t>();
         if (v < 0) return absl::InvalidArgumentError(absl::StrCat(where, ": negative dimension"));
         info.shape.push_back(v);
-        numel *= static_cast<uint64_t>(v);
+        // A wrapped product could match data_offsets (fuzz_safetensors: [2^32, 2^32] in 0 bytes).
+        if (__builtin_mul_overflow(numel, static_cast<uint64_t>(v), &numel) ||
+            numel / 4 > data_size) {  // 4: the most elements a byte holds (Q2)
+          return absl::DataLossError(absl::StrCat(where, ": dimension ", v, " makes more elements",
+                                                  " than the ", data_size, " data bytes hold"));
+        }
       }
       uint64_t want_bytes = numel * kernels::DTypeSize(info.dtype);
       if (quantized) {

@@ -40,7 +40,10 @@ struct StoreStats {
   uint64_t blob_bytes_read = 0;
   uint64_t blob_errors = 0;          // reads that failed (missing, truncated, checksum, I/O)
   uint64_t joined = 0;               // requests that found their expert's load already in flight
-  uint64_t transient_loads = 0;      // no slot free (all pinned) or no tiers: a per-handle buffer
+  uint64_t transient_loads = 0;      // no slot free (all pinned) or no tiers: a pool buffer
+  uint64_t transient_buffers = 0;    // transient pool buffers allocated so far (never freed)
+  uint64_t transient_waits = 0;      // Acquires that waited for a transient buffer
+  uint64_t transient_exhausted = 0;  // handles failed: no transient buffer freed in time
   uint64_t prefetch_issued = 0;      // loads started by Prefetch
   uint64_t prefetch_used = 0;        // of those, later acquired before being evicted
   uint64_t prefetch_dropped = 0;     // Prefetch calls that found no evictable slot

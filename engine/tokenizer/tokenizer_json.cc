@@ -96,10 +96,13 @@ absl::Status ParseModel(const json& root, TokenizerSpec* spec) {
   }
   spec->ignore_merges = m.value("ignore_merges", false);
   for (const auto& [token, id] : m["vocab"].items()) {
-    int64_t value = id.get<int64_t>();
+    // Not get<int64_t>(): it converts an out-of-range float with undefined behaviour
+    // (fuzz_tokenizer_json). An id is an integer JSON number.
+    const int64_t value = id.is_number_integer() ? id.get<int64_t>() : -1;
     if (value < 0 || value > kMaxTokenId) {
       return absl::InvalidArgumentError(
-          absl::StrCat("tokenizer.json: vocab id ", value, " of '", token, "' out of range"));
+          absl::StrCat("tokenizer.json: vocab id ", id.dump(), " of '", token,
+                       "' is not an integer in range"));
     }
     spec->vocab.emplace_back(token, static_cast<int32_t>(value));
   }
@@ -124,9 +127,11 @@ absl::Status ParseAddedTokens(const json& root, TokenizerSpec* spec) {
   if (IsNull(root, "added_tokens")) return absl::OkStatus();
   for (const json& t : root["added_tokens"]) {
     AddedToken token;
-    int64_t id = t.at("id").get<int64_t>();
+    const json& id_value = t.at("id");
+    const int64_t id = id_value.is_number_integer() ? id_value.get<int64_t>() : -1;
     if (id < 0 || id > kMaxTokenId) {
-      return absl::InvalidArgumentError(absl::StrCat("tokenizer.json: added token id ", id));
+      return absl::InvalidArgumentError(
+          absl::StrCat("tokenizer.json: added token id ", id_value.dump(), " out of range"));
     }
     token.id = static_cast<int32_t>(id);
     token.content = t.at("content").get<std::string>();

@@ -61,7 +61,132 @@ TEST(ModelConfigTest, MixtralNamesItsFieldsDifferently) {
   EXPECT_EQ(c->head_dim, 4);
   EXPECT_TRUE(c->norm_topk_prob);
   EXPECT_EQ(c->sliding_window, 4096);
+  EXPECT_EQ(c->SlidingWindow(0), 4096);  // every layer
+  EXPECT_EQ(c->SlidingWindow(1), 4096);
   EXPECT_EQ(c->arch.moe_block, "block_sparse_moe");
+}
+
+nlohmann::json Qwen2() {
+  return {{"model_type", "qwen2_moe"},  {"vocab_size", 100},          {"hidden_size", 16},
+          {"num_hidden_layers", 4},     {"num_attention_heads", 4},    {"num_key_value_heads", 2},
+          {"intermediate_size", 32},    {"moe_intermediate_size", 8},  {"num_experts", 8},
+          {"num_experts_per_tok", 2},   {"shared_expert_intermediate_size", 16},
+          {"max_position_embeddings", 64}, {"sliding_window", 32}};
+}
+
+std::vector<int64_t> Windows(const ModelConfig& c) {
+  std::vector<int64_t> w;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) w.push_back(c.SlidingWindow(l));
+  return w;
+}
+
+// Issue 29: a hidden_act other than SiLU loaded and silently computed SiLU.
+TEST(ModelConfigTest, RefusesAnActivationItDoesNotCompute) {
+  nlohmann::json j = Qwen3();
+  for (const char* ok : {"silu", "swish"}) {
+    j["hidden_act"] = ok;
+    EXPECT_TRUE(ParseModelConfig(j.dump(), "").ok()) << ok;
+  }
+  j.erase("hidden_act");
+  EXPECT_TRUE(ParseModelConfig(j.dump(), "").ok());  // transformers' default is silu
+  j = {{"model_type", "mixtral"},   {"vocab_size", 100},        {"hidden_size", 16},
+       {"num_hidden_layers", 2},    {"num_attention_heads", 4}, {"intermediate_size", 24},
+       {"num_local_experts", 8},    {"num_experts_per_tok", 2}, {"max_position_embeddings", 64},
+       {"hidden_act", "gelu"}};
+  const absl::Status st = ParseModelConfig(j.dump(), "").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("hidden_act"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("'gelu'"), std::string::npos) << st;
+}
+
+// Issue 29: qwen2_moe's use_sliding_window windowed every layer, whatever layer_types and
+// max_window_layers said. transformers: the window applies only with use_sliding_window, and only
+// on layers that layer_types names "sliding_attention" (else those >= max_window_layers).
+TEST(ModelConfigTest, Qwen2MoeWindowsOnlyTheLayersLayerTypesNames) {
+  nlohmann::json j = Qwen2();
+  auto c = ParseModelConfig(j.dump(), "");  // use_sliding_window defaults to false
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 0, 0}));
+
+  j["use_sliding_window"] = true;
+  j["layer_types"] = {"full_attention", "sliding_attention", "full_attention", "sliding_attention"};
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 32, 0, 32}));
+
+  j.erase("layer_types");
+  j["max_window_layers"] = 2;
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 32, 32}));
+  j.erase("max_window_layers");  // transformers' default 28: no layer of 4 is windowed
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 0, 0}));
+
+  j["use_sliding_window"] = false;  // layer_types cannot window without use_sliding_window
+  j["layer_types"] = {"sliding_attention", "sliding_attention", "sliding_attention",
+                      "sliding_attention"};
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 0, 0}));
+
+  j["use_sliding_window"] = true;
+  j["layer_types"] = {"full_attention", "sliding_attention"};
+  absl::Status st = ParseModelConfig(j.dump(), "").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("layer_types"), std::string::npos) << st;
+  j["layer_types"] = {"full_attention", "chunked_attention", "full_attention", "full_attention"};
+  st = ParseModelConfig(j.dump(), "").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented);
+  EXPECT_NE(st.message().find("chunked_attention"), std::string::npos) << st;
+  j.erase("layer_types");
+  j.erase("sliding_window");
+  st = ParseModelConfig(j.dump(), "").status();
+  EXPECT_NE(st.message().find("sliding_window"), std::string::npos) << st;
+}
+
+// qwen3_moe gates the window with use_sliding_window, then windows every layer; olmoe has none.
+TEST(ModelConfigTest, SlidingWindowRulesOfTheOtherFamilies) {
+  nlohmann::json j = Qwen3();
+  j["sliding_window"] = 16;
+  auto c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 0, 0}));
+  j["use_sliding_window"] = true;
+  j["max_window_layers"] = 2;  // not read by transformers' qwen3_moe
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{16, 16, 16, 16}));
+  j["model_type"] = "olmoe";
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(Windows(*c), (std::vector<int64_t>{0, 0, 0, 0}));
+}
+
+// Found by fuzz_model_config (inputs in tests/fuzz/corpus/fuzz_model_config/): a float where an
+// integer belongs went through nlohmann's float->int conversion (undefined behaviour when out of
+// range), and 10^15 layers hung the parser.
+TEST(ModelConfigTest, IntegersMustBeIntegersInRangeAndLayersBounded) {
+  for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
+           {"num_experts", 1e300}, {"num_experts", 1.5}, {"vocab_size", -1e30},
+           {"bos_token_id", int64_t{1} << 40}, {"mlp_only_layers", {1, 2.5}},
+           {"eos_token_id", {1, 1e20}}}) {
+    auto j = Qwen3();
+    j[key] = value;
+    const absl::Status st = ParseModelConfig(j.dump(), "").status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << key << " " << value;
+    EXPECT_NE(st.message().find(key), std::string::npos) << st;
+  }
+  auto j = Qwen3();
+  j["num_experts"] = 8.0;  // an integral float is the integer
+  auto c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->num_experts, 8);
+  j["num_hidden_layers"] = int64_t{1000000000000000};
+  const absl::Status st = ParseModelConfig(j.dump(), "").status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("num_hidden_layers"), std::string::npos) << st;
 }
 
 TEST(ModelConfigTest, ClearErrors) {

@@ -3,6 +3,8 @@
 #include "expertstore/expert_store.h"
 
 #include <chrono>
+#include <set>
+#include <thread>
 
 #include "gtest/gtest.h"
 #include "tests/unit/expertstore/store_test_util.h"
@@ -188,6 +190,99 @@ TEST(ExpertStoreTest, HandlesPinTheirSlots) {
   ASSERT_TRUE(after.ok());
   ASSERT_TRUE((*after)[0].ready.get().ok());
   EXPECT_EQ((*store)->Stats().device.evictions, 1u);
+}
+
+// Issue 29: a miss with no free device slot allocated a backend buffer per handle under the
+// store's lock (cudaMalloc per miss on CUDA). Now: a bounded pool, allocated once and recycled.
+TEST(ExpertStoreTest, TransientBuffersComeFromABoundedPoolAllocatedOnce) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  StoreOptions o = Options(t.store_dir, 0, 0);  // every load is transient
+  o.transient_buffers = 2;
+  auto store = ExpertStore::Open(o, backend.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::set<const void*> buffers;
+  for (int pass = 0; pass < 3; ++pass) {
+    for (int32_t l = 0; l < t.model.layers; ++l) {
+      auto handles = (*store)->Acquire(l, std::vector<int32_t>{1, 3});
+      ASSERT_TRUE(handles.ok()) << handles.status();
+      for (const ExpertHandle& h : *handles) {
+        ASSERT_TRUE(h.ready.get().ok()) << h.ready.get();
+        EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *h.weights, l, h.expert));
+        buffers.insert(h.weights->gate.data);
+      }
+    }
+  }
+  EXPECT_EQ(buffers.size(), 2u);  // 18 loads through the same two buffers
+  const StoreStats s = (*store)->Stats();
+  EXPECT_EQ(s.transient_loads, 18u);
+  EXPECT_EQ(s.transient_buffers, 2u);
+  // An Acquire may wait a moment: a load lets go of its buffer just after its handle is ready.
+  EXPECT_EQ(s.transient_exhausted, 0u);
+}
+
+TEST(ExpertStoreTest, ATransientMissWaitsForABufferThenFailsClearly) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  StoreOptions o = Options(t.store_dir, 0, 0);
+  o.transient_buffers = 2;
+  o.transient_wait_ms = 100;
+  auto store = ExpertStore::Open(o, backend.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+
+  // More than the pool in one call: it would wait on itself, so it fails at once.
+  auto three = (*store)->Acquire(0, std::vector<int32_t>{0, 1, 2});
+  ASSERT_TRUE(three.ok());
+  EXPECT_TRUE((*three)[0].ready.get().ok());
+  EXPECT_TRUE((*three)[1].ready.get().ok());
+  absl::Status st = (*three)[2].ready.get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kResourceExhausted) << st;
+  EXPECT_NE(st.message().find("transient_buffers"), std::string::npos) << st;
+  EXPECT_NE(st.message().find("layer 0, expert 2"), std::string::npos) << st;
+  EXPECT_EQ((*store)->Stats().transient_waits, 0u);
+
+  // Both buffers held by this thread; another one's Acquire waits, then fails after the wait.
+  std::thread blocked([&] {
+    auto h = (*store)->Acquire(1, std::vector<int32_t>{0});
+    ASSERT_TRUE(h.ok());
+    const absl::Status s = (*h)[0].ready.get();
+    EXPECT_EQ(s.code(), absl::StatusCode::kResourceExhausted) << s;
+    EXPECT_NE(s.message().find("all 2 transient buffers"), std::string::npos) << s;
+  });
+  blocked.join();
+  EXPECT_EQ((*store)->Stats().transient_waits, 1u);
+  EXPECT_EQ((*store)->Stats().transient_exhausted, 2u);
+}
+
+TEST(ExpertStoreTest, ATransientMissIsServedWhenAHolderLetsGo) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  StoreOptions o = Options(t.store_dir, 0, 0);
+  o.transient_buffers = 2;
+  o.transient_wait_ms = 600000;
+  auto store = ExpertStore::Open(o, backend.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto held = (*store)->Acquire(0, std::vector<int32_t>{0, 1});
+  ASSERT_TRUE(held.ok());
+  for (const auto& h : *held) ASSERT_TRUE(h.ready.get().ok());
+  std::thread waiter([&] {
+    auto h = (*store)->Acquire(2, std::vector<int32_t>{3});
+    ASSERT_TRUE(h.ok());
+    ASSERT_TRUE((*h)[0].ready.get().ok()) << (*h)[0].ready.get();
+    EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *(*h)[0].weights, 2, 3));
+  });
+  while ((*store)->Stats().transient_waits == 0) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  held->pop_back();  // frees one buffer: the waiter takes it
+  waiter.join();
+  const StoreStats s = (*store)->Stats();
+  EXPECT_EQ(s.transient_waits, 1u);
+  EXPECT_EQ(s.transient_exhausted, 0u);
+  EXPECT_EQ(s.transient_buffers, 2u);
 }
 
 TEST(ExpertStoreTest, PinDeviceResidentPinsOnlyReadyDeviceExpertsAndCountsNothing) {

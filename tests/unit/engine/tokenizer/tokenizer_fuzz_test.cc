@@ -91,5 +91,22 @@ TEST(TokenizerFuzzTest, ByteMutationsNeverCrash) {
   }
 }
 
+// Found by fuzz_tokenizer_json (tests/fuzz/corpus/fuzz_tokenizer_json/crash-*): a float id went
+// through nlohmann's float->int conversion, undefined when out of range. Ids must be integers.
+TEST(TokenizerFuzzTest, NonIntegerIdsAreInvalidArgument) {
+  for (const json& bad : {json(2.9e115), json(3.5), json("7")}) {
+    json j = TinyTokenizerJson({{"h", "e"}}, {{"<x>", false}});
+    j["model"]["vocab"]["he"] = bad;
+    auto st = Tokenizer::FromJson(j.dump()).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("vocab id"), std::string::npos) << st;
+    j = TinyTokenizerJson({{"h", "e"}}, {{"<x>", false}});
+    j["added_tokens"][0]["id"] = bad;
+    st = Tokenizer::FromJson(j.dump()).status();
+    EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(st.message().find("added token id"), std::string::npos) << st;
+  }
+}
+
 }  // namespace
 }  // namespace moe::engine
