@@ -156,20 +156,11 @@ absl::Status MoeLayer::Run(int64_t layer, int64_t T, const float* h, float* out,
   }
 
   const Path path = ChoosePath(layer);
-  backend_.MatMul(router_logits_.f32(), h, T, L.router.view, nullptr);
-  kernels::RouteArgs route;
-  route.logits = router_logits_.f32();
-  route.num_tokens = T;
-  route.num_experts = static_cast<int>(c.num_experts);
-  route.top_k = static_cast<int>(K);
-  route.renormalize = c.norm_topk_prob;
-  route.layer = static_cast<int32_t>(layer);
-  route.weights = RouteWeights();
   // kReadable's ids go where the step's end copies them from.
-  route.expert_ids = path == Path::kReadable
-                         ? static_cast<int32_t*>(step_ids_.data()) + layer * step_ids_stride_
-                         : RouteIds(T);
-  backend_.Route(route);
+  const kernels::RouteArgs route = RouteTokens(
+      layer, T, h,
+      path == Path::kReadable ? static_cast<int32_t*>(step_ids_.data()) + layer * step_ids_stride_
+                              : RouteIds(T));
   if (path == Path::kHostRouted) return RunHostRouted(layer, route, T, h, out, t0, times);
 
   times.routing_us += Clock() - t0;
@@ -189,6 +180,21 @@ absl::Status MoeLayer::Run(int64_t layer, int64_t T, const float* h, float* out,
   }
   times.expert_compute_us += Clock() - c0;
   return absl::OkStatus();
+}
+
+kernels::RouteArgs MoeLayer::RouteTokens(int64_t layer, int64_t T, const float* h, int32_t* ids) {
+  backend_.MatMul(router_logits_.f32(), h, T, weights_.layers[layer].router.view, nullptr);
+  kernels::RouteArgs route;  // [T, E] -> top-k weights and ids [T, K]
+  route.logits = router_logits_.f32();
+  route.num_tokens = T;
+  route.num_experts = static_cast<int>(config_.num_experts);
+  route.top_k = static_cast<int>(config_.num_experts_per_tok);
+  route.renormalize = config_.norm_topk_prob;
+  route.layer = static_cast<int32_t>(layer);
+  route.weights = RouteWeights();
+  route.expert_ids = ids;
+  backend_.Route(route);
+  return route;
 }
 
 void MoeLayer::RunRouted(const kernels::ResidentExperts& table, const kernels::RouteArgs& route,
@@ -406,17 +412,7 @@ void MoeLayer::PrefetchNextLayer(int64_t layer, int64_t T, const float* h, Phase
   if (next >= config_.num_hidden_layers || !weights_.layers[next].sparse) return;
   const int64_t t0 = Clock();
   const int64_t K = config_.num_experts_per_tok;
-  backend_.MatMul(router_logits_.f32(), h, T, weights_.layers[next].router.view, nullptr);
-  kernels::RouteArgs route;  // [T, E] -> top-k ids [T, K]
-  route.logits = router_logits_.f32();
-  route.num_tokens = T;
-  route.num_experts = static_cast<int>(config_.num_experts);
-  route.top_k = static_cast<int>(K);
-  route.renormalize = config_.norm_topk_prob;
-  route.layer = static_cast<int32_t>(next);
-  route.weights = RouteWeights();
-  route.expert_ids = RouteIds(T);
-  backend_.Route(route);
+  const kernels::RouteArgs route = RouteTokens(next, T, h, RouteIds(T));
   std::vector<int32_t> ids(T * K);
   backend_.CopyToHost(ids.data(), route.expert_ids, ids.size() * sizeof(int32_t));
   std::sort(ids.begin(), ids.end());

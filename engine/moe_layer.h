@@ -99,6 +99,8 @@ class MoeLayer {
   // kReadable: makes the layer's device table of where its experts are, when the store's
   // residency changed; false when some expert is in neither VRAM nor a readable host tier.
   bool PrepareReadable(int64_t layer);
+  // `layer`'s router on h [T, H], then Route: weights into route_, ids into `ids` ([T, K]).
+  kernels::RouteArgs RouteTokens(int64_t layer, int64_t T, const float* h, int32_t* ids);
   // Backend::ExpertFfnRouted over `table` with Route's output.
   void RunRouted(const kernels::ResidentExperts& table, const kernels::RouteArgs& route, int64_t T,
                  const float* h, float* out);
