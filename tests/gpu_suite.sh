@@ -8,18 +8,7 @@
 set -uo pipefail
 out=${1:?usage: tests/gpu_suite.sh OUT_DIR}
 mkdir -p "$out"
-bin=$PWD/bundle/bin
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } |
-  tee "$out/gpu.txt"
-status=()
-run() {  # run NAME TIMEOUT CMD...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
-  local rc=$?
-  status+=("$(printf '%-16s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
-}
+source tests/gpu_steps.sh  # bin, run, status
 run parity 240 "$bin/parity_test" --gtest_brief=1
 run golden_gpu 120 "$bin/golden_gpu_test"
 run golden_store_gpu 120 "$bin/golden_store_gpu_test"

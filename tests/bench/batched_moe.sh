@@ -16,18 +16,7 @@ set -uo pipefail
 out=${1:?usage: tests/bench/batched_moe.sh OUT_DIR [quick]}
 quick=${2:-}
 mkdir -p "$out"
-bin=$PWD/bundle/bin
-{ date -u; nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader; } |
-  tee "$out/gpu.txt"
-status=()
-run() {  # run NAME TIMEOUT CMD...
-  local name=$1 limit=$2
-  shift 2
-  local t0=$SECONDS
-  timeout "$limit" "$@" >"$out/$name.txt" 2>&1
-  local rc=$?
-  status+=("$(printf '%-16s rc=%-3d %4ds' "$name" "$rc" $((SECONDS - t0)))")
-}
+source tests/gpu_steps.sh  # bin, run, status
 bench() {  # bench NAME TIMEOUT [moe-bench flags...]
   local name=$1 limit=$2
   shift 2
