@@ -119,7 +119,8 @@ template <typename Fmt>
 __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParams p,
                                                              const GemmGroup single) {
   WaitForPriorKernel();
-  const bool split = p.k_splits > 1 && !p.has_groups();  // blockIdx.z: the K slice
+  // blockIdx.z: the K slice (one matrix only: no groups table, no routed groups)
+  const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
   const GemmGroup grp = GroupOf(p, single, split ? 0 : blockIdx.z);
   const int64_t k_slice = split ? CeilDiv(CeilDiv(p.K, kTileK), p.k_splits) * kTileK : p.K;
   const int64_t k_begin = split ? blockIdx.z * k_slice : 0;
