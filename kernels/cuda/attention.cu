@@ -2531,10 +2531,7 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
                     kv.num_kv_heads, kv.head_dim, nullptr};
   const auto* dev_where = static_cast<const int2*>(
       StageHostArgs(kv_slots_, where.data(), where.size() * sizeof(int2)));
-  if (kv_verdict_ == nullptr) {
-    MOE_CUDA_CHECK(cudaMalloc(&kv_verdict_, sizeof(unsigned long long)));
-    graphs_->Memset(kv_verdict_, 0xff, sizeof(unsigned long long));
-  }
+  unsigned long long* kv_verdict = StepVerdicts();
   kv_verdict_pending_ = true;
   kv_verdict_format_ = kv.codecs[0]->format();
   const dim3 grid(static_cast<unsigned>(where.size()), static_cast<unsigned>(kv.num_kv_heads), 2);
@@ -2543,15 +2540,15 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
   const float* v = batch[0].v;
   if (path == cuda::PagedPath::kFp8) {
     cuda::Launch(cuda::PagedKvWriteKernel<true>, grid, threads, 0, stream_,
-                 g, k, v, dev_where, kv_verdict_);
+                 g, k, v, dev_where, kv_verdict);
   } else if (path == cuda::PagedPath::kBf16) {
     cuda::Launch(cuda::PagedKvWriteKernel<false>, grid, threads, 0, stream_,
-                 g, k, v, dev_where, kv_verdict_);
+                 g, k, v, dev_where, kv_verdict);
   } else if (path == cuda::PagedPath::kTqSplit) {
     const cuda::TqSplitTables tb = cuda::TqSplitDeviceTables(kv, TqTablesOnDevice(kv));
     auto launch = [&](auto kernel) {
       cuda::Launch(kernel, grid, cuda::kSplitD, cuda::kSplitMatrixBytes, stream_, g, tb, k, v,
-                   dev_where, kv_verdict_);
+                   dev_where, kv_verdict);
     };
     if (kv.codecs[0]->format() == KvFormat::kTq3p5) {
       launch(cuda::TqSplitWriteKernel<4, 3>);
@@ -2564,7 +2561,7 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
     auto with_bits = [&](auto d) {
       constexpr int D = decltype(d)::value;
       auto launch = [&](auto kernel) {
-        cuda::Launch(kernel, grid, cuda::kWarp, 0, stream_, g, tb, k, v, dev_where, kv_verdict_);
+        cuda::Launch(kernel, grid, cuda::kWarp, 0, stream_, g, tb, k, v, dev_where, kv_verdict);
       };
       switch (tb.bits) {
         case 1: launch(cuda::TqWriteKernel<D, 1>); break;
@@ -2611,10 +2608,13 @@ const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {
 absl::Status CudaBackend::TakeKvWriteError() {
   if (!kv_verdict_pending_) return absl::OkStatus();
   kv_verdict_pending_ = false;
-  unsigned long long code = 0;
-  CopyToHost(&code, kv_verdict_, sizeof(code));
+  // One copy a step: the routing verdict beside it comes along (TakeRoutingError reads it then).
+  unsigned long long codes[2] = {~0ull, ~0ull};
+  CopyToHost(codes, verdicts_, sizeof(codes));
+  KeepRoutingVerdict(codes[1]);
+  const unsigned long long code = codes[0];
   if (code == ~0ull) return absl::OkStatus();
-  graphs_->Memset(kv_verdict_, 0xff, sizeof(unsigned long long));
+  graphs_->Memset(verdicts_, 0xff, sizeof(unsigned long long));
   return absl::InvalidArgumentError(absl::StrCat(
       "KV write at position ", code >> 16, ", kv-head ", (code >> 1) & 0x7fff,
       code % 2 == 0 ? " key: " : " value: ", "KV ", KvFormatName(kv_verdict_format_),

@@ -76,8 +76,7 @@ CudaBackend::~CudaBackend() {
                      &kv_slots_, &kv_tables_, &kv_seqs_}) {
     cudaFree(s->data);
   }
-  cudaFree(kv_verdict_);
-  cudaFree(routing_verdict_);
+  cudaFree(verdicts_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   graphs_.reset();
   cudaStreamDestroy(stream_);
@@ -233,23 +232,34 @@ void CudaBackend::WaitForCopy(uint64_t number) {
   }
 }
 
-unsigned int* CudaBackend::RoutingVerdict() {
-  if (routing_verdict_ == nullptr) {
-    MOE_CUDA_CHECK(cudaMalloc(&routing_verdict_, sizeof(unsigned int)));
-    graphs_->Memset(routing_verdict_, 0xff, sizeof(unsigned int));
+unsigned long long* CudaBackend::StepVerdicts() {
+  if (verdicts_ == nullptr) {
+    MOE_CUDA_CHECK(cudaMalloc(&verdicts_, 2 * sizeof(unsigned long long)));
+    graphs_->Memset(verdicts_, 0xff, 2 * sizeof(unsigned long long));
   }
+  return verdicts_;
+}
+
+unsigned int* CudaBackend::RoutingVerdict() {
   routing_verdict_pending_ = true;
-  return routing_verdict_;
+  return reinterpret_cast<unsigned int*>(StepVerdicts() + 1);  // the low half (little-endian)
+}
+
+void CudaBackend::KeepRoutingVerdict(unsigned long long slot) {
+  if (!routing_verdict_pending_) return;
+  routing_verdict_pending_ = false;
+  const auto code = static_cast<uint32_t>(slot);
+  routing_fault_ = std::min(routing_fault_, code);
+  if (code != kNoRoutingFault) graphs_->Memset(verdicts_ + 1, 0xff, sizeof(unsigned long long));
 }
 
 absl::Status CudaBackend::TakeRoutingError() {
-  uint32_t code = kNoRoutingFault;
-  if (routing_verdict_pending_) {
-    routing_verdict_pending_ = false;
-    CopyToHost(&code, routing_verdict_, sizeof(code));
-    if (code != kNoRoutingFault) graphs_->Memset(routing_verdict_, 0xff, sizeof(unsigned int));
+  if (routing_verdict_pending_) {  // not fetched by TakeKvWriteError: a step without paged KV
+    unsigned long long slot = ~0ull;
+    CopyToHost(&slot, verdicts_ + 1, sizeof(slot));
+    KeepRoutingVerdict(slot);
   }
-  code = std::min(code, routing_fault_);
+  const uint32_t code = routing_fault_;
   routing_fault_ = kNoRoutingFault;
   return RoutingError(code);
 }

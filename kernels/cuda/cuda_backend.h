@@ -181,10 +181,9 @@ class CudaBackend final : public Backend {
   // ExpertFfnRouted with experts in host memory: the pointer table [3][E] the launches read,
   // then the routed host experts copied into VRAM, one slot a routed pair.
   Scratch staged_experts_;
-  // The routing kernels' fault code (Backend::RoutingFault, all ones: none), allocated on first
-  // use; read and reset by TakeRoutingError when a kernel that may write it ran since.
+  // The routing kernels' fault word (Backend::RoutingFault), in StepVerdicts()[1]; pending while
+  // a kernel that may write it ran since it was last read.
   unsigned int* RoutingVerdict();
-  unsigned int* routing_verdict_ = nullptr;
   bool routing_verdict_pending_ = false;
   // PlannedExpertFfnRouted's plan: group tables, rows, row weights, per-expert counts.
   Scratch routed_plan_;
@@ -193,8 +192,15 @@ class CudaBackend final : public Backend {
   int routed_rows_top_k_ = 0;
   int64_t routed_rows_count_ = 0;
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).
-  unsigned long long* kv_verdict_ = nullptr;
+  // The step's device verdicts, allocated on first use, all ones meaning none: [0] the paged KV
+  // writes' smallest KvBadCode (until TakeKvWriteError), [1] the routing kernels' fault code in
+  // its low 32 bits (until TakeRoutingError, or fetched by TakeKvWriteError's copy).
+  unsigned long long* StepVerdicts();
+  unsigned long long* verdicts_ = nullptr;
   bool kv_verdict_pending_ = false;
+  // A routing verdict fetched from the device (`slot`: verdicts_[1]): kept for TakeRoutingError,
+  // the device word reset if it held a fault.
+  void KeepRoutingVerdict(unsigned long long slot);
   std::unordered_map<const void*, UploadedTables> tq_tables_;
   KvFormat kv_verdict_format_ = KvFormat::kBf16;
 };
