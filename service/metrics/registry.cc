@@ -52,7 +52,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
                    .Name("moe_requests_total")
                    .Help(
                        "Requests the engine finished, by outcome (stop, length, cancelled, "
-                       "error, or the status that refused them)")
+                       "deadline_exceeded, error, or the status that refused them)")
                    .Register(r);
   prompt_tokens_ = Counter(r, "moe_prompt_tokens_total", "Prompt tokens of finished requests");
   cached_prompt_tokens_ =
@@ -118,7 +118,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   for (int b = 0; b < 31; ++b) load_bounds.push_back(static_cast<double>(int64_t{1} << b) * 1e-6);
   load_latency_ = Hist(r, "moe_store_load_latency_seconds",
                        "Seconds a lookup waited for its expert to load", load_bounds);
-  for (const char* outcome : {"stop", "length", "cancelled", "error"}) {
+  for (const char* outcome : {"stop", "length", "cancelled", "deadline_exceeded", "error"}) {
     requests_->Add({{"outcome", outcome}});
   }
   for (const char* phase : {"attention", "routing", "expert_wait", "expert_compute", "dense",

@@ -60,7 +60,8 @@ class WorkerMetrics {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
 
-  // `outcome`: a finish reason (stop, length, cancelled, error) or a status label.
+  // `outcome`: a finish reason (stop, length, cancelled, error), deadline_exceeded (cancelled
+  // because the call's deadline passed) or a status label.
   void RequestFinished(absl::string_view outcome, int64_t prompt_tokens,
                        int64_t cached_prompt_tokens, int64_t completion_tokens);
   void ObserveQueue(double seconds) { queue_->Observe(seconds); }

@@ -128,6 +128,7 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   // top_logprobs counts only with logprobs (moe.v1): without it, no logprobs at all.
   sctx.logprobs = r.logprobs();
   sctx.readiness = &readiness_;
+  sctx.deadline = context->deadline();
   std::shared_ptr<GenerateStream> stream = GenerateStream::Create(sctx, loop_, metrics_);
 
   auto refuse = [&](const absl::Status& st) {
