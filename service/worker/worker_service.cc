@@ -162,6 +162,8 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   er.return_logprobs = sctx.logprobs;
   er.top_logprobs = r.logprobs() ? static_cast<int32_t>(r.top_logprobs()) : 0;
   er.session_id = r.session_id();
+  // moe.v1's default is true: generated special tokens stay in token_ids, not in the text.
+  er.skip_special_tokens = !r.has_skip_special_tokens() || r.skip_special_tokens();
   loop_.Add(std::move(er), stream);
   return stream.get();
 }
