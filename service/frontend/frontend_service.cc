@@ -59,8 +59,17 @@ FrontendService::FrontendService(FrontendOptions options, WorkerSet& workers, Ro
   fe_.max_attempts = options_.max_attempts;
 }
 
-absl::Status FrontendService::CheckAuth(const grpc::CallbackServerContext& context) const {
-  return CheckBearerToken(context, options_.auth_token);
+absl::Status FrontendService::CheckCall(const grpc::CallbackServerContext& context,
+                                        size_t request_bytes, absl::string_view method) {
+  if (absl::Status st = CheckBearerToken(context, options_.auth_token); !st.ok()) return st;
+  if (options_.max_request_bytes > 0 &&
+      request_bytes > static_cast<uint64_t>(options_.max_request_bytes)) {
+    metrics_.Oversized(method);
+    return absl::ResourceExhaustedError(absl::StrCat("request: ", request_bytes,
+                                                     " bytes is over the limit of ",
+                                                     options_.max_request_bytes, " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 void FrontendService::StartDrain() {
@@ -107,7 +116,7 @@ void FrontendService::UpdateHealth(grpc::HealthCheckServiceInterface* health) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) {
+  if (absl::Status st = CheckCall(*context, raw->Length(), "Generate"); !st.ok()) {
     metrics_.RequestFinished(CodeLabel(st.code()));
     return new Refusal(ToGrpcStatus(st));
   }
@@ -133,7 +142,9 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
 grpc::ServerUnaryReactor* FrontendService::Tokenize(grpc::CallbackServerContext* context,
                                                     const moe::v1::TokenizeRequest* request,
                                                     moe::v1::TokenizeResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "Tokenize"); !st.ok()) {
+    return Answer(context, st);
+  }
   return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
     stub->Tokenize(ctx, request, response, std::move(done));
   });
@@ -142,7 +153,9 @@ grpc::ServerUnaryReactor* FrontendService::Tokenize(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* FrontendService::Detokenize(grpc::CallbackServerContext* context,
                                                       const moe::v1::DetokenizeRequest* request,
                                                       moe::v1::DetokenizeResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "Detokenize"); !st.ok()) {
+    return Answer(context, st);
+  }
   return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
     stub->Detokenize(ctx, request, response, std::move(done));
   });
@@ -151,7 +164,9 @@ grpc::ServerUnaryReactor* FrontendService::Detokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerContext* context,
                                                        const moe::v1::DropSessionRequest* request,
                                                        moe::v1::DropSessionResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "DropSession"); !st.ok()) {
+    return Answer(context, st);
+  }
   if (request->model().empty()) {
     return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
   }
@@ -177,7 +192,9 @@ grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
                                                       const moe::v1::ListModelsRequest*,
                                                       moe::v1::ListModelsResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, 0, "ListModels"); !st.ok()) {
+    return Answer(context, st);
+  }
   for (auto& [name, info] : Models()) {
     if (info.ready_workers() > 0) *response->add_models() = info;
   }
@@ -187,7 +204,9 @@ grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* FrontendService::GetModel(grpc::CallbackServerContext* context,
                                                     const moe::v1::GetModelRequest* request,
                                                     moe::v1::ModelInfo* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "GetModel"); !st.ok()) {
+    return Answer(context, st);
+  }
   if (request->model().empty()) {
     return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
   }

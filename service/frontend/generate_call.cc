@@ -254,8 +254,10 @@ void GenerateCall::OnWriteDone(bool ok) {
 void GenerateCall::OnUpstreamDone(Upstream* up, const grpc::Status& status) {
   std::unique_lock<std::mutex> lock(mu_);
   upstream_ = nullptr;
-  if (!status.ok() && Retryable(status) && !cancelled_) {
-    up->worker().MarkDown(status.error_message());
+  if ((Retryable(status) || WorkerFault(status)) && !cancelled_) {
+    // Counted per attempt: a failure retried elsewhere is invisible to the client.
+    fe_->metrics->WorkerFailed(CodeLabel(FromGrpcStatus(status).code()));
+    if (Retryable(status)) up->worker().MarkDown(status.error_message());
   }
   if (writing_) {
     upstream_status_ = status;  // OnWriteDone concludes

@@ -253,6 +253,16 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
   workers_down_ = &workers.Add({{"state", "down"}});
   retries_ = Counter(r, "moe_frontend_retries_total",
                      "Calls retried on another worker after one failed before the first token");
+  worker_failures_ = &BuildCounter()
+                         .Name("moe_frontend_worker_failures_total")
+                         .Help(
+                             "Generate attempts that failed on the worker's side, by code "
+                             "(unavailable, data_loss, internal, unknown), retried or not")
+                         .Register(r);
+  oversized_ = &BuildCounter()
+                    .Name("moe_frontend_oversized_requests_total")
+                    .Help("Calls refused as over --max_request_bytes, by method")
+                    .Register(r);
   routed_ = &BuildCounter()
                  .Name("moe_frontend_routing_decisions_total")
                  .Help(
@@ -269,6 +279,14 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
 
 void FrontendMetrics::RequestFinished(absl::string_view outcome) {
   requests_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void FrontendMetrics::WorkerFailed(absl::string_view code) {
+  worker_failures_->Add({{"code", std::string(code)}}).Increment();
+}
+
+void FrontendMetrics::Oversized(absl::string_view method) {
+  oversized_->Add({{"method", std::string(method)}}).Increment();
 }
 
 void FrontendMetrics::Routed(absl::string_view reason) {
