@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "service/proto_convert.h"
 #include "service/security.h"
 #include "service/status_convert.h"
 
@@ -130,9 +131,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
           grpc::SerializationTraits<moe::v1::GenerateRequest>::Deserialize(&copy, &request);
       !st.ok()) {
     metrics_.RequestFinished("invalid_argument");
-    return new Refusal(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                     "request: not a moe.v1.GenerateRequest (" + st.error_message() + ")"));
+    // proto3 refuses a string field that is not UTF-8 without saying which: find it.
+    std::string bytes;
+    if (grpc::Slice slice; raw->DumpToSingleSlice(&slice).ok()) {
+      bytes.assign(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    const std::string field = InvalidUtf8Field(*moe::v1::GenerateRequest::descriptor(), bytes);
+    return new Refusal(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        field.empty() ? "request: not a moe.v1.GenerateRequest (" + st.error_message() + ")"
+                      : field + ": is not valid UTF-8"));
   }
   GenerateCall* call = nullptr;
   GenerateCall::Start(&fe_, context, &request, &call);
@@ -145,6 +153,7 @@ grpc::ServerUnaryReactor* FrontendService::Tokenize(grpc::CallbackServerContext*
   if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "Tokenize"); !st.ok()) {
     return Answer(context, st);
   }
+  if (absl::Status st = ValidateTokenizeRequest(*request); !st.ok()) return Answer(context, st);
   return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
     stub->Tokenize(ctx, request, response, std::move(done));
   });

@@ -175,6 +175,7 @@ grpc::ServerUnaryReactor* WorkerService::Tokenize(grpc::CallbackServerContext* c
     return Answer(context, st);
   }
   if (absl::Status st = CheckModel(request->model()); !st.ok()) return Answer(context, st);
+  if (absl::Status st = ValidateTokenizeRequest(*request); !st.ok()) return Answer(context, st);
   absl::StatusOr<std::vector<int32_t>> ids;
   if (request->has_chat()) {
     ids = ChatPrompt(request->chat());
