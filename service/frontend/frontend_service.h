@@ -44,6 +44,9 @@ class FrontendService final : public moe::v1::Inference::WithRawCallbackMethod_G
   void UpdateHealth(grpc::HealthCheckServiceInterface* health);
   // Refuses new calls (UNAVAILABLE); running ones go on.
   void StartDrain();
+  // The drain's time is up: running and queued calls end with a last message whose Completion
+  // says FINISH_REASON_CANCELLED, status OK (as a worker's drain ends its streams).
+  void CutRunning() { CutAll(&fe_); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;

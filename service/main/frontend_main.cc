@@ -183,7 +183,13 @@ absl::Status Run() {
   }
   // The poll thread updates the server's health service: stop it before the server goes.
   workers.Stop();
-  // Calls still running are cancelled by Shutdown once its deadline passes.
+  // Calls still running end as a worker's drain ends its streams (FINISH_REASON_CANCELLED,
+  // status OK); Shutdown's second lets their last messages out, then cancels what is left.
+  if (admission.running() > 0 || admission.queued() > 0) {
+    MOE_LOG(WARNING) << "[frontend] drain time is up: cutting " << admission.running()
+                     << " running and " << admission.queued() << " queued calls";
+  }
+  svc.CutRunning();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   MOE_LOG(INFO) << "[frontend] stopped";
   return absl::OkStatus();
