@@ -313,8 +313,12 @@ void GenerateCall::Conclude(const grpc::Status& status) {
   const int64_t tokens = tokens_sent_;
   const moe::v1::FinishReason reason = completion_reason_;
   lock.unlock();
-  if (cancelled) {
-    const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
+  // The client's deadline may reach the worker stream (propagated) before OnCancel runs here.
+  const bool upstream_timed_out = (status.error_code() == grpc::StatusCode::CANCELLED ||
+                                   status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+                                  DeadlinePassed(context_->deadline());
+  if (cancelled || upstream_timed_out) {
+    const bool deadline = DeadlinePassed(context_->deadline());
     return End(
         grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
                      deadline ? "deadline exceeded" : "cancelled"),
@@ -359,7 +363,7 @@ void GenerateCall::OnCancel() {
   lock.unlock();
   // A queued call ends here; a running one ends when its (cancelled) upstream reports.
   if (queued && fe_->admission->Withdraw(ticket)) {
-    const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
+    const bool deadline = DeadlinePassed(context_->deadline());
     End(grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
                      "ended while queued"),
         deadline ? "deadline_exceeded" : "cancelled");

@@ -169,7 +169,7 @@ void GenerateStream::OnCancel() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
-    deadline_exceeded_ = std::chrono::system_clock::now() >= ctx_.deadline;
+    deadline_exceeded_ = DeadlinePassed(ctx_.deadline);
   }
   loop_.Cancel(ctx_.engine_id);
   Pump();

@@ -62,7 +62,7 @@ class ReliabilityServiceTest(unittest.TestCase):
         self.assertEqual(metric(w.metrics(), "moe_requests_total", {"outcome": "cancelled"}), 0)
         wait_for(lambda: metric(fe.metrics(), "moe_frontend_requests_total",
                                 {"outcome": "deadline_exceeded"}) == 1,
-                 what="the frontend to count deadline_exceeded")
+                 what=f"the frontend to count deadline_exceeded\n{fe.metrics()}")
 
     def test_oversized_requests_and_worker_failures_are_counted(self):
         store = self.import_store()

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -195,6 +196,16 @@ TEST(ToSamplingParams, UnsetFieldsKeepEngineDefaults) {
   s.set_seed(42);
   EXPECT_EQ(ToSamplingParams(s).temperature, 0.f);
   EXPECT_EQ(ToSamplingParams(s).seed, 42u);
+}
+
+TEST(StatusConvert, DeadlinePassedAllowsGrpcClockSlack) {
+  const auto now = std::chrono::system_clock::now();
+  EXPECT_TRUE(DeadlinePassed(now - std::chrono::seconds(1), now));
+  EXPECT_TRUE(DeadlinePassed(now, now));
+  // gRPC's timer may fire a little before system_clock reaches the deadline.
+  EXPECT_TRUE(DeadlinePassed(now + kDeadlineSlack / 2, now));
+  EXPECT_FALSE(DeadlinePassed(now + std::chrono::seconds(1), now));
+  EXPECT_FALSE(DeadlinePassed(std::chrono::system_clock::time_point::max(), now));
 }
 
 TEST(StatusConvert, CodesMapOneToOne) {
