@@ -33,7 +33,10 @@ absl::Status EngineOptions::Validate() const {
 
 struct Engine::Sequence {
   Sequence(Request r, const Tokenizer& tok)
-      : req(std::move(r)), sampler(req.sampling), detok(tok), stop_filter(req.stop.stop_strings) {}
+      : req(std::move(r)),
+        sampler(req.sampling),
+        detok(tok, req.skip_special_tokens),
+        stop_filter(req.stop.stop_strings) {}
   Request req;
   int64_t cache_id = 0;     // live in the KV cache when non-zero
   int64_t kv_len = 0;       // positions whose K/V is written

@@ -49,6 +49,7 @@ struct Request {
   int32_t top_logprobs = 0;       // 0: none
   bool return_logprobs = false;
   std::string session_id;         // empty: none. The KV of prompt + output is kept for the next turn
+  bool skip_special_tokens = false;  // leave special tokens (<|im_start|>, ...) out of Event::text
 };
 
 enum class FinishReason { kNone, kStop, kLength, kCancelled, kError };

@@ -4,7 +4,13 @@
 #include <algorithm>
 #include <cmath>
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/unicode.h"
+#include "google/protobuf/descriptor.h"
+#include "google/protobuf/io/coded_stream.h"
+#include "google/protobuf/wire_format_lite.h"
 
 namespace moe::service {
 namespace {
@@ -61,27 +67,39 @@ absl::Status ValidateSampling(const moe::v1::SamplingParams& s) {
   return absl::OkStatus();
 }
 
+absl::Status ValidateModel(const std::string& model) {
+  if (model.empty()) return Bad("model", "is required (see ListModels)");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateText(const std::string& text) {
+  if (text.empty()) return Bad("text", "the prompt is empty");
+  return absl::OkStatus();
+}
+
+absl::Status ValidateChat(const moe::v1::ChatMessages& chat) {
+  const auto& msgs = chat.messages();
+  if (msgs.empty()) return Bad("chat.messages", "at least one message is required");
+  for (int i = 0; i < msgs.size(); ++i) {
+    if (msgs[i].role().empty()) {
+      return Bad(absl::StrCat("chat.messages[", i, "].role"), "is empty");
+    }
+    // A user turn with nothing in it asks nothing (system and assistant turns may be empty).
+    if (msgs[i].role() == "user" && msgs[i].content().empty()) {
+      return Bad(absl::StrCat("chat.messages[", i, "].content"), "a user turn is empty");
+    }
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateInput(const moe::v1::GenerateRequest& r, const ModelLimits& limits) {
   switch (r.input_case()) {
     case moe::v1::GenerateRequest::INPUT_NOT_SET:
       return Bad("input", "one of text, chat or token_ids is required");
     case moe::v1::GenerateRequest::kText:
-      if (r.text().empty()) return Bad("text", "the prompt is empty");
-      return absl::OkStatus();
-    case moe::v1::GenerateRequest::kChat: {
-      const auto& msgs = r.chat().messages();
-      if (msgs.empty()) return Bad("chat.messages", "at least one message is required");
-      for (int i = 0; i < msgs.size(); ++i) {
-        if (msgs[i].role().empty()) {
-          return Bad(absl::StrCat("chat.messages[", i, "].role"), "is empty");
-        }
-        // A user turn with nothing in it asks nothing (system and assistant turns may be empty).
-        if (msgs[i].role() == "user" && msgs[i].content().empty()) {
-          return Bad(absl::StrCat("chat.messages[", i, "].content"), "a user turn is empty");
-        }
-      }
-      return absl::OkStatus();
-    }
+      return ValidateText(r.text());
+    case moe::v1::GenerateRequest::kChat:
+      return ValidateChat(r.chat());
     case moe::v1::GenerateRequest::kTokenIds: {
       const auto& ids = r.token_ids().ids();
       if (ids.empty()) return Bad("token_ids.ids", "the prompt is empty");
@@ -109,7 +127,7 @@ absl::Status ValidateInput(const moe::v1::GenerateRequest& r, const ModelLimits&
 }  // namespace
 
 absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& r, const ModelLimits& limits) {
-  if (r.model().empty()) return Bad("model", "is required (see ListModels)");
+  if (absl::Status st = ValidateModel(r.model()); !st.ok()) return st;
   if (absl::Status st = ValidateInput(r, limits); !st.ok()) return st;
   if (absl::Status st = ValidateSampling(r.sampling()); !st.ok()) return st;
   if (r.has_max_tokens()) {
@@ -156,6 +174,54 @@ absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& r, const Mo
     return Bad("request_id", absl::StrCat("is over ", kMaxIdBytes, " bytes"));
   }
   return absl::OkStatus();
+}
+
+absl::Status ValidateTokenizeRequest(const moe::v1::TokenizeRequest& r) {
+  if (absl::Status st = ValidateModel(r.model()); !st.ok()) return st;
+  switch (r.input_case()) {
+    case moe::v1::TokenizeRequest::INPUT_NOT_SET:
+      return Bad("input", "one of text or chat is required");
+    case moe::v1::TokenizeRequest::kText:
+      return ValidateText(r.text());
+    case moe::v1::TokenizeRequest::kChat:
+      return ValidateChat(r.chat());
+  }
+  return Bad("input", "unknown input kind");
+}
+
+std::string InvalidUtf8Field(const google::protobuf::Descriptor& message,
+                             absl::string_view bytes) {
+  using google::protobuf::FieldDescriptor;
+  using google::protobuf::internal::WireFormatLite;
+  google::protobuf::io::CodedInputStream in(reinterpret_cast<const uint8_t*>(bytes.data()),
+                                            static_cast<int>(bytes.size()));
+  std::map<int, int> seen;  // field number -> occurrences so far (the index of a repeated one)
+  while (const uint32_t tag = in.ReadTag()) {
+    const FieldDescriptor* field =
+        message.FindFieldByNumber(WireFormatLite::GetTagFieldNumber(tag));
+    const bool nested = field != nullptr &&
+                        WireFormatLite::GetTagWireType(tag) ==
+                            WireFormatLite::WIRETYPE_LENGTH_DELIMITED &&
+                        (field->type() == FieldDescriptor::TYPE_STRING ||
+                         field->type() == FieldDescriptor::TYPE_MESSAGE);
+    if (!nested) {
+      if (!WireFormatLite::SkipField(&in, tag)) return "";
+      continue;
+    }
+    uint32_t length = 0;
+    std::string value;
+    if (!in.ReadVarint32(&length) || !in.ReadString(&value, static_cast<int>(length))) return "";
+    const int index = seen[field->number()]++;
+    std::string path(field->name());
+    if (field->is_repeated()) absl::StrAppend(&path, "[", index, "]");
+    if (field->type() == FieldDescriptor::TYPE_STRING) {
+      if (!engine::DecodeUtf8(value).ok()) return path;
+    } else if (std::string inner = InvalidUtf8Field(*field->message_type(), value);
+               !inner.empty()) {
+      return absl::StrCat(path, ".", inner);
+    }
+  }
+  return "";
 }
 
 engine::SamplingParams ToSamplingParams(const moe::v1::SamplingParams& s) {

@@ -4,9 +4,13 @@
 
 #include <cstdint>
 
+#include <string>
+
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
+#include "google/protobuf/descriptor.h"
 #include "moe/v1/moe.pb.h"
 
 namespace moe::service {
@@ -28,6 +32,15 @@ inline constexpr int64_t kDefaultMaxTokens = 256;
 // checked against the context length by the worker after tokenization.
 absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& request,
                                      const ModelLimits& limits);
+
+// The shared fields of TokenizeRequest, checked as ValidateGenerateRequest checks them: model,
+// a non-empty text, chat messages with a role and no empty user turn.
+absl::Status ValidateTokenizeRequest(const moe::v1::TokenizeRequest& request);
+
+// For bytes that failed to parse as a `message`: the path of the first string field (at any
+// depth, e.g. "chat.messages[1].content") whose bytes are not valid UTF-8, which proto3 refuses.
+// Empty when there is none (the bytes are broken some other way).
+std::string InvalidUtf8Field(const google::protobuf::Descriptor& message, absl::string_view bytes);
 
 // Unset fields take the defaults documented in moe.proto (and engine/sampler.h).
 engine::SamplingParams ToSamplingParams(const moe::v1::SamplingParams& sampling);

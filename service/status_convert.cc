@@ -57,4 +57,11 @@ const char* CodeLabel(absl::StatusCode code) {
   }
 }
 
+bool DeadlinePassed(std::chrono::system_clock::time_point deadline,
+                    std::chrono::system_clock::time_point now) {
+  // time_point::max() is "no deadline": subtracting the slack from it must not wrap.
+  if (deadline == std::chrono::system_clock::time_point::max()) return false;
+  return now + kDeadlineSlack >= deadline;
+}
+
 }  // namespace moe::service

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
+#include "service/proto_convert.h"
 #include "service/security.h"
 #include "service/status_convert.h"
 
@@ -59,8 +60,17 @@ FrontendService::FrontendService(FrontendOptions options, WorkerSet& workers, Ro
   fe_.max_attempts = options_.max_attempts;
 }
 
-absl::Status FrontendService::CheckAuth(const grpc::CallbackServerContext& context) const {
-  return CheckBearerToken(context, options_.auth_token);
+absl::Status FrontendService::CheckCall(const grpc::CallbackServerContext& context,
+                                        size_t request_bytes, absl::string_view method) {
+  if (absl::Status st = CheckBearerToken(context, options_.auth_token); !st.ok()) return st;
+  if (options_.max_request_bytes > 0 &&
+      request_bytes > static_cast<uint64_t>(options_.max_request_bytes)) {
+    metrics_.Oversized(method);
+    return absl::ResourceExhaustedError(absl::StrCat("request: ", request_bytes,
+                                                     " bytes is over the limit of ",
+                                                     options_.max_request_bytes, " bytes"));
+  }
+  return absl::OkStatus();
 }
 
 void FrontendService::StartDrain() {
@@ -107,7 +117,7 @@ void FrontendService::UpdateHealth(grpc::HealthCheckServiceInterface* health) {
 
 grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
     grpc::CallbackServerContext* context, const grpc::ByteBuffer* raw) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) {
+  if (absl::Status st = CheckCall(*context, raw->Length(), "Generate"); !st.ok()) {
     metrics_.RequestFinished(CodeLabel(st.code()));
     return new Refusal(ToGrpcStatus(st));
   }
@@ -121,9 +131,16 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
           grpc::SerializationTraits<moe::v1::GenerateRequest>::Deserialize(&copy, &request);
       !st.ok()) {
     metrics_.RequestFinished("invalid_argument");
-    return new Refusal(
-        grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
-                     "request: not a moe.v1.GenerateRequest (" + st.error_message() + ")"));
+    // proto3 refuses a string field that is not UTF-8 without saying which: find it.
+    std::string bytes;
+    if (grpc::Slice slice; raw->DumpToSingleSlice(&slice).ok()) {
+      bytes.assign(reinterpret_cast<const char*>(slice.begin()), slice.size());
+    }
+    const std::string field = InvalidUtf8Field(*moe::v1::GenerateRequest::descriptor(), bytes);
+    return new Refusal(grpc::Status(
+        grpc::StatusCode::INVALID_ARGUMENT,
+        field.empty() ? "request: not a moe.v1.GenerateRequest (" + st.error_message() + ")"
+                      : field + ": is not valid UTF-8"));
   }
   GenerateCall* call = nullptr;
   GenerateCall::Start(&fe_, context, &request, &call);
@@ -133,7 +150,10 @@ grpc::ServerWriteReactor<grpc::ByteBuffer>* FrontendService::Generate(
 grpc::ServerUnaryReactor* FrontendService::Tokenize(grpc::CallbackServerContext* context,
                                                     const moe::v1::TokenizeRequest* request,
                                                     moe::v1::TokenizeResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "Tokenize"); !st.ok()) {
+    return Answer(context, st);
+  }
+  if (absl::Status st = ValidateTokenizeRequest(*request); !st.ok()) return Answer(context, st);
   return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
     stub->Tokenize(ctx, request, response, std::move(done));
   });
@@ -142,7 +162,9 @@ grpc::ServerUnaryReactor* FrontendService::Tokenize(grpc::CallbackServerContext*
 grpc::ServerUnaryReactor* FrontendService::Detokenize(grpc::CallbackServerContext* context,
                                                       const moe::v1::DetokenizeRequest* request,
                                                       moe::v1::DetokenizeResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "Detokenize"); !st.ok()) {
+    return Answer(context, st);
+  }
   return Forward(context, router_, request, [&](auto* stub, grpc::ClientContext* ctx, auto done) {
     stub->Detokenize(ctx, request, response, std::move(done));
   });
@@ -151,7 +173,9 @@ grpc::ServerUnaryReactor* FrontendService::Detokenize(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerContext* context,
                                                        const moe::v1::DropSessionRequest* request,
                                                        moe::v1::DropSessionResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "DropSession"); !st.ok()) {
+    return Answer(context, st);
+  }
   if (request->model().empty()) {
     return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
   }
@@ -177,7 +201,9 @@ grpc::ServerUnaryReactor* FrontendService::DropSession(grpc::CallbackServerConte
 grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContext* context,
                                                       const moe::v1::ListModelsRequest*,
                                                       moe::v1::ListModelsResponse* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, 0, "ListModels"); !st.ok()) {
+    return Answer(context, st);
+  }
   for (auto& [name, info] : Models()) {
     if (info.ready_workers() > 0) *response->add_models() = info;
   }
@@ -187,7 +213,9 @@ grpc::ServerUnaryReactor* FrontendService::ListModels(grpc::CallbackServerContex
 grpc::ServerUnaryReactor* FrontendService::GetModel(grpc::CallbackServerContext* context,
                                                     const moe::v1::GetModelRequest* request,
                                                     moe::v1::ModelInfo* response) {
-  if (absl::Status st = CheckAuth(*context); !st.ok()) return Answer(context, st);
+  if (absl::Status st = CheckCall(*context, request->ByteSizeLong(), "GetModel"); !st.ok()) {
+    return Answer(context, st);
+  }
   if (request->model().empty()) {
     return Answer(context, absl::InvalidArgumentError("model: is required (see ListModels)"));
   }

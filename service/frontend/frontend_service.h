@@ -23,6 +23,9 @@ namespace moe::service {
 struct FrontendOptions {
   std::string auth_token;  // when set, calls need "authorization: Bearer <token>". Default: off
   int max_attempts = 3;    // workers tried before the first token. Default: 3
+  // Larger requests get RESOURCE_EXHAUSTED, counted. 0: not checked here (gRPC's own limit,
+  // which refuses uncounted, must then be the only one).
+  int64_t max_request_bytes = 0;
 };
 
 // Thread-safe. Everything passed in must outlive it.
@@ -41,6 +44,9 @@ class FrontendService final : public moe::v1::Inference::WithRawCallbackMethod_G
   void UpdateHealth(grpc::HealthCheckServiceInterface* health);
   // Refuses new calls (UNAVAILABLE); running ones go on.
   void StartDrain();
+  // The drain's time is up: running and queued calls end with a last message whose Completion
+  // says FINISH_REASON_CANCELLED, status OK (as a worker's drain ends its streams).
+  void CutRunning() { CutAll(&fe_); }
 
   grpc::ServerWriteReactor<grpc::ByteBuffer>* Generate(grpc::CallbackServerContext* context,
                                                        const grpc::ByteBuffer* request) override;
@@ -61,8 +67,10 @@ class FrontendService final : public moe::v1::Inference::WithRawCallbackMethod_G
                                      moe::v1::ModelInfo* response) override;
 
  private:
-  // UNAUTHENTICATED unless the call carries the bearer token (when one is configured).
-  absl::Status CheckAuth(const grpc::CallbackServerContext& context) const;
+  // UNAUTHENTICATED unless the call carries the bearer token (when one is configured);
+  // RESOURCE_EXHAUSTED, counted by `method`, when its request has more than max_request_bytes.
+  absl::Status CheckCall(const grpc::CallbackServerContext& context, size_t request_bytes,
+                         absl::string_view method);
   // The served models, with ready_workers counted.
   std::map<std::string, moe::v1::ModelInfo> Models() const;
 

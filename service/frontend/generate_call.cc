@@ -85,6 +85,7 @@ class GenerateCall::Upstream final
   }
   void ReadNext() { StartRead(&response_); }
   void Cancel() { ctx_->TryCancel(); }
+  std::shared_ptr<grpc::ClientContext> context() const { return ctx_; }
   void Consumed(int64_t tokens) {
     const int64_t n = std::min(tokens, remaining_);
     remaining_ -= n;
@@ -109,7 +110,7 @@ class GenerateCall::Upstream final
   }
 
   GenerateCall* const call_;
-  std::unique_ptr<grpc::ClientContext> ctx_;
+  std::shared_ptr<grpc::ClientContext> ctx_;
   std::shared_ptr<WorkerEndpoint> worker_;
   int64_t remaining_;
 };
@@ -118,7 +119,38 @@ void GenerateCall::Start(FrontendContext* fe, grpc::CallbackServerContext* conte
                          const moe::v1::GenerateRequest* request, GenerateCall** out) {
   auto* call = new GenerateCall(fe, context, request);
   *out = call;
+  {
+    std::lock_guard<std::mutex> lock(fe->calls_mu);
+    fe->calls.insert(call);
+  }
   call->Begin();
+}
+
+void CutAll(FrontendContext* fe) {
+  std::vector<std::function<void()>> then;
+  {
+    std::lock_guard<std::mutex> lock(fe->calls_mu);
+    for (GenerateCall* call : fe->calls) call->Cut(&then);
+  }
+  // Outside calls_mu: a cancelled stream may end its call (and delete it) on this thread.
+  for (std::function<void()>& f : then) f();
+}
+
+void GenerateCall::Cut(std::vector<std::function<void()>>* then) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (ended_ || cancelled_ || cut_) return;
+  cut_ = true;
+  if (upstream_ != nullptr) {
+    // The worker stream ends CANCELLED; Conclude then sees cut_. The context outlives the
+    // Upstream, which may be gone by the time this runs.
+    then->push_back([ctx = upstream_ctx_] { ctx->TryCancel(); });
+  } else if (!admitted_ && ticket_ != 0) {
+    // Waiting for admission: once withdrawn, nothing else ends it (and it cannot be deleted).
+    then->push_back([this, admission = fe_->admission, ticket = ticket_] {
+      if (admission->Withdraw(ticket)) EndCut();
+    });
+  }
+  // Otherwise it is between attempts: Attempt sees cut_.
 }
 
 GenerateCall::GenerateCall(FrontendContext* fe, grpc::CallbackServerContext* context,
@@ -170,19 +202,23 @@ void GenerateCall::Attempt() {
   auto* up = new Upstream(this, *worker, estimated_tokens_);
   const double now = base::NowSeconds();
   *up->request_.mutable_request() = request_;
-  bool cancelled = false;
+  bool cancelled = false, cut = false;
   {
     std::lock_guard<std::mutex> lock(mu_);
     up->request_.set_frontend_queue_seconds(admitted_at_ - arrival_);
     up->request_.set_frontend_elapsed_seconds(now - arrival_);
     cancelled = cancelled_;
-    if (!cancelled) {
+    cut = cut_;
+    if (!cancelled && !cut) {
       upstream_ = up;
+      upstream_ctx_ = up->context();
+      worker_name_ = (*worker)->target();
       tried_.insert((*worker)->target());
     }
   }
-  if (cancelled) {
+  if (cancelled || cut) {
     delete up;
+    if (cut && !cancelled) return EndCut();
     return End(grpc::Status(grpc::StatusCode::CANCELLED, "cancelled"), "cancelled");
   }
   up->Begin();
@@ -254,8 +290,10 @@ void GenerateCall::OnWriteDone(bool ok) {
 void GenerateCall::OnUpstreamDone(Upstream* up, const grpc::Status& status) {
   std::unique_lock<std::mutex> lock(mu_);
   upstream_ = nullptr;
-  if (!status.ok() && Retryable(status) && !cancelled_) {
-    up->worker().MarkDown(status.error_message());
+  if ((Retryable(status) || WorkerFault(status)) && !cancelled_) {
+    // Counted per attempt: a failure retried elsewhere is invisible to the client.
+    fe_->metrics->WorkerFailed(CodeLabel(FromGrpcStatus(status).code()));
+    if (Retryable(status)) up->worker().MarkDown(status.error_message());
   }
   if (writing_) {
     upstream_status_ = status;  // OnWriteDone concludes
@@ -269,18 +307,25 @@ void GenerateCall::Conclude(const grpc::Status& status) {
   std::unique_lock<std::mutex> lock(mu_);
   upstream_status_.reset();
   const bool cancelled = cancelled_;
+  const bool cut = cut_;
   const bool relayed = relayed_;
   const int attempts = static_cast<int>(tried_.size());
   const int64_t tokens = tokens_sent_;
   const moe::v1::FinishReason reason = completion_reason_;
   lock.unlock();
-  if (cancelled) {
-    const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
+  // The client's deadline may reach the worker stream (propagated) before OnCancel runs here.
+  const bool upstream_timed_out = (status.error_code() == grpc::StatusCode::CANCELLED ||
+                                   status.error_code() == grpc::StatusCode::DEADLINE_EXCEEDED) &&
+                                  DeadlinePassed(context_->deadline());
+  if (cancelled || upstream_timed_out) {
+    const bool deadline = DeadlinePassed(context_->deadline());
     return End(
         grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
                      deadline ? "deadline exceeded" : "cancelled"),
         deadline ? "deadline_exceeded" : "cancelled");
   }
+  // Cut by the drain before the worker's last message: the completion is ours to send.
+  if (cut && reason == moe::v1::FINISH_REASON_UNSPECIFIED) return EndCut();
   if (status.ok()) return End(status, FinishLabel(reason));
   if (Retryable(status) && !relayed && attempts < fe_->max_attempts) {
     MOE_LOG(WARNING) << "[frontend] " << request_.request_id() << ": worker failed before the "
@@ -318,14 +363,34 @@ void GenerateCall::OnCancel() {
   lock.unlock();
   // A queued call ends here; a running one ends when its (cancelled) upstream reports.
   if (queued && fe_->admission->Withdraw(ticket)) {
-    const bool deadline = context_->deadline() <= std::chrono::system_clock::now();
+    const bool deadline = DeadlinePassed(context_->deadline());
     End(grpc::Status(deadline ? grpc::StatusCode::DEADLINE_EXCEEDED : grpc::StatusCode::CANCELLED,
                      "ended while queued"),
         deadline ? "deadline_exceeded" : "cancelled");
   }
 }
 
-void GenerateCall::End(const grpc::Status& status, const std::string& outcome) {
+void GenerateCall::EndCut() {
+  const double now = base::NowSeconds();
+  moe::v1::GenerateResponse last;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    last.set_request_id(request_.request_id());
+    moe::v1::Completion* c = last.mutable_completion();
+    c->set_finish_reason(moe::v1::FINISH_REASON_CANCELLED);
+    // The prompt's token count is the worker's to know; the frontend knows what it relayed.
+    c->mutable_usage()->set_completion_tokens(static_cast<uint64_t>(tokens_sent_));
+    moe::v1::Timings* t = c->mutable_timings();
+    t->set_queue_seconds((admitted_at_ > 0 ? admitted_at_ : now) - arrival_);
+    if (first_token_at_ > 0) t->set_time_to_first_token_seconds(first_token_at_ - arrival_);
+    t->set_total_seconds(now - arrival_);
+    c->set_worker(worker_name_);
+  }
+  End(grpc::Status::OK, "cancelled", &last);
+}
+
+void GenerateCall::End(const grpc::Status& status, const std::string& outcome,
+                       const moe::v1::GenerateResponse* last) {
   bool leave = false;
   double admitted_at = 0;
   {
@@ -334,15 +399,33 @@ void GenerateCall::End(const grpc::Status& status, const std::string& outcome) {
     ended_ = true;
     leave = admitted_;
     admitted_at = admitted_at_;
+    if (last != nullptr) {
+      // No write is in flight when a call ends: out_bytes_ is free.
+      bool own = false;
+      out_bytes_.Clear();
+      if (!grpc::SerializationTraits<moe::v1::GenerateResponse>::Serialize(*last, &out_bytes_,
+                                                                           &own)
+               .ok()) {
+        last = nullptr;  // cannot happen for a message we built; end with the status alone
+      }
+    }
   }
   fe_->metrics->RequestFinished(outcome);
   if (status.ok()) fe_->metrics->ObserveE2e(base::NowSeconds() - arrival_);
   if (admitted_at > 0) fe_->metrics->ObserveQueue(admitted_at - arrival_);
   if (leave) fe_->admission->Leave();
-  Finish(status);
+  if (last != nullptr) {
+    StartWriteAndFinish(&out_bytes_, grpc::WriteOptions(), status);
+  } else {
+    Finish(status);
+  }
 }
 
 void GenerateCall::OnDone() {
+  {
+    std::lock_guard<std::mutex> lock(fe_->calls_mu);
+    fe_->calls.erase(this);
+  }
   std::unique_lock<std::mutex> lock(mu_);
   server_done_ = true;
   MaybeDelete(lock);

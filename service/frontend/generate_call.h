@@ -10,6 +10,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -25,13 +26,24 @@
 
 namespace moe::service {
 
+class GenerateCall;
+
 // What every call shares; owned by the FrontendService.
 struct FrontendContext {
   Router* router = nullptr;
   Admission* admission = nullptr;
   metrics::FrontendMetrics* metrics = nullptr;
   int max_attempts = 3;  // workers tried before the first token
+
+  // Calls whose client side is not done yet, for CutAll at the end of a drain.
+  std::mutex calls_mu;
+  std::set<GenerateCall*> calls;  // guarded by calls_mu
 };
+
+// The end of a drain: every live call ends as the worker's drain ends its streams, with a last
+// message whose Completion says FINISH_REASON_CANCELLED (usage: the tokens sent) and status OK.
+// Thread-safe; returns at once (the calls end on gRPC's threads, or on this one).
+void CutAll(FrontendContext* fe);
 
 // Writes serialized GenerateResponse messages: Generate is a raw method (see FrontendService),
 // so that a request that does not parse gets INVALID_ARGUMENT instead of gRPC's UNIMPLEMENTED.
@@ -40,6 +52,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   // Starts the call; it deletes itself when both the client call and any worker stream are done.
   static void Start(FrontendContext* fe, grpc::CallbackServerContext* context,
                     const moe::v1::GenerateRequest* request, GenerateCall** out);
+  // See CutAll. Requires fe->calls_mu (the call cannot be deleted meanwhile); `then` collects
+  // what must run after it is released.
+  void Cut(std::vector<std::function<void()>>* then);
 
  private:
   class Upstream;
@@ -55,8 +70,12 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   void OnWriteDone(bool ok) override;
   void OnCancel() override;
   void OnDone() override;
-  // Ends the client call once (records the outcome, frees the admission slot).
-  void End(const grpc::Status& status, const std::string& outcome);
+  // Ends the client call once (records the outcome, frees the admission slot), after writing
+  // `last` when given.
+  void End(const grpc::Status& status, const std::string& outcome,
+           const moe::v1::GenerateResponse* last = nullptr);
+  // Ends a call cut by CutAll that the worker did not complete: a last message of our own.
+  void EndCut();
   void MaybeDelete(std::unique_lock<std::mutex>& lock);
 
   FrontendContext* const fe_;
@@ -74,6 +93,9 @@ class GenerateCall final : public grpc::ServerWriteReactor<grpc::ByteBuffer> {
   bool cancelled_ = false, writing_ = false, ended_ = false, server_done_ = false;
   bool relayed_ = false;  // a message reached the client: no more retries
   bool fault_retried_ = false;  // a worker fault (WorkerFault) was retried: not again
+  bool cut_ = false;            // CutAll: end with FINISH_REASON_CANCELLED, status OK
+  std::shared_ptr<grpc::ClientContext> upstream_ctx_;  // of upstream_; outlives it for Cut
+  std::string worker_name_;                            // of the last attempt, for EndCut
   moe::v1::FinishReason completion_reason_ = moe::v1::FINISH_REASON_UNSPECIFIED;
   double admitted_at_ = 0, first_token_at_ = 0, last_token_at_ = 0;
   int64_t tokens_sent_ = 0;

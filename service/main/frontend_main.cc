@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <thread>
 
@@ -42,7 +43,8 @@ ABSL_FLAG(int64_t, max_queued, 1024,
           "Calls waiting for a slot; beyond it calls get RESOURCE_EXHAUSTED at once");
 ABSL_FLAG(int32_t, max_attempts, 3, "Workers tried for a call before its first token");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20,
-          "Largest request message; larger ones get RESOURCE_EXHAUSTED");
+          "Largest request message; larger ones get RESOURCE_EXHAUSTED, counted in "
+          "moe_frontend_oversized_requests_total (gRPC drops past twice this, uncounted)");
 ABSL_FLAG(std::string, auth_token, "",
           "If set, public calls need 'authorization: Bearer <token>' (health and reflection "
           "stay open for probes and tools)");
@@ -110,6 +112,10 @@ absl::Status Run() {
     fopts.auth_token = *token;
   }
   fopts.max_attempts = absl::GetFlag(FLAGS_max_attempts);
+  fopts.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  if (fopts.max_request_bytes < 1) {
+    return absl::InvalidArgumentError("--max_request_bytes must be >= 1");
+  }
   if (fopts.max_attempts < 1) return absl::InvalidArgumentError("--max_attempts must be >= 1");
   absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
       service::ServerCredentialsFromFiles(absl::GetFlag(FLAGS_tls_cert),
@@ -151,7 +157,10 @@ absl::Status Run() {
   builder.AddListeningPort(absl::GetFlag(FLAGS_listen), *credentials, &port);
   service::RefusePortReuse(builder);
   builder.RegisterService(&svc);
-  builder.SetMaxReceiveMessageSize(static_cast<int>(absl::GetFlag(FLAGS_max_request_bytes)));
+  // The service refuses (and counts) requests over --max_request_bytes itself; gRPC refuses a
+  // message only past twice that, uncounted (the call never reaches the service).
+  builder.SetMaxReceiveMessageSize(static_cast<int>(
+      std::min<int64_t>(2 * absl::GetFlag(FLAGS_max_request_bytes), INT32_MAX)));
   std::unique_ptr<grpc::Server> server = builder.BuildAndStart();
   if (server == nullptr || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", absl::GetFlag(FLAGS_listen),
@@ -174,7 +183,13 @@ absl::Status Run() {
   }
   // The poll thread updates the server's health service: stop it before the server goes.
   workers.Stop();
-  // Calls still running are cancelled by Shutdown once its deadline passes.
+  // Calls still running end as a worker's drain ends its streams (FINISH_REASON_CANCELLED,
+  // status OK); Shutdown's second lets their last messages out, then cancels what is left.
+  if (admission.running() > 0 || admission.queued() > 0) {
+    MOE_LOG(WARNING) << "[frontend] drain time is up: cutting " << admission.running()
+                     << " running and " << admission.queued() << " queued calls";
+  }
+  svc.CutRunning();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   MOE_LOG(INFO) << "[frontend] stopped";
   return absl::OkStatus();

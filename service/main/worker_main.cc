@@ -75,6 +75,39 @@ absl::StatusOr<std::string> StoreModelName(const std::string& dir) {
              : std::string();
 }
 
+// GetModel's expert_format (moe.v1 ModelInfo): the format the experts run in. A store: its
+// manifest's expert_format, with "-g<group_size>" when quantized ("int4-g64", "bf16"). A
+// checkpoint: its config.json dtype ("bf16", "f16", "f32"; another value as it is written).
+absl::StatusOr<std::string> ExpertFormat(const std::string& dir, bool is_store) {
+  const std::filesystem::path path =
+      std::filesystem::path(dir) / (is_store ? "manifest.json" : "config.json");
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+  const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return absl::DataLossError(absl::StrCat(path.string(), ": not JSON"));
+  auto text = [&j](const char* key) {
+    return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
+  };
+  if (is_store) {
+    std::string format = text("expert_format");
+    if (format.empty()) {
+      return absl::DataLossError(absl::StrCat(path.string(), ": no expert_format"));
+    }
+    const int64_t group = j.contains("group_size") && j["group_size"].is_number_integer()
+                              ? j["group_size"].get<int64_t>()
+                              : 0;
+    if (group > 0) absl::StrAppend(&format, "-g", group);
+    return format;
+  }
+  // Hugging Face writes torch_dtype (newer releases: dtype); the experts are read as stored.
+  std::string dtype = text("torch_dtype");
+  if (dtype.empty()) dtype = text("dtype");
+  if (dtype == "bfloat16") return std::string("bf16");
+  if (dtype == "float16") return std::string("f16");
+  if (dtype == "float32") return std::string("f32");
+  return dtype.empty() ? std::string("unknown") : dtype;
+}
+
 absl::Status Run() {
   // Shared with moe-generate (service/main/model_flags.h): backend, budgets, model, tokenizer.
   MOE_ASSIGN_OR_RETURN(service::LoadedModel loaded, service::LoadModelFromFlags("[worker]"));
@@ -120,7 +153,7 @@ absl::Status Run() {
       eopts.max_context > 0 ? eopts.max_context : model->config().max_position_embeddings;
   wopts.max_running = eopts.max_running;
   wopts.kv_budget_bytes = eopts.kv_budget_bytes;
-  wopts.expert_format = store != nullptr ? "store" : "checkpoint";
+  MOE_ASSIGN_OR_RETURN(wopts.expert_format, ExpertFormat(dir, store != nullptr));
   wopts.kv_cache_format = eopts.kv_cache_dtype;
   wopts.device_budget_bytes = loaded.device_budget;
   wopts.host_budget_bytes = loaded.host_budget;

@@ -52,7 +52,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
                    .Name("moe_requests_total")
                    .Help(
                        "Requests the engine finished, by outcome (stop, length, cancelled, "
-                       "error, or the status that refused them)")
+                       "deadline_exceeded, error, or the status that refused them)")
                    .Register(r);
   prompt_tokens_ = Counter(r, "moe_prompt_tokens_total", "Prompt tokens of finished requests");
   cached_prompt_tokens_ =
@@ -118,7 +118,7 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   for (int b = 0; b < 31; ++b) load_bounds.push_back(static_cast<double>(int64_t{1} << b) * 1e-6);
   load_latency_ = Hist(r, "moe_store_load_latency_seconds",
                        "Seconds a lookup waited for its expert to load", load_bounds);
-  for (const char* outcome : {"stop", "length", "cancelled", "error"}) {
+  for (const char* outcome : {"stop", "length", "cancelled", "deadline_exceeded", "error"}) {
     requests_->Add({{"outcome", outcome}});
   }
   for (const char* phase : {"attention", "routing", "expert_wait", "expert_compute", "dense",
@@ -253,6 +253,16 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
   workers_down_ = &workers.Add({{"state", "down"}});
   retries_ = Counter(r, "moe_frontend_retries_total",
                      "Calls retried on another worker after one failed before the first token");
+  worker_failures_ = &BuildCounter()
+                         .Name("moe_frontend_worker_failures_total")
+                         .Help(
+                             "Generate attempts that failed on the worker's side, by code "
+                             "(unavailable, data_loss, internal, unknown), retried or not")
+                         .Register(r);
+  oversized_ = &BuildCounter()
+                    .Name("moe_frontend_oversized_requests_total")
+                    .Help("Calls refused as over --max_request_bytes, by method")
+                    .Register(r);
   routed_ = &BuildCounter()
                  .Name("moe_frontend_routing_decisions_total")
                  .Help(
@@ -269,6 +279,14 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
 
 void FrontendMetrics::RequestFinished(absl::string_view outcome) {
   requests_->Add({{"outcome", std::string(outcome)}}).Increment();
+}
+
+void FrontendMetrics::WorkerFailed(absl::string_view code) {
+  worker_failures_->Add({{"code", std::string(code)}}).Increment();
+}
+
+void FrontendMetrics::Oversized(absl::string_view method) {
+  oversized_->Add({{"method", std::string(method)}}).Increment();
 }
 
 void FrontendMetrics::Routed(absl::string_view reason) {

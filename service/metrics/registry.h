@@ -60,7 +60,8 @@ class WorkerMetrics {
  public:
   explicit WorkerMetrics(prometheus::Registry& registry);
 
-  // `outcome`: a finish reason (stop, length, cancelled, error) or a status label.
+  // `outcome`: a finish reason (stop, length, cancelled, error), deadline_exceeded (cancelled
+  // because the call's deadline passed) or a status label.
   void RequestFinished(absl::string_view outcome, int64_t prompt_tokens,
                        int64_t cached_prompt_tokens, int64_t completion_tokens);
   void ObserveQueue(double seconds) { queue_->Observe(seconds); }
@@ -109,6 +110,10 @@ class FrontendMetrics {
   void SetAdmission(int64_t running, int64_t queued);
   void SetWorkers(int64_t up, int64_t down);
   void Retried() { retries_->Increment(); }
+  // A worker ended a Generate attempt with an error status (`code`: its CodeLabel).
+  void WorkerFailed(absl::string_view code);
+  // A call refused as over --max_request_bytes; `method`: Generate, Tokenize, ...
+  void Oversized(absl::string_view method);
   // A worker picked for a Generate attempt; `reason`: session, prefix or least_load.
   void Routed(absl::string_view reason);
 
@@ -118,6 +123,8 @@ class FrontendMetrics {
   prometheus::Gauge *running_, *queued_, *workers_up_, *workers_down_;
   prometheus::Counter* retries_;
   prometheus::Family<prometheus::Counter>* routed_;
+  prometheus::Family<prometheus::Counter>* worker_failures_;
+  prometheus::Family<prometheus::Counter>* oversized_;
 };
 
 // Serves a registry as /metrics over HTTP (prometheus-cpp's civetweb).

@@ -66,8 +66,12 @@ void GenerateStream::OnEvent(engine::Event event) {
     if (event.finish != engine::FinishReason::kNone) {
       const bool refused = event.finish == engine::FinishReason::kError && first_token_at_ == 0 &&
                            event.usage.completion_tokens == 0;
+      const bool timed_out =
+          event.finish == engine::FinishReason::kCancelled && deadline_exceeded_;
       metrics_.RequestFinished(
-          refused ? CodeLabel(event.error.code()) : engine::FinishReasonName(event.finish),
+          refused     ? CodeLabel(event.error.code())
+          : timed_out ? "deadline_exceeded"
+                      : engine::FinishReasonName(event.finish),
           event.usage.prompt_tokens, event.usage.cached_prompt_tokens,
           event.usage.completion_tokens);
       if (!refused) metrics_.ObserveE2e(now - start_);
@@ -161,11 +165,13 @@ void GenerateStream::OnWriteDone(bool ok) {
 }
 
 void GenerateStream::OnCancel() {
-  loop_.Cancel(ctx_.engine_id);
+  // Before the engine hears of it: its final kCancelled event reads the flag.
   {
     std::lock_guard<std::mutex> lock(mu_);
     cancelled_ = true;
+    deadline_exceeded_ = DeadlinePassed(ctx_.deadline);
   }
+  loop_.Cancel(ctx_.engine_id);
   Pump();
 }
 

@@ -5,6 +5,7 @@
 
 #include <grpcpp/grpcpp.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -31,6 +32,8 @@ class GenerateStream final
     double frontend_elapsed_seconds = 0;
     bool logprobs = false;  // the request asked for logprobs
     Readiness* readiness = nullptr;  // told how the request ended; may be null
+    // The call's deadline: a cancellation after it counts as outcome "deadline_exceeded".
+    std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
   };
 
   // Makes a stream that owns itself until gRPC calls OnDone (the engine loop may hold it longer).
@@ -61,6 +64,7 @@ class GenerateStream final
   std::vector<engine::Event> pending_;        // events not yet written
   std::optional<grpc::Status> final_status_;  // set by the final event
   bool writing_ = false, finish_called_ = false, cancelled_ = false;
+  bool deadline_exceeded_ = false;  // OnCancel came at or after ctx_.deadline
   bool sent_tokens_ = false;
   double first_token_at_ = 0, last_token_at_ = 0, queue_seconds_ = 0;
   moe::internal::v1::WorkerGenerateResponse msg_;  // the message being written

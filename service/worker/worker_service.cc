@@ -128,6 +128,7 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   // top_logprobs counts only with logprobs (moe.v1): without it, no logprobs at all.
   sctx.logprobs = r.logprobs();
   sctx.readiness = &readiness_;
+  sctx.deadline = context->deadline();
   std::shared_ptr<GenerateStream> stream = GenerateStream::Create(sctx, loop_, metrics_);
 
   auto refuse = [&](const absl::Status& st) {
@@ -161,6 +162,8 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   er.return_logprobs = sctx.logprobs;
   er.top_logprobs = r.logprobs() ? static_cast<int32_t>(r.top_logprobs()) : 0;
   er.session_id = r.session_id();
+  // moe.v1's default is true: generated special tokens stay in token_ids, not in the text.
+  er.skip_special_tokens = !r.has_skip_special_tokens() || r.skip_special_tokens();
   loop_.Add(std::move(er), stream);
   return stream.get();
 }
@@ -172,6 +175,7 @@ grpc::ServerUnaryReactor* WorkerService::Tokenize(grpc::CallbackServerContext* c
     return Answer(context, st);
   }
   if (absl::Status st = CheckModel(request->model()); !st.ok()) return Answer(context, st);
+  if (absl::Status st = ValidateTokenizeRequest(*request); !st.ok()) return Answer(context, st);
   absl::StatusOr<std::vector<int32_t>> ids;
   if (request->has_chat()) {
     ids = ChatPrompt(request->chat());

@@ -25,7 +25,7 @@ struct WorkerOptions {
   int64_t context_length = 0;  // the engine's max context
   int64_t max_running = 0;     // the engine's max_running
   int64_t kv_budget_bytes = 0;
-  std::string expert_format;         // "checkpoint" or "store"
+  std::string expert_format;         // as moe.v1 ModelInfo documents it: "bf16", "int4-g64"
   uint64_t device_budget_bytes = 0;  // expert store tiers (0: off)
   uint64_t host_budget_bytes = 0;
   // Requests in a row failing with a worker fault (Readiness) that turn the worker NOT_SERVING.

@@ -382,7 +382,7 @@ class ServiceTest(unittest.TestCase):
             fe = c2.add_frontend()
             stub = c2.stub(fe)
             info = stub.GetModel(self.pb.GetModelRequest(model=MODEL_NAME), timeout=5)
-            self.assertEqual(info.expert_format, "store")
+            self.assertEqual(info.expert_format, "bf16")  # the import's default format
             self.assertEqual(info.device_budget_bytes, 2 << 20)
             want = harness.offline_tokens(PROMPT, 6)
             ids, _, _ = generate(stub, self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),

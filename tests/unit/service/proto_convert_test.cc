@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cmath>
 #include <limits>
 
@@ -107,6 +108,74 @@ TEST(ValidateGenerateRequest, UnknownLimitsAreNotChecked) {
   EXPECT_TRUE(ValidateGenerateRequest(r, ModelLimits{}).ok());
 }
 
+void ExpectInvalidTokenize(const moe::v1::TokenizeRequest& r, const std::string& words) {
+  const absl::Status st = ValidateTokenizeRequest(r);
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << words;
+  EXPECT_NE(st.message().find(words), std::string::npos) << st.message();
+}
+
+// Tokenize checks the fields it shares with Generate as Generate does (issue 29).
+TEST(ValidateTokenizeRequest, ChecksTheFieldsSharedWithGenerate) {
+  moe::v1::TokenizeRequest r;
+  r.set_model("m");
+  r.set_text("hello");
+  EXPECT_TRUE(ValidateTokenizeRequest(r).ok());
+  r.clear_model();
+  ExpectInvalidTokenize(r, "model: is required");
+  r.set_model("m");
+  r.clear_input();
+  ExpectInvalidTokenize(r, "input: one of text or chat");
+  r.set_text("");
+  ExpectInvalidTokenize(r, "text: the prompt is empty");
+  r.mutable_chat();
+  ExpectInvalidTokenize(r, "chat.messages: at least one message");
+  auto* m = r.mutable_chat()->add_messages();
+  m->set_role("system");
+  m = r.mutable_chat()->add_messages();
+  m->set_role("user");
+  ExpectInvalidTokenize(r, "chat.messages[1].content: a user turn is empty");
+  m->set_content("hi");
+  EXPECT_TRUE(ValidateTokenizeRequest(r).ok());
+  m->clear_role();
+  ExpectInvalidTokenize(r, "chat.messages[1].role: is empty");
+}
+
+// A string field proto3 refuses as not UTF-8 is found by its path, at any depth.
+TEST(InvalidUtf8Field, NamesTheField) {
+  const google::protobuf::Descriptor& d = *moe::v1::GenerateRequest::descriptor();
+  moe::v1::GenerateRequest r;
+  r.set_model("m");
+  auto* chat = r.mutable_chat();
+  chat->add_messages()->set_role("system");
+  auto* user = chat->add_messages();
+  user->set_role("user");
+  user->set_content("ok \xc3\xa9");  // valid: e with acute
+  r.mutable_stop()->add_strings("a");
+  r.mutable_stop()->add_strings("b");
+  std::string bytes;
+  // SerializePartialToString does not check UTF-8 (only debug builds would complain).
+  ASSERT_TRUE(r.SerializePartialToString(&bytes));
+  EXPECT_EQ(InvalidUtf8Field(d, bytes), "");
+
+  user->set_content("bad \xff byte");
+  ASSERT_TRUE(r.SerializePartialToString(&bytes));
+  moe::v1::GenerateRequest parsed;
+  EXPECT_FALSE(parsed.ParseFromString(bytes));  // what the frontend's Deserialize meets
+  EXPECT_EQ(InvalidUtf8Field(d, bytes), "chat.messages[1].content");
+
+  user->set_content("fine");
+  r.mutable_stop()->set_strings(1, "\xed\xa0\x80");  // a UTF-16 surrogate, refused in UTF-8
+  ASSERT_TRUE(r.SerializePartialToString(&bytes));
+  EXPECT_EQ(InvalidUtf8Field(d, bytes), "stop.strings[1]");
+
+  r.mutable_stop()->set_strings(1, "b");
+  r.set_model("m\xc0");
+  ASSERT_TRUE(r.SerializePartialToString(&bytes));
+  EXPECT_EQ(InvalidUtf8Field(d, bytes), "model");
+  // Bytes that are not a message at all name nothing.
+  EXPECT_EQ(InvalidUtf8Field(d, "\x0a\xff\xff\xff"), "");
+}
+
 TEST(ToStopConditions, DefaultMaxTokensFitsTheContext) {
   auto r = Valid();
   EXPECT_EQ(ToStopConditions(r, 2, 4096).max_tokens, kDefaultMaxTokens);
@@ -127,6 +196,16 @@ TEST(ToSamplingParams, UnsetFieldsKeepEngineDefaults) {
   s.set_seed(42);
   EXPECT_EQ(ToSamplingParams(s).temperature, 0.f);
   EXPECT_EQ(ToSamplingParams(s).seed, 42u);
+}
+
+TEST(StatusConvert, DeadlinePassedAllowsGrpcClockSlack) {
+  const auto now = std::chrono::system_clock::now();
+  EXPECT_TRUE(DeadlinePassed(now - std::chrono::seconds(1), now));
+  EXPECT_TRUE(DeadlinePassed(now, now));
+  // gRPC's timer may fire a little before system_clock reaches the deadline.
+  EXPECT_TRUE(DeadlinePassed(now + kDeadlineSlack / 2, now));
+  EXPECT_FALSE(DeadlinePassed(now + std::chrono::seconds(1), now));
+  EXPECT_FALSE(DeadlinePassed(std::chrono::system_clock::time_point::max(), now));
 }
 
 TEST(StatusConvert, CodesMapOneToOne) {
