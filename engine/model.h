@@ -130,7 +130,9 @@ class Model {
   // item for its last token. InvalidArgument: a token id outside the vocabulary, a sequence that
   // would pass its KV capacity, an empty item. Errors from expert loads are returned as they are
   // (they name the expert and file), as is InvalidArgument for a key or value the KV format
-  // rejects (non-finite; names the position); the items' lengths then do not advance.
+  // rejects (non-finite; names the position) or for a routing fault (non-finite router logits,
+  // an expert id out of range: names the layer, Backend::TakeRoutingError); the items' lengths
+  // then do not advance.
   absl::Status Forward(absl::Span<const ForwardItem> batch, bool all_positions,
                        std::vector<float>* logits);
   // Forward for each item's last token, then the next tokens drawn where the logits are
