@@ -7,10 +7,8 @@ re-run (which resumes) leaves a store that verifies. Bounded: well under 90 s on
 
 import os
 import random
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 import unittest
@@ -18,22 +16,13 @@ import unittest
 import grpc
 
 import harness
-from harness import generate, wait_for
+from harness import generate
 
 STREAMS = 12
 MAX_TOKENS = 600
 
 
-class ChaosTest(unittest.TestCase):
-    def setUp(self):
-        self.c = None
-        self.tmp = tempfile.mkdtemp(prefix="moe-chaos-")
-
-    def tearDown(self):
-        if self.c is not None:
-            self.c.close()
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
+class ChaosTest(harness.ClusterTestCase):
     def test_worker_killed_under_load_loses_no_stream_silently(self):
         c = self.c = harness.Cluster(workers=2)
         fe = c.add_frontend()

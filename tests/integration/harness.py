@@ -4,12 +4,14 @@ grpc_python_plugin), and reads /metrics. Run with /usr/bin/python3 (Debian's grp
 
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import unittest
 import urllib.request
 
 BUILD_DIR = os.environ.get("MOE_BUILD_DIR", os.path.join(os.path.dirname(__file__), "../../build"))
@@ -217,3 +219,28 @@ def generate(stub, pb, timeout=30, metadata=None, **fields):
         text += msg.text
         last = msg
     return ids, text, last
+
+
+class ClusterTestCase(unittest.TestCase):
+    """A test case with a scratch directory (self.tmp, removed after) and at most one Cluster
+    (self.c, closed after)."""
+
+    def setUp(self):
+        self.c = None
+        self.tmp = tempfile.mkdtemp(prefix="moe-it-case-")
+
+    def tearDown(self):
+        if self.c is not None:
+            self.c.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def cluster(self, workers=1, worker_args=()):
+        self.c = Cluster(workers=workers, worker_args=worker_args)
+        return self.c
+
+    def import_store(self, *args, name="store"):
+        """moe-import of the test model into self.tmp/name; returns the store's path."""
+        store = os.path.join(self.tmp, name)
+        subprocess.run([os.path.join(BUILD_DIR, "bin", "moe-import"), f"--model_dir={MODEL_DIR}",
+                        f"--store_dir={store}", *args], check=True, capture_output=True)
+        return store

@@ -6,9 +6,6 @@ Real processes on loopback (harness.py); run with /usr/bin/python3."""
 
 import glob
 import os
-import subprocess
-import tempfile
-import time
 import unittest
 
 import grpc
@@ -20,31 +17,12 @@ PROMPT = [1, 2, 3, 4, 5, 6, 7, 8]
 LONG = 4000  # tokens: seconds of generation on the CPU build (context 4096)
 
 
-class ReliabilityServiceTest(unittest.TestCase):
-    def setUp(self):
-        self.c = None
-        self.tmp = tempfile.mkdtemp(prefix="moe-rel2-")
-
-    def tearDown(self):
-        if self.c is not None:
-            self.c.close()
-
-    def cluster(self, workers=1, worker_args=()):
-        self.c = harness.Cluster(workers=workers, worker_args=worker_args)
-        return self.c
-
+class ReliabilityServiceTest(harness.ClusterTestCase):
     def long_stream(self, stub, timeout=60):
         req = self.c.pb.GenerateRequest(
             model=harness.MODEL_NAME, token_ids=self.c.pb.TokenIds(ids=PROMPT), max_tokens=LONG,
             stop=self.c.pb.StopParams(ignore_eos=True))
         return stub.Generate(req, timeout=timeout)
-
-    def import_store(self, *args):
-        store = os.path.join(self.tmp, "store")
-        subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-import"),
-                        f"--model_dir={harness.MODEL_DIR}", f"--store_dir={store}", *args],
-                       check=True, capture_output=True)
-        return store
 
     def test_deadline_mid_stream_is_its_own_outcome_on_the_worker(self):
         c = self.cluster(workers=1)

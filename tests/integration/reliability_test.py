@@ -7,7 +7,6 @@ import glob
 import os
 import socket
 import subprocess
-import tempfile
 import time
 import unittest
 
@@ -25,19 +24,7 @@ def run_to_exit(argv, timeout=60):
     return r.returncode, r.stdout + r.stderr
 
 
-class ReliabilityTest(unittest.TestCase):
-    def setUp(self):
-        self.c = None
-        self.tmp = tempfile.mkdtemp(prefix="moe-rel-")
-
-    def tearDown(self):
-        if self.c is not None:
-            self.c.close()
-
-    def cluster(self, workers=1, worker_args=()):
-        self.c = harness.Cluster(workers=workers, worker_args=worker_args)
-        return self.c
-
+class ReliabilityTest(harness.ClusterTestCase):
     def write(self, name, text):
         path = os.path.join(self.tmp, name)
         with open(path, "w") as f:
@@ -99,10 +86,7 @@ class ReliabilityTest(unittest.TestCase):
                     s.close()
 
     def test_corrupt_store_worker_turns_not_serving_and_requests_retry(self):
-        store = os.path.join(self.tmp, "store")
-        subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-import"),
-                        f"--model_dir={harness.MODEL_DIR}", f"--store_dir={store}"],
-                       check=True, capture_output=True)
+        store = self.import_store()
         # Garbage over every blob's bytes: every expert read fails its checksum (DATA_LOSS).
         for path in glob.glob(os.path.join(store, "blobs", "*.blob")):
             size = os.path.getsize(path)
@@ -169,10 +153,7 @@ class ReliabilityTest(unittest.TestCase):
 
 
     def test_store_served_under_its_import_name(self):
-        store = os.path.join(self.tmp, "some-dir")
-        subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-import"),
-                        f"--model_dir={harness.MODEL_DIR}", f"--store_dir={store}",
-                        "--model=imported-name"], check=True, capture_output=True)
+        store = self.import_store("--model=imported-name", name="some-dir")
         c = self.cluster(workers=0)
         c.workers.append(harness.Worker(0, c.log_dir, [f"--model={store}"]))
         fe = c.add_frontend()
