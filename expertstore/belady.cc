@@ -9,7 +9,7 @@
 
 namespace moe::store {
 
-SimResult SimulateBelady(const std::vector<ExpertId>& accesses, int64_t capacity) {
+SimResult SimulateBelady(const std::vector<ExpertId>& accesses, int64_t capacity, bool bypass) {
   const int64_t n = static_cast<int64_t>(accesses.size());
   constexpr int64_t kNever = std::numeric_limits<int64_t>::max();
   std::vector<int64_t> next_use(n);
@@ -35,6 +35,10 @@ SimResult SimulateBelady(const std::vector<ExpertId>& accesses, int64_t capacity
     if (capacity == 0) continue;
     if (static_cast<int64_t>(resident.size()) >= capacity) {
       auto victim = std::prev(by_next.end());
+      if (bypass && next_use[i] >= victim->first) {
+        ++r.bypasses;
+        continue;
+      }
       resident.erase(victim->second);
       by_next.erase(victim);
     }
@@ -44,26 +48,36 @@ SimResult SimulateBelady(const std::vector<ExpertId>& accesses, int64_t capacity
   return r;
 }
 
-SimResult SimulatePolicy(const std::vector<ExpertId>& accesses, int64_t capacity,
-                         EvictionPolicy& policy) {
+SimResult SimulatePolicy(const RoutingTrace& trace, int64_t capacity, EvictionPolicy& policy) {
   SimResult r;
   absl::flat_hash_set<ExpertId> resident;
-  for (const ExpertId id : accesses) {
-    ++r.accesses;
-    if (resident.contains(id)) {
-      ++r.hits;
-      policy.OnAccess(id);
+  for (const RoutingRecord& record : trace.records) {
+    if (record.prediction) {
+      policy.OnPredict(record.layer, record.experts);
       continue;
     }
-    if (capacity == 0) continue;
-    if (static_cast<int64_t>(resident.size()) >= capacity) {
-      std::optional<ExpertId> victim = policy.Victim([](ExpertId) { return true; });
-      if (!victim) continue;  // everything pinned (pinned layers fill the cache): bypass
-      policy.OnErase(*victim);
-      resident.erase(*victim);
+    policy.BeginVisit(record.layer, record.experts);
+    for (const int32_t e : record.experts) {
+      const ExpertId id{record.layer, e};
+      ++r.accesses;
+      if (resident.contains(id)) {
+        ++r.hits;
+        policy.OnAccess(id);
+        continue;
+      }
+      if (capacity == 0) continue;
+      if (static_cast<int64_t>(resident.size()) >= capacity) {
+        std::optional<ExpertId> victim = policy.Victim([](ExpertId) { return true; });
+        if (!victim || !policy.Admit(id, *victim)) {  // nullopt: pinned layers fill the cache
+          ++r.bypasses;
+          continue;
+        }
+        policy.OnErase(*victim);
+        resident.erase(*victim);
+      }
+      resident.insert(id);
+      policy.OnInsert(id);
     }
-    resident.insert(id);
-    policy.OnInsert(id);
   }
   return r;
 }

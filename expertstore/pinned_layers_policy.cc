@@ -16,6 +16,15 @@ class PinnedLayersPolicy final : public EvictionPolicy {
   void OnInsert(ExpertId id) override { inner_->OnInsert(id); }
   void OnAccess(ExpertId id) override { inner_->OnAccess(id); }
   void OnErase(ExpertId id) override { inner_->OnErase(id); }
+  void BeginVisit(int32_t layer, absl::Span<const int32_t> experts) override {
+    inner_->BeginVisit(layer, experts);
+  }
+  void OnPredict(int32_t layer, absl::Span<const int32_t> experts) override {
+    inner_->OnPredict(layer, experts);
+  }
+  bool Admit(ExpertId incoming, ExpertId victim) override {
+    return inner_->Admit(incoming, victim);
+  }
   std::optional<ExpertId> Victim(const std::function<bool(ExpertId)>& evictable) override {
     return inner_->Victim(
         [&](ExpertId id) { return !layers_.contains(id.layer) && evictable(id); });

@@ -6,11 +6,24 @@
 
 namespace moe::store {
 
-std::vector<std::string> PolicyNames() { return {"lru", "weighted_lru", "lfu_aging"}; }
+std::vector<std::string> PolicyNames() {
+  return {"next_use", "lru", "weighted_lru", "lfu_aging"};
+}
 
 absl::StatusOr<std::unique_ptr<EvictionPolicy>> MakePolicy(const PolicyOptions& options) {
   std::unique_ptr<EvictionPolicy> policy;
-  if (options.name == "lru") {
+  if (options.name == "next_use") {
+    if (options.num_layers <= 0 || options.num_experts <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("policy next_use: needs the model's shape, got ", options.num_layers,
+                       " layers x ", options.num_experts, " experts"));
+    }
+    if (!(options.frequency_alpha > 0 && options.frequency_alpha < 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "policy next_use: frequency_alpha ", options.frequency_alpha, " outside (0, 1)"));
+    }
+    policy = MakeNextUsePolicy(options.num_layers, options.num_experts, options.frequency_alpha);
+  } else if (options.name == "lru") {
     policy = MakeLruPolicy();
   } else if (options.name == "weighted_lru") {
     if (!(options.frequency_weight >= 0)) {

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 namespace moe::store {
 
@@ -40,12 +41,30 @@ class EvictionPolicy {
   // The resident expert to evict next among those for which `evictable` is true; nullopt when
   // there is none. Does not erase it (the caller calls OnErase).
   virtual std::optional<ExpertId> Victim(const std::function<bool(ExpertId)>& evictable) = 0;
+
+  // The hooks below have defaults for the recency and frequency policies, which need none.
+  // A visit of `layer` begins: `experts` is everything it uses now (one Acquire or Use call),
+  // each then accessed or missed. Called before those accesses.
+  virtual void BeginVisit(int32_t layer, absl::Span<const int32_t> experts) {}
+  // The prefetch predictor expects the next visit of `layer` to use `experts`.
+  virtual void OnPredict(int32_t layer, absl::Span<const int32_t> experts) {}
+  // A miss of `incoming` found the tier full and `victim` is the policy's choice: true replaces
+  // the victim, false serves `incoming` without caching it (a bypass: promoting an expert that is
+  // evicted before its next use only costs transfers).
+  virtual bool Admit(ExpertId incoming, ExpertId victim) { return true; }
 };
 
 struct PolicyOptions {
-  // "lru", "weighted_lru" (Flash-MoE's access_count * W + last_used), "lfu_aging".
-  // Default: "lru".
-  std::string name = "lru";
+  // "next_use" (Belady's rule on estimated next uses, next_use_policy.cc), "lru",
+  // "weighted_lru" (Flash-MoE's access_count * W + last_used), "lfu_aging". Default: "next_use".
+  std::string name = "next_use";
+  // The model's shape, which next_use needs (the store and the simulator set them).
+  int32_t num_layers = 0;
+  int32_t num_experts = 0;
+  // next_use: how fast each expert's selection statistics forget: every visit of its layer
+  // weighs them by 1 - frequency_alpha (a memory of about 1 / frequency_alpha visits).
+  // Default: 0.01.
+  double frequency_alpha = 0.01;
   // weighted_lru: W, in units of the logical clock (one tick per access). Default: 1.
   double frequency_weight = 1.0;
   // lfu_aging: every this many accesses all counts are halved, so yesterday's favourites age
@@ -56,6 +75,8 @@ struct PolicyOptions {
   std::vector<int32_t> pinned_layers;
 };
 
+std::unique_ptr<EvictionPolicy> MakeNextUsePolicy(int32_t num_layers, int32_t num_experts,
+                                                  double frequency_alpha);
 std::unique_ptr<EvictionPolicy> MakeLruPolicy();
 std::unique_ptr<EvictionPolicy> MakeWeightedLruPolicy(double frequency_weight);
 std::unique_ptr<EvictionPolicy> MakeLfuAgingPolicy(int64_t aging_period);

@@ -27,15 +27,19 @@ absl::StatusOr<RoutingTrace> ReadRoutingTrace(const std::string& path) {
     const std::string where = absl::StrCat("routing trace ", path, ":", line_no);
     if (!header) {
       if (!(fields >> magic >> version >> trace.num_layers >> trace.num_experts) ||
-          magic != "moe-routing-trace" || version != 1 || trace.num_layers <= 0 ||
-          trace.num_experts <= 0) {
+          magic != "moe-routing-trace" || (version != 1 && version != 2) ||
+          trace.num_layers <= 0 || trace.num_experts <= 0) {
         return absl::InvalidArgumentError(
-            absl::StrCat(where, ": expected 'moe-routing-trace 1 <layers> <experts>'"));
+            absl::StrCat(where, ": expected 'moe-routing-trace 2 <layers> <experts>'"));
       }
       header = true;
       continue;
     }
     RoutingRecord r;
+    if (version >= 2 && line[0] == 'p') {
+      r.prediction = true;
+      fields.get();
+    }
     if (!(fields >> r.step >> r.layer)) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": expected '<step> <layer> ...'"));
     }
@@ -63,9 +67,9 @@ absl::StatusOr<RoutingTrace> ReadRoutingTrace(const std::string& path) {
 
 absl::Status WriteRoutingTrace(const std::string& path, const RoutingTrace& trace) {
   std::ofstream out(path);
-  out << "moe-routing-trace 1 " << trace.num_layers << " " << trace.num_experts << "\n";
+  out << "moe-routing-trace 2 " << trace.num_layers << " " << trace.num_experts << "\n";
   for (const RoutingRecord& r : trace.records) {
-    out << r.step << " " << r.layer;
+    out << (r.prediction ? "p " : "") << r.step << " " << r.layer;
     for (int32_t e : r.experts) out << " " << e;
     out << "\n";
   }
@@ -80,7 +84,7 @@ absl::StatusOr<std::unique_ptr<RoutingTraceWriter>> RoutingTraceWriter::Create(
   if (f == nullptr) {
     return absl::InternalError(absl::StrCat("routing trace ", path, ": cannot create"));
   }
-  std::fprintf(f, "moe-routing-trace 1 %d %d\n", num_layers, num_experts);
+  std::fprintf(f, "moe-routing-trace 2 %d %d\n", num_layers, num_experts);
   return std::unique_ptr<RoutingTraceWriter>(new RoutingTraceWriter(path, f));
 }
 
@@ -90,6 +94,12 @@ void RoutingTraceWriter::Append(int64_t step, int32_t layer, const std::vector<i
   std::fprintf(file_, "%lld %d", static_cast<long long>(step), layer);
   for (int32_t e : experts) std::fprintf(file_, " %d", e);
   std::fputc('\n', file_);
+}
+
+void RoutingTraceWriter::AppendPrediction(int64_t step, int32_t layer,
+                                          const std::vector<int32_t>& experts) {
+  std::fputs("p ", file_);
+  Append(step, layer, experts);
 }
 
 absl::Status RoutingTraceWriter::Flush() {
@@ -103,6 +113,7 @@ absl::Status RoutingTraceWriter::Flush() {
 std::vector<ExpertId> TraceAccesses(const RoutingTrace& trace) {
   std::vector<ExpertId> out;
   for (const RoutingRecord& r : trace.records) {
+    if (r.prediction) continue;
     for (int32_t e : r.experts) out.push_back(ExpertId{r.layer, e});
   }
   return out;

@@ -2,10 +2,13 @@
 // engine or made synthetically, for the policy simulator (moe-store-sim).
 //
 // File format (text, one record per line, '#' starts a comment line):
-//   moe-routing-trace 1 <num_layers> <num_experts>      first line: magic, version, sizes
+//   moe-routing-trace 2 <num_layers> <num_experts>      first line: magic, version, sizes
 //   <step> <layer> <expert> <expert> ...                 one line per (step, layer): the union of
 //                                                        experts the batch needed, in request order
-// Steps are non-decreasing; a step lists each layer at most once. Text because traces are small
+//   p <step> <layer> <expert> ...                        the prefetch predictor's guess for that
+//                                                        layer's next visit, made before it
+// Steps are non-decreasing; a step lists each layer at most once. Version 1 (no predictions) is
+// still read. Text because traces are small
 // next to what they describe (48 layers x 8 experts x 10k steps ~ 15 MB) and greppable.
 #pragma once
 
@@ -24,6 +27,7 @@ struct RoutingRecord {
   int64_t step = 0;
   int32_t layer = 0;
   std::vector<int32_t> experts;
+  bool prediction = false;  // a guess for the layer's next visit, not a use
 };
 
 struct RoutingTrace {
@@ -49,6 +53,7 @@ class RoutingTraceWriter {
                                                                     int32_t num_experts);
   ~RoutingTraceWriter();
   void Append(int64_t step, int32_t layer, const std::vector<int32_t>& experts);
+  void AppendPrediction(int64_t step, int32_t layer, const std::vector<int32_t>& experts);
   // Internal when a write failed since the last call.
   absl::Status Flush();
 
@@ -58,7 +63,8 @@ class RoutingTraceWriter {
   std::FILE* file_;
 };
 
-// The accesses a trace makes, in order: record by record, experts in the order listed.
+// The accesses a trace makes, in order: record by record, experts in the order listed
+// (predictions are not accesses).
 std::vector<ExpertId> TraceAccesses(const RoutingTrace& trace);
 
 struct SyntheticTraceOptions {
