@@ -417,6 +417,8 @@ void MoeLayer::PrefetchNextLayer(int64_t layer, int64_t T, const float* h, Phase
   backend_.CopyToHost(ids.data(), route.expert_ids, ids.size() * sizeof(int32_t));
   std::sort(ids.begin(), ids.end());
   ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  // Recorded, so that the simulator replays what the policy was told (OnPredict).
+  if (trace_ != nullptr) trace_->AppendPrediction(trace_step_, static_cast<int32_t>(next), ids);
   store_->Prefetch(static_cast<int32_t>(next), ids);
   times.prefetch_us += Clock() - t0;
 }

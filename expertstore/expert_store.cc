@@ -111,17 +111,22 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
   for (BlobLocation& l : entries) store->locations_[ExpertId{l.layer, l.expert}] = std::move(l);
 
   const uint64_t slot = store->slot_bytes_;
+  PolicyOptions policy_options = options.policy;  // with the index's shape (next_use needs it)
+  policy_options.num_layers = store->num_layers_;
+  for (const auto& [id, loc] : store->locations_) {
+    policy_options.num_experts = std::max(policy_options.num_experts, id.expert + 1);
+  }
   if (options.device_budget_bytes > 0) {
     const int64_t n = static_cast<int64_t>(options.device_budget_bytes / slot);
     MOE_ASSIGN_OR_RETURN(kernels::Buffer memory, backend->Allocate(n * slot));
-    MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(options.policy));
+    MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(policy_options));
     store->device_ = std::make_unique<SlotTier>("device", std::move(memory), slot, n,
                                                 std::move(policy), &store->stats_.device);
   }
   if (options.host_budget_bytes > 0) {
     const int64_t n = static_cast<int64_t>(options.host_budget_bytes / slot);
     MOE_ASSIGN_OR_RETURN(kernels::Buffer memory, store->host_allocator_->Allocate(n * slot));
-    MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(options.policy));
+    MOE_ASSIGN_OR_RETURN(std::unique_ptr<EvictionPolicy> policy, MakePolicy(policy_options));
     store->host_ = std::make_unique<SlotTier>("host", std::move(memory), slot, n, std::move(policy),
                                               &store->stats_.host);
   }
@@ -155,6 +160,7 @@ absl::StatusOr<std::vector<ExpertHandle>> ExpertStore::Acquire(int32_t layer,
   std::vector<ExpertHandle> handles;
   handles.reserve(experts.size());
   std::unique_lock<std::mutex> lock(mu_);
+  BeginVisit(layer, experts);
   std::vector<size_t> need;  // misses that found no device slot
   for (const int32_t e : experts) {
     handles.push_back(AcquireLocked(layer, e, true));
@@ -174,7 +180,13 @@ void ExpertStore::Use(int32_t layer, absl::Span<const int32_t> experts,
     ++(device_->slot(d).state == SlotState::kLoading ? stats_.host_reads_loading
                                                       : stats_.host_reads_loaded);
   }
+  BeginVisit(layer, experts);
   for (const int32_t e : experts) AcquireLocked(layer, e, false);
+}
+
+void ExpertStore::BeginVisit(int32_t layer, absl::Span<const int32_t> experts) {
+  if (device_) device_->BeginVisit(layer, experts);
+  if (host_) host_->BeginVisit(layer, experts);
 }
 
 void ExpertStore::AcquireTransients(std::unique_lock<std::mutex>& lock,
@@ -263,6 +275,8 @@ ExpertHandle ExpertStore::AcquireLocked(int32_t layer, int32_t e, bool hold) {
 
 void ExpertStore::Prefetch(int32_t layer, absl::Span<const int32_t> experts) {
   std::lock_guard<std::mutex> lock(mu_);
+  if (device_) device_->Predict(layer, experts);
+  if (host_) host_->Predict(layer, experts);
   for (const int32_t e : experts) {
     const ExpertId id{layer, e};
     auto loc_it = locations_.find(id);

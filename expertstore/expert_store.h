@@ -43,7 +43,7 @@ struct StoreOptions {
   std::string model;      // expected model id; empty accepts the index's. Default: empty.
   uint64_t device_budget_bytes = 0;  // device tier memory; 0 removes the tier. Default: 0.
   uint64_t host_budget_bytes = 0;    // host tier memory; 0 removes the tier. Default: 0.
-  PolicyOptions policy;              // eviction policy of both tiers. Default: lru.
+  PolicyOptions policy;              // eviction policy of both tiers. Default: next_use.
   int io_threads = 8;                // blob reads in flight. Default: 8.
   bool verify_checksums = true;      // Default: true.
   bool use_o_direct = true;          // Default: true.
@@ -162,6 +162,8 @@ class ExpertStore final : public ExpertProvider {
   void AcquireTransients(std::unique_lock<std::mutex>& lock, const std::vector<size_t>& need,
                          std::vector<ExpertHandle>* handles);
   uint64_t ReadableVersionLocked(int32_t layer) const;
+  // Tells both tiers' policies that `layer` uses `experts` now (Acquire, Use).
+  void BeginVisit(int32_t layer, absl::Span<const int32_t> experts);
   void FillFromBelow(const BlobLocation& loc, const Target& target);
   void ReadIntoHostSlot(const BlobLocation& loc, int host_slot);
   void EnqueueCopy(const void* src, const BlobLocation& loc, const Target& target,

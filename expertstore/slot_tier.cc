@@ -37,6 +37,10 @@ int SlotTier::Claim(ExpertId id, int64_t now_us) {
       return slot.state == SlotState::kReady && slot.pins == 0;
     });
     if (!victim) return -1;
+    if (!policy_->Admit(id, *victim)) {
+      ++stats_->bypasses;
+      return -1;
+    }
     s = where_.at(*victim);
     Changed(victim->layer);
     where_.erase(*victim);

@@ -48,8 +48,16 @@ class SlotTier {
   // The slot holding (or loading) id, or -1.
   int Find(ExpertId id) const;
   // A slot for id in state kLoading with a fresh promise: a free slot, else the policy's victim
-  // among ready, unpinned slots (counted as an eviction). -1 when every slot is pinned or loading.
+  // among ready, unpinned slots (counted as an eviction). -1 when every slot is pinned or loading,
+  // or when the policy would rather not cache id (EvictionPolicy::Admit; counted as a bypass).
   int Claim(ExpertId id, int64_t now_us);
+  // What the policy learns from (EvictionPolicy::BeginVisit, OnPredict).
+  void BeginVisit(int32_t layer, absl::Span<const int32_t> experts) {
+    policy_->BeginVisit(layer, experts);
+  }
+  void Predict(int32_t layer, absl::Span<const int32_t> experts) {
+    policy_->OnPredict(layer, experts);
+  }
   // Ends the load of `slot`: kReady on OK; on error the slot is detached (a later request loads
   // again) and freed once unpinned. Sets the promise; returns the waiters for the caller to run
   // outside its lock.

@@ -15,6 +15,7 @@ struct TierStats {
   uint64_t misses = 0;    // had to be brought in from the tier below
   uint64_t bytes_in = 0;  // bytes copied into this tier
   uint64_t evictions = 0;
+  uint64_t bypasses = 0;  // misses the policy chose not to cache (EvictionPolicy::Admit)
 };
 
 // Load latency in microseconds, power-of-two buckets: bucket b counts latencies in

@@ -36,7 +36,9 @@ ABSL_FLAG(std::string, device_budget, "auto",
 ABSL_FLAG(std::string, host_budget, "auto",
           "Expert store: pinned host RAM (host tier) budget; 0 removes the tier. auto: the "
           "experts the VRAM tier does not hold, at most half the available RAM; 0 on the CPU");
-ABSL_FLAG(std::string, policy, "lru", "Expert store eviction policy: lru, weighted_lru, lfu_aging");
+ABSL_FLAG(std::string, policy, "next_use",
+          "Expert store eviction policy: next_use (Belady's rule on estimated next uses, with "
+          "bypass), lru, weighted_lru, lfu_aging");
 ABSL_FLAG(std::vector<std::string>, pinned_layers, {},
           "Expert store: comma-separated layers whose experts are never evicted");
 ABSL_FLAG(bool, prefetch, false,

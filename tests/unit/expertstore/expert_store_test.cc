@@ -20,6 +20,9 @@ StoreOptions Options(const std::string& dir, uint64_t device_budget, uint64_t ho
   o.store_dir = dir;
   o.device_budget_bytes = device_budget;
   o.host_budget_bytes = host_budget;
+  // LRU caches every miss: these tests count the tiers' mechanics. The default policy, which
+  // may decline to cache a miss, has its own test (NextUseServesAOneOffWithoutEvicting).
+  o.policy.name = "lru";
   return o;
 }
 
@@ -350,6 +353,46 @@ TEST(ExpertStoreTest, UseCountsHostReadsAndThoseTheDeviceTierHeld) {
   s = (*store)->Stats();
   EXPECT_EQ(s.device.hits - before.device.hits, 2u) << "expert 2 came from the Use";
   EXPECT_EQ(s.host_reads_loading, before.host_reads_loading) << "1 and 2 were in no device slot";
+}
+
+// The default policy in the store, two device slots: a layer's visits go {0, 1}, {0, 1}, {2}, ...
+// Expert 2 never comes back at the next visit, 0 and 1 always do once 2 was used: next_use learns
+// it and serves 2 from a transient buffer (a bypass) so that 0 and 1 always hit; LRU evicts one
+// of them for 2 every cycle and misses it at the next visit.
+TEST(ExpertStoreTest, NextUseServesAOneOffWithoutEvicting) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  for (const std::string policy : {"next_use", "lru"}) {
+    StoreOptions o = Options(t.store_dir, 2 * 16384, 0);
+    o.policy.name = policy;
+    auto store = ExpertStore::Open(o, backend.get());
+    ASSERT_TRUE(store.ok()) << store.status();
+    StoreStats warm;
+    for (int cycle = 0; cycle < 30; ++cycle) {
+      if (cycle == 20) warm = (*store)->Stats();
+      for (const std::vector<int32_t>& visit :
+           {std::vector<int32_t>{0, 1}, std::vector<int32_t>{0, 1}, std::vector<int32_t>{2}}) {
+        auto h = (*store)->Acquire(0, visit);
+        ASSERT_TRUE(h.ok());
+        for (const auto& x : *h) {
+          ASSERT_TRUE(x.ready.get().ok());
+          EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, *x.weights, 0, x.expert));
+        }
+      }
+    }
+    const StoreStats s = (*store)->Stats();
+    const uint64_t hits = s.device.hits - warm.device.hits;  // of 40 uses of 0 and 1
+    if (policy == "next_use") {
+      EXPECT_EQ(hits, 40u);
+      EXPECT_EQ(s.device.bypasses - warm.device.bypasses, 10u);
+      EXPECT_EQ(s.device.evictions, warm.device.evictions);
+      EXPECT_EQ(s.transient_loads - warm.transient_loads, 10u);
+    } else {
+      EXPECT_LT(hits, 40u);
+      EXPECT_EQ(s.device.bypasses, 0u);
+    }
+  }
 }
 
 TEST(ExpertStoreTest, LayerOutOfRangeIsInvalidArgument) {

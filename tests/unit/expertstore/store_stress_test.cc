@@ -86,6 +86,7 @@ INSTANTIATE_TEST_SUITE_P(Configs, StoreStress,
                          ::testing::Values(StressConfig{3, 5, "lru"},
                                            StressConfig{4, 6, "weighted_lru"},
                                            StressConfig{3, 0, "lfu_aging"},
+                                           StressConfig{3, 5, "next_use"},
                                            StressConfig{0, 4, "lru"}, StressConfig{0, 0, "lru"}),
                          [](const auto& p) {
                            return std::string(p.param.policy) + "_device" +
