@@ -3,21 +3,39 @@
 // thousand entries, read once at open, so legibility (ldb scan) wins over a binary encoding.
 #include "expertstore/blob_index.h"
 
+#include <cstdarg>
+#include <cstdio>
 #include <limits>
 #include <stdexcept>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
 #include "rocksdb/db.h"
+#include "rocksdb/env.h"
 #include "rocksdb/write_batch.h"
 
 namespace moe::store {
 namespace {
 using nlohmann::json;
 constexpr char kManifestKey[] = "manifest";
+
+// RocksDB's log goes to ours, warnings and worse only, instead of a LOG file in the index: on a
+// full disk RocksDB 7.8 aborts (an assertion in WritableFileWriter) when it logs again to a LOG
+// whose write failed, and a reader should not need to write to the store at all.
+class WarningLogger : public rocksdb::Logger {
+ public:
+  WarningLogger() : rocksdb::Logger(rocksdb::InfoLogLevel::WARN_LEVEL) {}
+  using rocksdb::Logger::Logv;
+  void Logv(const char* format, va_list ap) override {
+    char line[1024];
+    std::vsnprintf(line, sizeof line, format, ap);
+    MOE_LOG(WARNING) << "[store] rocksdb: " << line;
+  }
+};
 
 std::string EntryPrefix(const std::string& model) { return absl::StrCat("e/", model, "/"); }
 std::string EntryKey(const std::string& model, int32_t layer, int32_t expert) {
@@ -126,10 +144,15 @@ absl::StatusOr<std::unique_ptr<BlobIndex>> BlobIndex::Open(const std::string& pa
                                                            const std::string& model, bool create) {
   rocksdb::Options options;
   options.create_if_missing = create;
+  options.info_log = std::make_shared<WarningLogger>();
   rocksdb::DB* raw = nullptr;
-  rocksdb::Status s = rocksdb::DB::Open(options, path, &raw);
+  // Readers open read-only: no new MANIFEST, OPTIONS or WAL file, so a store on a full or
+  // read-only filesystem still opens (and the importer's LOCK does not keep readers out).
+  rocksdb::Status s = create ? rocksdb::DB::Open(options, path, &raw)
+                             : rocksdb::DB::OpenForReadOnly(options, path, &raw);
   if (!s.ok()) {
-    if (!create && s.IsInvalidArgument()) {  // RocksDB's "does not exist (create_if_missing...)"
+    // RocksDB's "does not exist (create_if_missing...)"; read-only: the directory's NotFound.
+    if (!create && (s.IsInvalidArgument() || s.IsNotFound() || s.IsPathNotFound())) {
       return absl::NotFoundError(absl::StrCat("index ", path, " does not exist: ", s.ToString()));
     }
     return absl::InternalError(absl::StrCat("index ", path, ": cannot open: ", s.ToString()));

@@ -34,7 +34,8 @@ class BlobIndex {
   // Opens the index at `path` (a RocksDB directory).
   // `model`: the model the caller expects; empty accepts whatever the manifest says.
   // `create`: when the index does not exist, create it with a manifest naming `model`
-  //   (which must then be non-empty); otherwise a missing index is NotFound.
+  //   (which must then be non-empty); otherwise a missing index is NotFound, and the index is
+  //   opened read-only (it writes nothing: a full or read-only disk does not stop readers).
   // FailedPrecondition: the manifest names another model, or another format version (the message
   // names the index path and both values). DataLoss: an unreadable manifest. Internal: RocksDB
   // could not open (the message carries RocksDB's, e.g. the LOCK held by another importer).

@@ -168,9 +168,16 @@ int main(int argc, char** argv) {
   options->on_progress = PrintProgress;
 
   const double start = base::NowSeconds();
+  // The model files first: manifest.json, which ImportModel writes last, means the store is whole
+  // (a disk that filled while copying them left a store that verified without its config.json).
+  std::error_code ec;
+  std::filesystem::create_directories(store_dir, ec);
+  if (ec) {
+    return Fail(absl::InternalError(absl::StrCat("creating ", store_dir, ": ", ec.message())));
+  }
+  if (absl::Status s = CopyModelFiles(model_dir, store_dir); !s.ok()) return Fail(s);
   auto result = store::ImportModel(**ckpt, store_dir, *options);
   if (!result.ok()) return Fail(result.status());
-  if (absl::Status s = CopyModelFiles(model_dir, store_dir); !s.ok()) return Fail(s);
   std::fprintf(stderr,
                "\n[import] model '%s': %ld experts written (%ld re-written), %ld already there, "
                "%s in %.1fs; %zu dense tensors\n",

@@ -117,14 +117,15 @@ class Process:
 
 
 class Worker:
-    def __init__(self, index, log_dir, extra_args=()):
+    def __init__(self, index, log_dir, extra_args=(), wrap=()):
         self.port, self.metrics_port = free_port(), free_port()
         self.address = f"127.0.0.1:{self.port}"
         self.name = f"worker{index}"
         self.argv = [WORKER_BIN, f"--model={MODEL_DIR}", f"--listen={self.address}",
                      f"--metrics_listen=127.0.0.1:{self.metrics_port}", f"--name={self.name}",
                      "--threads=1", "--drain_seconds=10", *extra_args]
-        self.process = Process(self.name, self.argv, log_dir)
+        # wrap: a command the worker runs under (env, unshare ...), which must exec it.
+        self.process = Process(self.name, [*wrap, *self.argv], log_dir)
 
     def metrics(self):
         return http_get(f"http://127.0.0.1:{self.metrics_port}/metrics")
@@ -148,13 +149,13 @@ class Frontend:
 class Cluster:
     """Workers on loopback and any number of frontends in front of them."""
 
-    def __init__(self, workers=2, worker_args=()):
+    def __init__(self, workers=2, worker_args=(), worker_wrap=()):
         import grpc
         self.grpc = grpc
         self.pb, self.pb_grpc, self.health_pb, self.health_grpc = load_stubs()
         self.log_dir = tempfile.mkdtemp(prefix="moe-it-")
         print(f"process logs: {self.log_dir}", file=sys.stderr)
-        self.workers = [Worker(i, self.log_dir, worker_args) for i in range(workers)]
+        self.workers = [Worker(i, self.log_dir, worker_args, worker_wrap) for i in range(workers)]
         self.frontends = []
 
     def add_frontend(self, extra_args=(), ready_workers=None, tls_root=None, static=True):
@@ -234,8 +235,8 @@ class ClusterTestCase(unittest.TestCase):
             self.c.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 
-    def cluster(self, workers=1, worker_args=()):
-        self.c = Cluster(workers=workers, worker_args=worker_args)
+    def cluster(self, workers=1, worker_args=(), worker_wrap=()):
+        self.c = Cluster(workers=workers, worker_args=worker_args, worker_wrap=worker_wrap)
         return self.c
 
     def import_store(self, *args, name="store"):

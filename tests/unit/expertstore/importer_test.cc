@@ -237,6 +237,19 @@ TEST(Importer, ChangingFormatOnResumeIsRefused) {
             absl::StatusCode::kFailedPrecondition);
 }
 
+// Readers open the index read-only (a store on a full or read-only disk still opens, and the
+// importer's LOCK does not keep them out); RocksDB's log goes to ours, not to a LOG file there.
+TEST(BlobIndexTest, ReadersOpenReadOnlyAndNothingLogsIntoTheIndex) {
+  TempDir dir;
+  const std::string path = dir.path() + "/index";
+  auto writer = BlobIndex::Open(path, "model-a", true);
+  ASSERT_TRUE(writer.ok()) << writer.status();
+  auto reader = BlobIndex::Open(path, "model-a", false);  // while the writer holds the LOCK
+  ASSERT_TRUE(reader.ok()) << reader.status();
+  EXPECT_EQ((*reader)->manifest().model, "model-a");
+  EXPECT_FALSE(std::filesystem::exists(path + "/LOG"));
+}
+
 TEST(BlobIndexTest, OtherModelOrFormatVersionIsFailedPrecondition) {
   TempDir dir;
   const std::string path = dir.path() + "/index";

@@ -155,6 +155,23 @@ TEST(ImportMainVerify, IncompleteStoreFails) {
   EXPECT_EQ(RunImport(absl::StrCat("--store_dir=", store_dir, " --verify")), 1);
 }
 
+// config.json and the tokenizer files are in place before manifest.json says the import
+// finished: an import that cannot copy them leaves no manifest.json, and the re-run completes.
+TEST(ImportMainVerify, ModelFilesComeBeforeTheManifest) {
+  TempDir dir;
+  const std::string store_dir = dir.path + "/s";
+  const std::string args = absl::StrCat("--model_dir=", MOE_SOURCE_DIR,
+                                        "/tests/golden/fixtures/mixtral --store_dir=", store_dir);
+  // A directory where config.json's copy goes first: the copy fails.
+  std::filesystem::create_directories(store_dir + "/config.json.tmp");
+  EXPECT_EQ(RunImport(args), 1);
+  EXPECT_FALSE(std::filesystem::exists(store_dir + "/manifest.json"));
+  EXPECT_EQ(RunImport(absl::StrCat("--store_dir=", store_dir, " --verify")), 1);
+  std::filesystem::remove(store_dir + "/config.json.tmp");
+  ASSERT_EQ(RunImport(args + " --verify"), 0);
+  EXPECT_TRUE(std::filesystem::exists(store_dir + "/config.json"));
+}
+
 INSTANTIATE_TEST_SUITE_P(Fixtures, ImportMain,
                          ::testing::Values("qwen3_moe", "mixtral", "olmoe", "qwen2_moe"));
 
