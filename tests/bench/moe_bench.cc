@@ -28,21 +28,21 @@
 // that do not synchronize measure launch time, not GPU time; expert wait is where the step
 // synchronizes).
 //
-// Last, the quarter-VRAM run: the same experts written as a real expert store (--store_dir:
+// Last, the offload runs: the same experts written as a real expert store (--store_dir:
 // blobs/000001.blob in the blob format of expertstore/blob_format.h, indexed by BlobIndex, the
-// store's own on-disk contract), opened by ExpertStore with the device budget at a quarter of the
-// experts and every expert in the host tier (pinned memory from Backend::AllocateHost). A 512-token
-// prefill loads most experts from disk into the host tier and one Acquire of every expert the
-// rest; then decode at batch 1 is timed and compared with (bytes that missed VRAM / 52 GB/s +
-// the all-resident step time). The bytes that missed: the experts the steps read in place from
-// the host tier (StoreStats::host_reads; each is also copied up for the steps after, which
-// the device tier's bytes in counts), plus, for a layer routed on the host, what it copied up
-// (none here: every layer is whole in the host tier).
+// store's own on-disk contract), opened by ExpertStore with the device budget at each of
+// --store_vram_percents of the experts under each of --store_policies, and every expert in the
+// host tier (pinned memory from Backend::AllocateHost). A 512-token prefill loads most experts
+// from disk into the host tier and one Acquire of every expert the rest; then decode at batch 1
+// is timed and compared with its PCIe bound: the bytes that crossed PCIe (experts the steps read
+// in place from the host tier, StoreStats::host_reads, plus what the store copied up into the
+// device tier, its bytes in) / 52 GB/s + the all-resident step time.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <future>
@@ -61,6 +61,7 @@
 #include "expertstore/blob_index.h"
 #include "expertstore/expert_provider.h"
 #include "expertstore/expert_store.h"
+#include "expertstore/policy.h"
 #include "expertstore/safetensors.h"
 #include "kernels/backend.h"
 #include "kernels/base/flags.h"
@@ -83,10 +84,14 @@ ABSL_FLAG(std::string, batches, "8,32,64,128,256", "Concurrent sequences of the 
 ABSL_FLAG(int64_t, batch_steps, 8, "Timed decode steps per throughput run");
 ABSL_FLAG(bool, timings, false, "Print engine::PhaseTimes per layer and per token");
 ABSL_FLAG(std::string, store_dir, "/tmp/moe_bench_store",
-          "Where the expert store of the quarter-VRAM run is written (empty: skip that run)");
-ABSL_FLAG(int64_t, store_steps, 32, "Timed decode steps of the quarter-VRAM run");
+          "Where the expert store of the offload runs is written (empty: skip them)");
+ABSL_FLAG(int64_t, store_steps, 32, "Timed decode steps of each offload run");
+ABSL_FLAG(std::string, store_vram_percents, "25",
+          "Offload runs: shares of the experts in VRAM, in %, comma-separated");
+ABSL_FLAG(std::string, store_policies, "next_use",
+          "Offload runs: the device tier's eviction policies to compare, comma-separated");
 ABSL_FLAG(bool, store_prefetch, false,
-          "Quarter-VRAM run: prefetch each next layer's likely experts (the worker's --prefetch)");
+          "Offload runs: prefetch each next layer's likely experts (the worker's --prefetch)");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "KV cache format of the runs above (paged, block 16)");
 ABSL_FLAG(std::string, kv_formats, "",
           "KV sweep: formats to time at --kv_contexts x --kv_batches, e.g. "
@@ -732,6 +737,79 @@ absl::Status CheckFlags() {
       {"kv_contexts", absl::GetFlag(FLAGS_kv_contexts)},
       {"kv_batches", absl::GetFlag(FLAGS_kv_batches)}};
   for (const auto& [flag, value] : lists) MOE_RETURN_IF_ERROR(PositiveInts(flag, value).status());
+  MOE_RETURN_IF_ERROR(
+      PositiveInts("store_vram_percents", absl::GetFlag(FLAGS_store_vram_percents)).status());
+  for (absl::string_view name :
+       absl::StrSplit(absl::GetFlag(FLAGS_store_policies), ',', absl::SkipEmpty())) {
+    store::PolicyOptions o;
+    o.name = std::string(name);
+    o.num_layers = o.num_experts = 1;
+    if (absl::Status st = store::MakePolicy(o).status(); !st.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("--store_policies: ", st.message()));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// One offload run: `percent` of the experts in VRAM under `policy`, every expert in the pinned
+// host tier, batch-1 decode timed after a prefill and two warm-up steps. A step reads what VRAM
+// lacks in place from the host tier and the store copies up what the policy admits: both cross
+// PCIe, so the bound is those bytes / 52 GB/s plus the all-resident step (`resident_s`).
+absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint64_t slot,
+                      int64_t percent, const std::string& policy, kernels::Backend& backend,
+                      kernels::KvFormat kv_format, double resident_s,
+                      const std::function<std::vector<int32_t>(int64_t)>& tokens) {
+  const int64_t layers = absl::GetFlag(FLAGS_layers), experts = absl::GetFlag(FLAGS_experts);
+  const int64_t ctx = absl::GetFlag(FLAGS_context);
+  const int64_t total = layers * experts;
+  store::StoreOptions o;
+  o.store_dir = store_dir;
+  o.device_budget_bytes = static_cast<uint64_t>(total * percent / 100) * slot;
+  o.host_budget_bytes = static_cast<uint64_t>(total) * slot;
+  o.policy.name = policy;
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::ExpertStore> st,
+                       store::ExpertStore::Open(o, &backend));
+  store::ExpertStore* store_ptr = st.get();
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<engine::Model> model,
+                       engine::Model::Load(dir, backend, std::move(st)));
+  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_store_prefetch));
+  const engine::ModelConfig& c = model->config();
+  const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
+  // Positions: the prompt, two warm-up steps and the timed ones.
+  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, backend, kv_format, 1, ctx + ssteps + 2));
+  MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
+  // Every expert into the host tier (the prefill touches most, not all: a decode step that
+  // reads one from disk would be timed as disk, not as the host->device traffic bounded below).
+  for (int32_t l = 0; l < static_cast<int32_t>(layers); ++l) {
+    std::vector<int32_t> all(experts);
+    std::iota(all.begin(), all.end(), 0);
+    MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles, store_ptr->Acquire(l, all));
+    for (store::ExpertHandle& h : handles) MOE_RETURN_IF_ERROR(h.ready.get());
+  }
+  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
+  const store::StoreStats s0 = store_ptr->Stats();
+  const engine::PhaseTimes p0 = model->phase_times();
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < ssteps; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
+  const double per_tok = Seconds(t0, std::chrono::steady_clock::now()) /
+                         static_cast<double>(ssteps);
+  const store::StoreStats s1 = store_ptr->Stats();
+  const auto per_step = [&](uint64_t a, uint64_t b) {
+    return static_cast<double>(b - a) / static_cast<double>(ssteps);
+  };
+  const double in_place = per_step(s0.host_reads, s1.host_reads) * static_cast<double>(slot);
+  const double copied = per_step(s0.device.bytes_in, s1.device.bytes_in);
+  const double hits = static_cast<double>(s1.device.hits - s0.device.hits);
+  const double uses = hits + static_cast<double>(s1.device.misses - s0.device.misses);
+  const double bound = (in_place + copied) / 52e9 + resident_s;
+  std::printf("%5lld%% %-10s %10.1f %8.1f%% %12.3f %12.3f %11.2f %11.2f %9.2f\n",
+              static_cast<long long>(percent), policy.c_str(), 1.0 / per_tok,
+              uses > 0 ? 100.0 * hits / uses : 0.0, (in_place + copied) / 1e9, in_place / 1e9,
+              per_tok * 1e3, bound * 1e3, per_tok / bound);
+  if (absl::GetFlag(FLAGS_timings)) {
+    PrintTimings(absl::StrCat("decode, ", percent, "% in VRAM, ", policy).c_str(),
+                 Diff(p0, model->phase_times()), ssteps, c.num_hidden_layers);
+  }
   return absl::OkStatus();
 }
 
@@ -916,7 +994,7 @@ absl::Status Run() {
     std::printf("  %s\n", issued.c_str());
   }
 
-  // ---- a quarter of the experts in VRAM, the rest in the store's pinned host tier ----
+  // ---- a share of the experts in VRAM, the rest in the store's pinned host tier ----
   const std::string store_dir = absl::GetFlag(FLAGS_store_dir);
   if (store_dir.empty()) return absl::OkStatus();
   model.reset();  // frees the resident experts (16 GB) before the store takes its budgets
@@ -924,89 +1002,23 @@ absl::Status Run() {
   t0 = std::chrono::steady_clock::now();
   MOE_ASSIGN_OR_RETURN(const uint64_t slot,
                        WriteSyntheticStore(store_dir, layers, experts, group, MakeTemplates(group)));
-  const double write_s = Seconds(t0, std::chrono::steady_clock::now());
-  const int64_t total = layers * experts;
-  store::StoreOptions o;
-  o.store_dir = store_dir;
-  o.device_budget_bytes = static_cast<uint64_t>(total / 4) * slot;
-  o.host_budget_bytes = static_cast<uint64_t>(total) * slot;
-  t0 = std::chrono::steady_clock::now();
-  MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::ExpertStore> st,
-                       store::ExpertStore::Open(o, backend.get()));
-  store::ExpertStore* store_ptr = st.get();
-  MOE_ASSIGN_OR_RETURN(model, engine::Model::Load(dir, *backend, std::move(st)));
-  model->set_prefetch_next_layer(absl::GetFlag(FLAGS_store_prefetch));
-  const double open_s = Seconds(t0, std::chrono::steady_clock::now());
-  const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
-  // Positions: the prompt, two warm-up steps and the timed ones.
-  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, ctx + ssteps + 2));
-  t0 = std::chrono::steady_clock::now();
-  MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
-  const double cold_s = Seconds(t0, std::chrono::steady_clock::now());
-  // Every expert into the host tier (the prefill touches most, not all: a decode step that
-  // reads one from disk would be timed as disk, not as the host->device misses predicted below).
-  for (int32_t l = 0; l < static_cast<int32_t>(layers); ++l) {
-    std::vector<int32_t> all(experts);
-    std::iota(all.begin(), all.end(), 0);
-    MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles, store_ptr->Acquire(l, all));
-    for (store::ExpertHandle& h : handles) MOE_RETURN_IF_ERROR(h.ready.get());
-  }
-  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
-  const store::StoreStats s0 = store_ptr->Stats();
-  const engine::PhaseTimes st0 = model->phase_times();
-  t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < ssteps; ++i) {
-    MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
-  }
-  const double store_s = Seconds(t0, std::chrono::steady_clock::now());
-  const store::StoreStats s1 = store_ptr->Stats();
-  const double per_tok = store_s / static_cast<double>(ssteps);
-  const double in_host = static_cast<double>(s1.host_reads - s0.host_reads) /
-                         static_cast<double>(ssteps);
-  const double copied = static_cast<double>(s1.device.bytes_in - s0.device.bytes_in) /
-                        static_cast<double>(ssteps);
-  const double missed = in_host > 0 ? in_host * static_cast<double>(slot) : copied;
-  const double disk = static_cast<double>(s1.blob_bytes_read - s0.blob_bytes_read) /
-                      static_cast<double>(ssteps);
-  const double predicted = missed / 52e9 + 1.0 / tok_s;
-  std::printf("\nquarter-VRAM run: store written in %.1f s (%lld blobs of %.2f MB), opened + model "
-              "loaded in %.1f s, %lld-token prefill from disk in %.1f s; next-layer prefetch %s\n",
-              write_s, static_cast<long long>(total), static_cast<double>(slot) / 1e6, open_s,
-              static_cast<long long>(ctx), cold_s,
+  std::printf("\nexpert store: written in %.1f s (%lld blobs of %.2f MB); next-layer prefetch %s; "
+              "the PCIe bound of a row: its bytes over PCIe / 52 GB/s + the all-resident step\n",
+              Seconds(t0, std::chrono::steady_clock::now()),
+              static_cast<long long>(layers * experts), static_cast<double>(slot) / 1e6,
               absl::GetFlag(FLAGS_store_prefetch) ? "on" : "off");
-  std::printf("%-44s %12lld\n", "device tier slots (of all experts)",
-              static_cast<long long>(s1.device.slots));
-  std::printf("%-44s %12.1f\n", "decode tokens/s, quarter in VRAM", 1.0 / per_tok);
-  std::printf("%-44s %12.1f\n", "device misses per token",
-              static_cast<double>(s1.device.misses - s0.device.misses) / static_cast<double>(ssteps));
-  std::printf("%-44s %12.1f\n", "experts read in place from host per token", in_host);
-  std::printf("%-44s %5.1f / %4.1f\n", "  of which VRAM held: loading / loaded",
-              static_cast<double>(s1.host_reads_loading - s0.host_reads_loading) /
-                  static_cast<double>(ssteps),
-              static_cast<double>(s1.host_reads_loaded - s0.host_reads_loaded) /
-                  static_cast<double>(ssteps));
-  // Loads that finished in the timed steps: claim -> ready, the median's power-of-two bucket.
-  const uint64_t loads = s1.load_latency_us.count - s0.load_latency_us.count;
-  uint64_t seen = 0;
-  int median_bucket = 0;
-  for (int b = 0; b < store::LatencyHistogram::kBuckets && 2 * seen < loads; ++b) {
-    seen += s1.load_latency_us.counts[b] - s0.load_latency_us.counts[b];
-    median_bucket = b;
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> percents,
+                       PositiveInts("store_vram_percents",
+                                    absl::GetFlag(FLAGS_store_vram_percents)));
+  std::printf("%-6s %-10s %10s %9s %12s %12s %11s %11s %9s\n", "VRAM", "policy", "tokens/s",
+              "dev hits", "PCIe GB/tok", "(in place)", "ms/token", "PCIe bound", "ratio");
+  for (const int64_t percent : percents) {
+    for (absl::string_view policy :
+         absl::StrSplit(absl::GetFlag(FLAGS_store_policies), ',', absl::SkipEmpty())) {
+      MOE_RETURN_IF_ERROR(StoreRun(dir, store_dir, slot, percent, std::string(policy), *backend,
+                                   kv_format, 1.0 / tok_s, tokens));
+    }
   }
-  std::printf("%-44s %5.2f, median %lld-%lld us\n", "device loads: mean ms claim -> ready",
-              loads == 0 ? 0.0
-                         : static_cast<double>(s1.load_latency_us.total_us -
-                                               s0.load_latency_us.total_us) /
-                               static_cast<double>(loads) / 1e3,
-              median_bucket == 0 ? 0LL : 1LL << (median_bucket - 1), 1LL << median_bucket);
-  std::printf("%-44s %12.3f\n", "bytes missed per token (GB, host->device)", missed / 1e9);
-  std::printf("%-44s %12.3f\n", "copied into the device tier per token (GB)", copied / 1e9);
-  std::printf("%-44s %12.3f\n", "disk bytes per token (GB)", disk / 1e9);
-  std::printf("%-44s %12.2f\n", "measured ms/token", per_tok * 1e3);
-  std::printf("%-44s %12.2f\n", "predicted ms (missed/52 GB/s + resident)", predicted * 1e3);
-  std::printf("%-44s %12.2f\n", "measured / predicted (goal <= 1.3)", per_tok / predicted);
-  if (timings) PrintTimings("decode, quarter in VRAM", Diff(st0, model->phase_times()), ssteps,
-                            c.num_hidden_layers);
   return absl::OkStatus();
 }
 

@@ -24,9 +24,13 @@ grep -q '^\[timings\] prefetch' "$work/gen.err" || { echo "FAIL: no prefetch tim
 
 "$bin/moe-store-sim" --trace="$work/trace.txt" >"$work/sim.out"
 cat "$work/sim.out"
-# Accesses the simulator replayed == expert ids the trace lists.
-listed=$(grep -v '^#' "$work/trace.txt" | tail -n +2 | awk '{ n += NF - 2 } END { print n }')
-grep -q "experts, $listed accesses" "$work/sim.out" || {
-  echo "FAIL: moe-store-sim did not replay $listed accesses"; exit 1; }
-grep -q "^moe-routing-trace 1 " "$work/trace.txt"
-echo "PASS: $listed accesses replayed; prefetch used $used of $issued issued"
+# Accesses the simulator replayed == expert ids the trace lists; the predictions (lines "p ...",
+# one per prefetch) came along.
+listed=$(grep -v '^#' "$work/trace.txt" | tail -n +2 | grep -v '^p ' |
+  awk '{ n += NF - 2 } END { print n }')
+predicted=$(grep -c '^p ' "$work/trace.txt")
+grep -q "experts, $listed accesses, $predicted predictions" "$work/sim.out" || {
+  echo "FAIL: moe-store-sim did not replay $listed accesses and $predicted predictions"; exit 1; }
+[ "$predicted" -gt 0 ] || { echo "FAIL: no predictions recorded"; exit 1; }
+grep -q "^moe-routing-trace 2 " "$work/trace.txt"
+echo "PASS: $listed accesses and $predicted predictions replayed; prefetch used $used of $issued issued"
