@@ -14,15 +14,8 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
                                                          kernels::KvFormat format, int block_size,
                                                          int32_t num_blocks) {
   const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
-  // Every format but the test-only prod ones has CUDA kernels (kernels/cuda/attention.cu).
-  const bool prod = format == kernels::KvFormat::kTqProd4 || format == kernels::KvFormat::kTqProd3 ||
-                    format == kernels::KvFormat::kTqProd2 || format == kernels::KvFormat::kTqProd1;
-  if (backend.kind() != kernels::BackendKind::kCpu && prod) {
-    return absl::UnimplementedError(absl::StrCat(
-        "KV cache format ", kernels::KvFormatName(format), " is a test mode of the CPU backend; ",
-        "the ", kernels::BackendKindName(backend.kind()), " backend takes bf16, fp8_e4m3, tq4, ",
-        "tq3.5, tq3, tq2.5 or tq2"));
-  }
+  // Every cache format has CUDA kernels (kernels/cuda/attention.cu).
+  MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
   MOE_ASSIGN_OR_RETURN(KvStorage storage,
                        KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
                                          block_size, num_blocks));

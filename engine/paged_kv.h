@@ -22,8 +22,8 @@ namespace moe::engine {
 // here. Rotation seeds use model_fingerprint "" (kv_rotation.h).
 class PagedKv {
  public:
-  // InvalidArgument for a format the model's head_dim does not support; ResourceExhausted when
-  // the backend cannot hold num_blocks blocks.
+  // InvalidArgument for a format that is no cache format (CheckCacheFormat) or that the model's
+  // head_dim does not support; ResourceExhausted when the backend cannot hold num_blocks blocks.
   static absl::StatusOr<std::unique_ptr<PagedKv>> Create(const ModelConfig& config,
                                                         kernels::Backend& backend,
                                                         kernels::KvFormat format, int block_size,
