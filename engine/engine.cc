@@ -129,8 +129,9 @@ absl::Status Engine::Add(Request request) {
         " tokens), more than the worker's whole KV budget of ", options_.kv_budget_bytes,
         " bytes (", cache_->Stats().total_blocks, " blocks)"));
   }
-  if (request.top_logprobs < 0 || request.top_logprobs > 20) {
-    return absl::InvalidArgumentError("top_logprobs: must be in [0, 20]");
+  if (request.top_logprobs < 0 || request.top_logprobs > kernels::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: must be in [0, ", kernels::kMaxTopLogprobs, "]"));
   }
   auto same_id = [&](const std::unique_ptr<Sequence>& s) { return s->req.id == request.id; };
   if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||
