@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "expertstore/checkpoint_provider.h"
+#include "expertstore/manifest.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/status.h"
 
@@ -23,7 +24,7 @@ absl::Status Alloc(kernels::Backend& b, kernels::Buffer* buf, size_t bytes) {
 
 bool Model::IsStoreDir(const std::string& dir) {
   std::error_code ec;
-  return std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec);
+  return std::filesystem::exists(store::ManifestPath(dir), ec);
 }
 
 int64_t ForwardItem::length() const { return kv != nullptr ? kv->length() : start; }
