@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <utility>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 
 namespace moe::engine {
