@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model_config.h"
 #include "expertstore/blob_format.h"
+#include "expertstore/manifest.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
-#include "nlohmann/json.hpp"
 
 namespace moe::engine {
 
@@ -39,21 +38,15 @@ absl::StatusOr<BudgetFacts> ModelBudgetFacts(const std::string& dir) {
   namespace fs = std::filesystem;
   BudgetFacts f;
   std::error_code ec;
-  if (fs::exists(fs::path(dir) / "manifest.json", ec)) {  // a model store
+  if (fs::exists(store::ManifestPath(dir), ec)) {  // a model store
     f.store = true;
-    std::ifstream in(fs::path(dir) / "manifest.json");
-    const nlohmann::json m = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-    if (m.is_discarded() || !m.contains("num_experts") || !m.contains("expert_format")) {
-      return absl::DataLossError(absl::StrCat(dir, "/manifest.json: unreadable"));
-    }
+    MOE_ASSIGN_OR_RETURN(const store::StoreManifest m, store::ReadManifest(dir));
     MOE_ASSIGN_OR_RETURN(const ModelConfig c, LoadModelConfig(dir));
-    MOE_ASSIGN_OR_RETURN(const kernels::DType format,
-                         kernels::ParseWeightFormat(m["expert_format"].get<std::string>()));
-    const auto group = m.value("group_size", 0);
-    const store::BlobLayout blob =
-        store::ComputeBlobLayout(format, group, c.hidden_size, c.moe_intermediate_size);
-    f.expert_bytes = m["num_experts"].get<uint64_t>() * blob.length;
-    f.dense_bytes = fs::file_size(fs::path(dir) / m.value("dense_file", "dense.safetensors"), ec);
+    MOE_ASSIGN_OR_RETURN(const kernels::DType format, kernels::ParseWeightFormat(m.expert_format));
+    const store::BlobLayout blob = store::ComputeBlobLayout(
+        format, static_cast<int>(m.group_size), c.hidden_size, c.moe_intermediate_size);
+    f.expert_bytes = static_cast<uint64_t>(m.num_experts) * blob.length;
+    f.dense_bytes = fs::file_size(fs::path(dir) / m.dense_file, ec);
     return f;
   }
   for (const auto& entry : fs::directory_iterator(dir, ec)) {  // a checkpoint: all of it loads

@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "absl/strings/str_cat.h"
+#include "engine/kv_storage.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/status.h"
 
@@ -28,7 +29,7 @@ absl::Status EngineOptions::Validate() const {
   if (max_context < 0) return absl::InvalidArgumentError("max_context must be >= 0");
   if (max_sessions < 0) return absl::InvalidArgumentError("max_sessions must be >= 0");
   if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
-  return kernels::ParseKvFormat(kv_cache_dtype).status();
+  return ParseCacheFormat(kv_cache_dtype).status();
 }
 
 struct Engine::Sequence {
@@ -74,7 +75,7 @@ Engine::Engine(Model& model, const Tokenizer& tokenizer, const EngineOptions& op
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Tokenizer& tokenizer,
                                                        const EngineOptions& options) {
   MOE_RETURN_IF_ERROR(options.Validate());
-  MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(options.kv_cache_dtype));
+  MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, ParseCacheFormat(options.kv_cache_dtype));
   const ModelConfig& c = model.config();
   KvCacheOptions o;
   o.format = format;
@@ -128,8 +129,9 @@ absl::Status Engine::Add(Request request) {
         " tokens), more than the worker's whole KV budget of ", options_.kv_budget_bytes,
         " bytes (", cache_->Stats().total_blocks, " blocks)"));
   }
-  if (request.top_logprobs < 0 || request.top_logprobs > 20) {
-    return absl::InvalidArgumentError("top_logprobs: must be in [0, 20]");
+  if (request.top_logprobs < 0 || request.top_logprobs > kernels::kMaxTopLogprobs) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("top_logprobs: must be in [0, ", kernels::kMaxTopLogprobs, "]"));
   }
   auto same_id = [&](const std::unique_ptr<Sequence>& s) { return s->req.id == request.id; };
   if (std::any_of(waiting_.begin(), waiting_.end(), same_id) ||

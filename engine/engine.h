@@ -20,6 +20,7 @@
 #include "absl/status/statusor.h"
 #include "engine/kv_cache.h"
 #include "engine/model.h"
+#include "engine/paged_kv.h"
 #include "engine/sampler.h"
 #include "engine/stop.h"
 #include "engine/tokenizer/detokenizer.h"

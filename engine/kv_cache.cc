@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/kv_storage.h"
 #include "kernels/base/check.h"
 #include "kernels/base/status.h"
 
@@ -35,16 +36,7 @@ absl::Status KvCacheOptions::Validate() const {
   if (num_layers <= 0) return bad("num_layers", num_layers, "must be > 0");
   if (num_kv_heads <= 0) return bad("num_kv_heads", num_kv_heads, "must be > 0");
   if (block_size <= 0) return bad("block_size", block_size, "must be > 0");
-  switch (format) {
-    case kernels::KvFormat::kTqProd1:
-    case kernels::KvFormat::kTqProd2:
-    case kernels::KvFormat::kTqProd3:
-    case kernels::KvFormat::kTqProd4:
-      return bad("format", kernels::KvFormatName(format),
-                 "keys-only test mode, not a cache format");
-    default:
-      break;
-  }
+  MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
   return kernels::KvBytesPerVector(format, head_dim).status();
 }
 

@@ -49,7 +49,8 @@ struct KvCacheOptions {
   uint64_t budget_bytes = 0;  // bytes of KV storage; the block count follows from it.
   bool prefix_reuse = true;   // Default: true.
 
-  // InvalidArgument naming the bad field (prod formats are key-only test modes and are refused).
+  // InvalidArgument naming the bad field, or the format when it is no cache format
+  // (CheckCacheFormat, engine/kv_storage.h).
   absl::Status Validate() const;
 };
 

@@ -7,6 +7,26 @@
 
 namespace moe::engine {
 
+absl::Status CheckCacheFormat(kernels::KvFormat format) {
+  switch (format) {
+    case kernels::KvFormat::kTqProd1:
+    case kernels::KvFormat::kTqProd2:
+    case kernels::KvFormat::kTqProd3:
+    case kernels::KvFormat::kTqProd4:
+      return absl::InvalidArgumentError(absl::StrCat(
+          "KV format ", kernels::KvFormatName(format), " is a keys-only test mode, not a KV cache ",
+          "format; the cache takes bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5 or tq2"));
+    default:
+      return absl::OkStatus();
+  }
+}
+
+absl::StatusOr<kernels::KvFormat> ParseCacheFormat(absl::string_view name) {
+  MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(name));
+  MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
+  return format;
+}
+
 absl::StatusOr<KvStorage> KvStorage::Create(kernels::KvFormat format, int num_layers,
                                             int num_kv_heads, int head_dim, int block_size,
                                             int32_t num_blocks) {

@@ -8,9 +8,17 @@
 #include <cstdint>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "kernels/kv_quant.h"
 
 namespace moe::engine {
+
+// The KV cache formats: every kernels::KvFormat but the prod ones (tq_prod1..4), which quantize
+// keys only (TurboQuant_prod, spec §3.6): a test and comparison mode of the codecs, no cache.
+// The one place they are refused: InvalidArgument naming the format and the cache formats.
+absl::Status CheckCacheFormat(kernels::KvFormat format);
+// A cache format by name (--kv_cache_dtype): kernels::ParseKvFormat, then CheckCacheFormat.
+absl::StatusOr<kernels::KvFormat> ParseCacheFormat(absl::string_view name);
 
 class KvStorage {
  public:

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "expertstore/checkpoint_provider.h"
+#include "expertstore/manifest.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/status.h"
 
@@ -21,106 +22,12 @@ absl::Status Alloc(kernels::Backend& b, kernels::Buffer* buf, size_t bytes) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig& c,
-                                                               kernels::Backend& backend,
-                                                               int64_t capacity) {
-  auto kv = std::unique_ptr<SequenceKv>(new SequenceKv());
-  kv->capacity_ = capacity;
-  const size_t bytes = static_cast<size_t>(capacity * c.num_key_value_heads * c.head_dim) * 4;
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    MOE_RETURN_IF_ERROR(Alloc(backend, &kv->k_.emplace_back(), bytes));
-    MOE_RETURN_IF_ERROR(Alloc(backend, &kv->v_.emplace_back(), bytes));
-  }
-  return kv;
-}
-
-int64_t SequenceKv::BytesPerToken(const ModelConfig& c) {
-  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
-}
-
-void SequenceKv::CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend) {
-  MOE_CHECK(length_ == 0 && n <= src.length_ && n <= capacity_ && k_.size() == src.k_.size())
-      << "CopyPrefixFrom: " << n << " of " << src.length_ << " into capacity " << capacity_;
-  const size_t bytes = static_cast<size_t>(n) * (k_[0].bytes() / capacity_);
-  for (size_t l = 0; l < k_.size(); ++l) {
-    backend.CopyOnDevice(k_[l].data(), src.k_[l].data(), bytes);
-    backend.CopyOnDevice(v_[l].data(), src.v_[l].data(), bytes);
-  }
-  length_ = n;
-}
-
 bool Model::IsStoreDir(const std::string& dir) {
   std::error_code ec;
-  return std::filesystem::exists(std::filesystem::path(dir) / "manifest.json", ec);
+  return std::filesystem::exists(store::ManifestPath(dir), ec);
 }
 
 int64_t ForwardItem::length() const { return kv != nullptr ? kv->length() : start; }
-
-absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
-                                                         kernels::Backend& backend,
-                                                         kernels::KvFormat format, int block_size,
-                                                         int32_t num_blocks) {
-  const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
-  // Every format but the test-only prod ones has CUDA kernels (kernels/cuda/attention.cu).
-  const bool prod = format == kernels::KvFormat::kTqProd4 || format == kernels::KvFormat::kTqProd3 ||
-                    format == kernels::KvFormat::kTqProd2 || format == kernels::KvFormat::kTqProd1;
-  if (backend.kind() != kernels::BackendKind::kCpu && prod) {
-    return absl::UnimplementedError(absl::StrCat(
-        "KV cache format ", kernels::KvFormatName(format), " is a test mode of the CPU backend; ",
-        "the ", kernels::BackendKindName(backend.kind()), " backend takes bf16, fp8_e4m3, tq4, ",
-        "tq3.5, tq3, tq2.5 or tq2"));
-  }
-  MOE_ASSIGN_OR_RETURN(KvStorage storage,
-                       KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
-                                         block_size, num_blocks));
-  auto kv = std::unique_ptr<PagedKv>(new PagedKv(storage));
-  kv->format_ = format;
-  kv->block_size_ = block_size;
-  kv->num_blocks_ = num_blocks;
-  kv->num_kv_heads_ = NKV;
-  kv->head_dim_ = D;
-  MOE_RETURN_IF_ERROR(Alloc(backend, &kv->buffer_, static_cast<size_t>(storage.total_bytes())));
-  kv->codecs_.resize(c.num_hidden_layers);
-  kv->codec_ptrs_.resize(c.num_hidden_layers);
-  const bool split = format == kernels::KvFormat::kTq3p5 || format == kernels::KvFormat::kTq2p5;
-  if (!split) {
-    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      MOE_RETURN_IF_ERROR(kv->EnsureCodecs(l, nullptr, nullptr, 0));
-    }
-  }
-  return kv;
-}
-
-absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T) {
-  if (!codecs_[layer].empty()) return absl::OkStatus();
-  const bool split = format_ == kernels::KvFormat::kTq3p5 || format_ == kernels::KvFormat::kTq2p5;
-  std::vector<kernels::KvCodec> codecs;
-  std::vector<float> sample(split ? T * head_dim_ : 0);
-  for (int h = 0; h < num_kv_heads_; ++h) {
-    for (int role = 0; role < 2; ++role) {
-      kernels::KvCodecOptions o;
-      o.format = format_;
-      o.head_dim = head_dim_;
-      o.role = role == 0 ? kernels::KvRole::kKey : kernels::KvRole::kValue;
-      o.layer = static_cast<int>(layer);
-      o.kv_head = h;
-      if (split) {
-        const float* x = role == 0 ? k : v;
-        for (int64_t t = 0; t < T; ++t) {
-          std::copy_n(x + (t * num_kv_heads_ + h) * head_dim_, head_dim_,
-                      sample.data() + t * head_dim_);
-        }
-        o.outlier_channels = kernels::SelectOutlierChannels(sample.data(), T, head_dim_, 32);
-      }
-      MOE_ASSIGN_OR_RETURN(kernels::KvCodec codec, kernels::KvCodec::Create(o));
-      codecs.push_back(std::move(codec));
-    }
-  }
-  codecs_[layer] = std::move(codecs);
-  codec_ptrs_[layer].clear();
-  for (const kernels::KvCodec& codec : codecs_[layer]) codec_ptrs_[layer].push_back(&codec);
-  return absl::OkStatus();
-}
 
 absl::StatusOr<std::unique_ptr<store::RoutingTraceWriter>> Model::RecordRoutingTrace(
     const std::string& path) {
@@ -244,7 +151,7 @@ absl::Status Model::FinishStep(absl::Span<const ForwardItem> batch) {
   MOE_RETURN_IF_ERROR(backend_.TakeKvWriteError());
   MOE_RETURN_IF_ERROR(backend_.TakeRoutingError());
   for (const ForwardItem& item : batch) {
-    if (item.kv != nullptr) item.kv->length_ += static_cast<int64_t>(item.tokens.size());
+    if (item.kv != nullptr) item.kv->Advance(static_cast<int64_t>(item.tokens.size()));
   }
   return absl::OkStatus();
 }
@@ -427,7 +334,7 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
     const int64_t n = static_cast<int64_t>(item.tokens.size());
     if (item.paged != nullptr) {
       PagedKv& pk = *item.paged;
-      if (pk.codecs_[layer].empty()) {
+      if (!pk.has_codecs(layer)) {
         std::vector<float> k(T * kv_dim), v(T * kv_dim);  // the split formats' first-step sample
         backend_.CopyToHost(k.data(), k_, k.size() * sizeof(float));
         backend_.CopyToHost(v.data(), v_, v.size() * sizeof(float));
@@ -465,8 +372,8 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
       continue;
     }
     const int64_t start = item.kv->length();
-    float* k_cache = item.kv->k_[layer].f32();
-    float* v_cache = item.kv->v_[layer].f32();
+    float* k_cache = item.kv->keys(layer);
+    float* v_cache = item.kv->values(layer);
     backend_.CopyOnDevice(k_cache + start * kv_dim, k_ + offset * kv_dim, n * kv_dim * sizeof(float));
     backend_.CopyOnDevice(v_cache + start * kv_dim, v_ + offset * kv_dim, n * kv_dim * sizeof(float));
     kernels::AttentionArgs a;
@@ -490,20 +397,6 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
 int64_t Model::PhaseClock() {
   if (exact_timings_) backend_.Synchronize();
   return base::NowMicros();
-}
-
-kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
-  kernels::PagedKvLayer kv;
-  kv.layer_base = static_cast<uint8_t*>(buffer_.data()) +
-                  storage_.TileOffset(static_cast<int>(layer), 0, 0, kernels::KvRole::kKey);
-  kv.block_stride = storage_.block_bytes();
-  kv.tile_bytes = storage_.tile_bytes();
-  kv.block_size = block_size_;
-  kv.block_table = block_table.data();
-  kv.codecs = codec_ptrs_[layer].data();
-  kv.num_kv_heads = num_kv_heads_;
-  kv.head_dim = head_dim_;
-  return kv;
 }
 
 }  // namespace moe::engine

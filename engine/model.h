@@ -13,10 +13,11 @@
 
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "engine/kv_storage.h"
 #include "engine/moe_layer.h"
 #include "engine/model_config.h"
+#include "engine/paged_kv.h"
 #include "engine/rope.h"
+#include "engine/sequence_kv.h"
 #include "engine/weights.h"
 #include "expertstore/expert_provider.h"
 #include "expertstore/expert_store.h"
@@ -25,69 +26,6 @@
 #include "kernels/backend.h"
 
 namespace moe::engine {
-
-// Keys and values of one sequence for every layer, positions [0, length()), contiguous.
-class SequenceKv {
- public:
-  // ResourceExhausted when the backend cannot hold `capacity` positions.
-  static absl::StatusOr<std::unique_ptr<SequenceKv>> Create(const ModelConfig& config,
-                                                           kernels::Backend& backend,
-                                                           int64_t capacity);
-  int64_t capacity() const { return capacity_; }
-  int64_t length() const { return length_; }
-  // Copies the first n positions of `src` (same model) into this empty cache.
-  void CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend);
-  // Bytes one position takes in every layer (keys and values).
-  static int64_t BytesPerToken(const ModelConfig& config);
-
- private:
-  friend class Model;
-  int64_t capacity_ = 0;
-  int64_t length_ = 0;
-  std::vector<kernels::Buffer> k_, v_;  // per layer [capacity, NKV, D]
-};
-
-// The paged KV cache's storage: one backend buffer laid out by KvStorage
-// ([layer][block][kv_head][K, V] tiles in `format`) and a KvCodec per (layer, kv-head, K|V).
-// Block indices come from the block manager (engine/kv_cache.h). The split formats (tq3.5,
-// tq2.5) pick their outlier channels per (layer, kv-head, K|V) from the first step that writes
-// the layer (its keys/values, post-RoPE), as the spec says; the other formats' codecs are made
-// here. Rotation seeds use model_fingerprint "" (kv_rotation.h).
-class PagedKv {
- public:
-  // InvalidArgument for a format the model's head_dim does not support; ResourceExhausted when
-  // the backend cannot hold num_blocks blocks.
-  static absl::StatusOr<std::unique_ptr<PagedKv>> Create(const ModelConfig& config,
-                                                        kernels::Backend& backend,
-                                                        kernels::KvFormat format, int block_size,
-                                                        int32_t num_blocks);
-  kernels::KvFormat format() const { return format_; }
-  int block_size() const { return block_size_; }
-  int32_t num_blocks() const { return num_blocks_; }
-  const KvStorage& storage() const { return storage_; }
-  // The backend's view of `layer` for a sequence with `block_table` (which must outlive it).
-  // The split formats' codecs exist once the layer's first step has run (empty before).
-  kernels::PagedKvLayer Layer(int64_t layer, absl::Span<const int32_t> block_table) const;
-  // Makes the codecs of `layer` if not yet made; k, v: [T, NKV, D] in host memory (the split
-  // formats' sample). The model calls it on a layer's first step; a caller writing the cache
-  // itself (moe-bench) calls it first.
-  absl::Status EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T);
-
- private:
-  friend class Model;
-  explicit PagedKv(KvStorage storage) : storage_(storage) {}
-
-  kernels::KvFormat format_ = kernels::KvFormat::kBf16;
-  int block_size_ = 0;
-  int32_t num_blocks_ = 0;
-  int num_kv_heads_ = 0;
-  int head_dim_ = 0;
-  KvStorage storage_;
-  kernels::Buffer buffer_;
-  // Per layer: [NKV][2] codecs (empty until made) and their pointers for the backend.
-  std::vector<std::vector<kernels::KvCodec>> codecs_;
-  std::vector<std::vector<const kernels::KvCodec*>> codec_ptrs_;
-};
 
 // One sequence's share of a step. Either contiguous (`kv`: tokens are appended at kv->length())
 // or paged (`paged` non-null, kv null: tokens are written at positions `start`.. of the blocks in

@@ -15,6 +15,7 @@
 #include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 #include "expertstore/blob_format.h"
+#include "expertstore/manifest.h"
 #include "expertstore/safetensors.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
@@ -120,18 +121,16 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
   }
   MOE_RETURN_IF_ERROR(WriteFileAtomically(store_dir, "dense.safetensors", file));
 
-  const json manifest = {
-      {"model", options.model},
-      {"format_version", kStoreFormatVersion},
-      {"expert_format", kernels::WeightFormatName(options.format)},
-      {"group_size", kernels::IsQuantized(options.format) ? options.group_size : 0},
-      {"num_experts", options.experts.size()},
-      {"dense_file", "dense.safetensors"},
-      {"dense_format", kernels::WeightFormatName(options.dense_format)},
-      {"num_dense_tensors", names.size()},
-      {"index", "index"}};
-  const std::string mtext = manifest.dump(2) + "\n";
-  return WriteFileAtomically(store_dir, "manifest.json",
+  StoreManifest manifest;
+  manifest.model = options.model;
+  manifest.format_version = kStoreFormatVersion;
+  manifest.expert_format = kernels::WeightFormatName(options.format);
+  manifest.group_size = kernels::IsQuantized(options.format) ? options.group_size : 0;
+  manifest.num_experts = static_cast<int64_t>(options.experts.size());
+  manifest.dense_format = kernels::WeightFormatName(options.dense_format);
+  manifest.num_dense_tensors = static_cast<int64_t>(names.size());
+  const std::string mtext = ManifestText(manifest);
+  return WriteFileAtomically(store_dir, kManifestFile,
                              std::vector<uint8_t>(mtext.begin(), mtext.end()));
 }
 

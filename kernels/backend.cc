@@ -25,7 +25,7 @@ const char* BackendKindName(BackendKind kind) {
 // Host-staged defaults (correct on any backend, slow: every touched tile crosses to the host and
 // back each call). CUDA falls back to them for the layers its kernels do not cover
 // (cuda::ChoosePath: TurboQuant at a head_dim below 32 or not a power of two, the split formats
-// off head_dim 128, other rotations; the prod formats, which PagedKv::Create refuses off the CPU).
+// off head_dim 128, other rotations; the prod formats, which no KV cache takes: engine::CheckCacheFormat).
 namespace {
 
 absl::Status PagedKvWriteStaged(Backend& backend, const PagedKvWriteArgs& a) {

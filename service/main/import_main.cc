@@ -7,16 +7,15 @@
 // of the checkpoint is dense. config.json and the tokenizer files are copied beside them.
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <string>
 
 #include "absl/flags/flag.h"
-#include "nlohmann/json.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/model_config.h"
 #include "engine/store_import.h"
 #include "expertstore/importer.h"
+#include "expertstore/manifest.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/flags.h"
@@ -67,7 +66,7 @@ absl::Status CopyModelFiles(const std::string& model_dir, const std::string& sto
     const std::string ext = entry.path().extension().string();
     const bool wanted = ext == ".json" || ext == ".txt" || ext == ".model" || ext == ".tiktoken";
     if (!entry.is_regular_file() || !wanted || name == "model.safetensors.index.json" ||
-        name == "manifest.json") {
+        name == store::kManifestFile) {
       continue;
     }
     const fs::path tmp = fs::path(store_dir) / (name + ".tmp");
@@ -84,18 +83,13 @@ absl::Status CopyModelFiles(const std::string& model_dir, const std::string& sto
 // The experts the finished import wrote (manifest.json's num_experts). FailedPrecondition when
 // there is no manifest: the import never finished, whatever blobs are there.
 absl::StatusOr<int64_t> ManifestExperts(const std::string& store_dir) {
-  const std::filesystem::path path = std::filesystem::path(store_dir) / "manifest.json";
-  std::ifstream in(path);
-  if (!in) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "no ", path.string(), ": the import did not finish (run moe-import again to resume)"));
+  absl::StatusOr<store::StoreManifest> manifest = store::ReadManifest(store_dir);
+  if (absl::IsNotFound(manifest.status())) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest.status().message(), " (run moe-import again to resume)"));
   }
-  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object() || !manifest.contains("num_experts") ||
-      !manifest["num_experts"].is_number_unsigned()) {
-    return absl::DataLossError(absl::StrCat(path.string(), ": no num_experts"));
-  }
-  return manifest["num_experts"].get<int64_t>();
+  if (!manifest.ok()) return manifest.status();
+  return manifest->num_experts;
 }
 
 int Verify(const std::string& store_dir) {

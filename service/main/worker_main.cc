@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <thread>
 
 #include "absl/flags/flag.h"
@@ -19,6 +20,7 @@
 #include "nlohmann/json.hpp"
 #include "engine/engine.h"
 #include "expertstore/expert_store.h"
+#include "expertstore/manifest.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/flags.h"
@@ -63,24 +65,18 @@ ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running streams may t
 namespace moe {
 namespace {
 
-// The "model" of a store's manifest.json (moe-import --model); empty when it names none.
-absl::StatusOr<std::string> StoreModelName(const std::string& dir) {
-  const std::filesystem::path path = std::filesystem::path(dir) / "manifest.json";
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
-  const nlohmann::json manifest = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object()) return absl::DataLossError(absl::StrCat(path.string(), ": not JSON"));
-  return manifest.contains("model") && manifest["model"].is_string()
-             ? manifest["model"].get<std::string>()
-             : std::string();
-}
-
-// GetModel's expert_format (moe.v1 ModelInfo): the format the experts run in. A store: its
-// manifest's expert_format, with "-g<group_size>" when quantized ("int4-g64", "bf16"). A
-// checkpoint: its config.json dtype ("bf16", "f16", "f32"; another value as it is written).
-absl::StatusOr<std::string> ExpertFormat(const std::string& dir, bool is_store) {
-  const std::filesystem::path path =
-      std::filesystem::path(dir) / (is_store ? "manifest.json" : "config.json");
+// GetModel's expert_format (moe.v1 ModelInfo): the format the experts run in. A store (its
+// manifest given): the manifest's expert_format, with "-g<group_size>" when quantized
+// ("int4-g64", "bf16"). A checkpoint: its config.json dtype ("bf16", "f16", "f32"; another value
+// as it is written).
+absl::StatusOr<std::string> ExpertFormat(const std::string& dir,
+                                         const store::StoreManifest* manifest) {
+  if (manifest != nullptr) {
+    std::string format = manifest->expert_format;
+    if (manifest->group_size > 0) absl::StrAppend(&format, "-g", manifest->group_size);
+    return format;
+  }
+  const std::filesystem::path path = std::filesystem::path(dir) / "config.json";
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
   const nlohmann::json j = nlohmann::json::parse(in, nullptr, /*allow_exceptions=*/false);
@@ -88,17 +84,6 @@ absl::StatusOr<std::string> ExpertFormat(const std::string& dir, bool is_store) 
   auto text = [&j](const char* key) {
     return j.contains(key) && j[key].is_string() ? j[key].get<std::string>() : std::string();
   };
-  if (is_store) {
-    std::string format = text("expert_format");
-    if (format.empty()) {
-      return absl::DataLossError(absl::StrCat(path.string(), ": no expert_format"));
-    }
-    const int64_t group = j.contains("group_size") && j["group_size"].is_number_integer()
-                              ? j["group_size"].get<int64_t>()
-                              : 0;
-    if (group > 0) absl::StrAppend(&format, "-g", group);
-    return format;
-  }
   // Hugging Face writes torch_dtype (newer releases: dtype); the experts are read as stored.
   std::string dtype = text("torch_dtype");
   if (dtype.empty()) dtype = text("dtype");
@@ -135,11 +120,17 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, *tokenizer, eopts));
   engine::Engine& eng = *engine;
 
+  // A store's manifest.json: its model name and expert format.
+  std::optional<store::StoreManifest> manifest;
+  if (store != nullptr) {
+    MOE_ASSIGN_OR_RETURN(manifest, store::ReadManifest(dir));
+  }
+
   service::WorkerOptions wopts;
   wopts.model_name = absl::GetFlag(FLAGS_model_name);
-  if (wopts.model_name.empty() && store != nullptr) {
+  if (wopts.model_name.empty() && manifest.has_value()) {
     // A store is served under the name moe-import --model gave it (its manifest's "model").
-    MOE_ASSIGN_OR_RETURN(wopts.model_name, StoreModelName(dir));
+    wopts.model_name = manifest->model;
   }
   if (wopts.model_name.empty()) {
     wopts.model_name = std::filesystem::path(dir).lexically_normal().filename().string();
@@ -153,7 +144,8 @@ absl::Status Run() {
       eopts.max_context > 0 ? eopts.max_context : model->config().max_position_embeddings;
   wopts.max_running = eopts.max_running;
   wopts.kv_budget_bytes = eopts.kv_budget_bytes;
-  MOE_ASSIGN_OR_RETURN(wopts.expert_format, ExpertFormat(dir, store != nullptr));
+  MOE_ASSIGN_OR_RETURN(wopts.expert_format,
+                       ExpertFormat(dir, manifest.has_value() ? &*manifest : nullptr));
   wopts.kv_cache_format = eopts.kv_cache_dtype;
   wopts.device_budget_bytes = loaded.device_budget;
   wopts.host_budget_bytes = loaded.host_budget;

@@ -56,6 +56,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/kv_storage.h"
 #include "engine/model.h"
 #include "expertstore/blob_format.h"
 #include "expertstore/blob_index.h"
@@ -634,7 +635,7 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
   double bf16_position = 0;
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
-    MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, kernels::ParseKvFormat(name));
+    MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, engine::ParseCacheFormat(name));
     // Bytes per position from the cache's own layout (one block's worth, all layers).
     MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
                          engine::KvStorage::Create(format, static_cast<int>(c.num_hidden_layers),
@@ -723,7 +724,7 @@ absl::Status CheckFlags() {
     return absl::InvalidArgumentError(absl::StrCat("--backend=", backend, ": cuda or cpu"));
   }
   auto format = [](const char* flag, absl::string_view name) {
-    const absl::Status s = kernels::ParseKvFormat(name).status();
+    const absl::Status s = engine::ParseCacheFormat(name).status();
     return s.ok() ? s : absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", s.message()));
   };
   MOE_RETURN_IF_ERROR(format("kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)));
@@ -873,7 +874,7 @@ absl::Status Run() {
     return t;
   };
   MOE_ASSIGN_OR_RETURN(const kernels::KvFormat kv_format,
-                       kernels::ParseKvFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
+                       engine::ParseCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
   if (absl::GetFlag(FLAGS_kv_only)) return KvSweep(*model, *backend, expert_bytes, copy_bps, rng);
 
   // ---- batch 1, context ctx ----

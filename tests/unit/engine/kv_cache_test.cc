@@ -83,6 +83,18 @@ TEST(KvCacheTest, T10CapacityFollowsBudgetAndFormat) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The prod formats quantize keys only: refused by name and by value, with the same message.
+TEST(CacheFormatTest, ProdFormatsAreNoCacheFormat) {
+  EXPECT_EQ(*ParseCacheFormat("tq3.5"), KvFormat::kTq3p5);
+  EXPECT_EQ(ParseCacheFormat("int4").status().code(), absl::StatusCode::kInvalidArgument);
+  const absl::Status by_name = ParseCacheFormat("tq_prod4").status();
+  EXPECT_EQ(by_name.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(by_name.message().find("keys-only test mode"), absl::string_view::npos) << by_name;
+  EXPECT_EQ(CheckCacheFormat(KvFormat::kTqProd4), by_name);
+  EXPECT_EQ(KvCache::Create(Qwen3Options(KvFormat::kTqProd4, uint64_t{1} << 30)).status(), by_name);
+  EXPECT_TRUE(CheckCacheFormat(KvFormat::kBf16).ok());
+}
+
 TEST(KvStorageTest, TilesTileTheBufferWithoutOverlap) {
   absl::StatusOr<KvStorage> storage = KvStorage::Create(KvFormat::kTq3, 3, 2, 128, 16, 5);
   ASSERT_TRUE(storage.ok()) << storage.status();

@@ -1,0 +1,84 @@
+// PagedKv: the paged KV buffer and the codecs of each (layer, kv-head, K|V).
+#include "engine/paged_kv.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "kernels/base/status.h"
+
+namespace moe::engine {
+
+absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
+                                                         kernels::Backend& backend,
+                                                         kernels::KvFormat format, int block_size,
+                                                         int32_t num_blocks) {
+  const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
+  // Every cache format has CUDA kernels (kernels/cuda/attention.cu).
+  MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
+  MOE_ASSIGN_OR_RETURN(KvStorage storage,
+                       KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
+                                         block_size, num_blocks));
+  auto kv = std::unique_ptr<PagedKv>(new PagedKv(storage));
+  kv->format_ = format;
+  kv->block_size_ = block_size;
+  kv->num_blocks_ = num_blocks;
+  kv->num_kv_heads_ = NKV;
+  kv->head_dim_ = D;
+  MOE_ASSIGN_OR_RETURN(kv->buffer_, backend.Allocate(static_cast<size_t>(storage.total_bytes())));
+  kv->codecs_.resize(c.num_hidden_layers);
+  kv->codec_ptrs_.resize(c.num_hidden_layers);
+  const bool split = format == kernels::KvFormat::kTq3p5 || format == kernels::KvFormat::kTq2p5;
+  if (!split) {
+    for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+      MOE_RETURN_IF_ERROR(kv->EnsureCodecs(l, nullptr, nullptr, 0));
+    }
+  }
+  return kv;
+}
+
+absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v, int64_t T) {
+  if (!codecs_[layer].empty()) return absl::OkStatus();
+  const bool split = format_ == kernels::KvFormat::kTq3p5 || format_ == kernels::KvFormat::kTq2p5;
+  std::vector<kernels::KvCodec> codecs;
+  std::vector<float> sample(split ? T * head_dim_ : 0);
+  for (int h = 0; h < num_kv_heads_; ++h) {
+    for (int role = 0; role < 2; ++role) {
+      kernels::KvCodecOptions o;
+      o.format = format_;
+      o.head_dim = head_dim_;
+      o.role = role == 0 ? kernels::KvRole::kKey : kernels::KvRole::kValue;
+      o.layer = static_cast<int>(layer);
+      o.kv_head = h;
+      if (split) {
+        const float* x = role == 0 ? k : v;
+        for (int64_t t = 0; t < T; ++t) {
+          std::copy_n(x + (t * num_kv_heads_ + h) * head_dim_, head_dim_,
+                      sample.data() + t * head_dim_);
+        }
+        o.outlier_channels = kernels::SelectOutlierChannels(sample.data(), T, head_dim_, 32);
+      }
+      MOE_ASSIGN_OR_RETURN(kernels::KvCodec codec, kernels::KvCodec::Create(o));
+      codecs.push_back(std::move(codec));
+    }
+  }
+  codecs_[layer] = std::move(codecs);
+  codec_ptrs_[layer].clear();
+  for (const kernels::KvCodec& codec : codecs_[layer]) codec_ptrs_[layer].push_back(&codec);
+  return absl::OkStatus();
+}
+
+kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
+  kernels::PagedKvLayer kv;
+  kv.layer_base = static_cast<uint8_t*>(buffer_.data()) +
+                  storage_.TileOffset(static_cast<int>(layer), 0, 0, kernels::KvRole::kKey);
+  kv.block_stride = storage_.block_bytes();
+  kv.tile_bytes = storage_.tile_bytes();
+  kv.block_size = block_size_;
+  kv.block_table = block_table.data();
+  kv.codecs = codec_ptrs_[layer].data();
+  kv.num_kv_heads = num_kv_heads_;
+  kv.head_dim = head_dim_;
+  return kv;
+}
+
+}  // namespace moe::engine

@@ -1,0 +1,43 @@
+// SequenceKv: per-layer fp32 key and value buffers of one sequence.
+#include "engine/sequence_kv.h"
+
+#include "kernels/base/check.h"
+#include "kernels/base/status.h"
+
+namespace moe::engine {
+
+absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig& c,
+                                                               kernels::Backend& backend,
+                                                               int64_t capacity) {
+  auto kv = std::unique_ptr<SequenceKv>(new SequenceKv());
+  kv->capacity_ = capacity;
+  const size_t bytes = static_cast<size_t>(capacity * c.num_key_value_heads * c.head_dim) * 4;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    MOE_ASSIGN_OR_RETURN(kv->k_.emplace_back(), backend.Allocate(bytes));
+    MOE_ASSIGN_OR_RETURN(kv->v_.emplace_back(), backend.Allocate(bytes));
+  }
+  return kv;
+}
+
+int64_t SequenceKv::BytesPerToken(const ModelConfig& c) {
+  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
+}
+
+void SequenceKv::CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend) {
+  MOE_CHECK(length_ == 0 && n <= src.length_ && n <= capacity_ && k_.size() == src.k_.size())
+      << "CopyPrefixFrom: " << n << " of " << src.length_ << " into capacity " << capacity_;
+  const size_t bytes = static_cast<size_t>(n) * (k_[0].bytes() / capacity_);
+  for (size_t l = 0; l < k_.size(); ++l) {
+    backend.CopyOnDevice(k_[l].data(), src.k_[l].data(), bytes);
+    backend.CopyOnDevice(v_[l].data(), src.v_[l].data(), bytes);
+  }
+  length_ = n;
+}
+
+void SequenceKv::Advance(int64_t n) {
+  MOE_CHECK(n >= 0 && length_ + n <= capacity_)
+      << "SequenceKv::Advance: " << length_ << " + " << n << " > capacity " << capacity_;
+  length_ += n;
+}
+
+}  // namespace moe::engine
