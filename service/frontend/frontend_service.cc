@@ -4,7 +4,7 @@
 #include <set>
 
 #include "absl/strings/str_cat.h"
-#include "service/proto_convert.h"
+#include "service/proto_validate.h"
 #include "service/security.h"
 #include "service/status_convert.h"
 

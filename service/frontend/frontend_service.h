@@ -16,7 +16,7 @@
 #include "service/frontend/generate_call.h"
 #include "service/frontend/router.h"
 #include "service/frontend/worker_set.h"
-#include "service/metrics/registry.h"
+#include "service/metrics/frontend_metrics.h"
 
 namespace moe::service {
 

@@ -8,7 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/log.h"
-#include "service/proto_convert.h"
+#include "service/proto_validate.h"
 #include "service/status_convert.h"
 
 namespace moe::service {

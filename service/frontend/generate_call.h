@@ -22,7 +22,7 @@
 #include "moe/v1/moe.grpc.pb.h"
 #include "service/frontend/admission.h"
 #include "service/frontend/router.h"
-#include "service/metrics/registry.h"
+#include "service/metrics/frontend_metrics.h"
 
 namespace moe::service {
 

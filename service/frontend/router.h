@@ -27,7 +27,7 @@
 #include "absl/status/statusor.h"
 #include "moe/v1/moe.pb.h"
 #include "service/frontend/worker_set.h"
-#include "service/proto_convert.h"
+#include "service/proto_validate.h"
 
 namespace moe::service {
 

@@ -23,7 +23,7 @@
 #include "service/frontend/router.h"
 #include "service/frontend/worker_set.h"
 #include "service/main/signals.h"
-#include "service/metrics/registry.h"
+#include "service/metrics/frontend_metrics.h"
 #include "service/security.h"
 
 ABSL_FLAG(std::string, listen, "0.0.0.0:50051", "gRPC address of the public API");

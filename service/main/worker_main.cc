@@ -28,7 +28,7 @@
 #include "kernels/base/status.h"
 #include "service/main/model_flags.h"
 #include "service/main/signals.h"
-#include "service/metrics/registry.h"
+#include "service/metrics/worker_metrics.h"
 #include "service/security.h"
 #include "service/worker/engine_loop.h"
 #include "service/worker/worker_service.h"

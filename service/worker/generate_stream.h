@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "moe/internal/v1/worker.grpc.pb.h"
-#include "service/metrics/registry.h"
+#include "service/metrics/worker_metrics.h"
 #include "service/worker/engine_loop.h"
 #include "service/worker/readiness.h"
 

@@ -9,6 +9,7 @@
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "service/proto_convert.h"
+#include "service/proto_validate.h"
 #include "service/security.h"
 #include "service/status_convert.h"
 #include "service/worker/generate_stream.h"

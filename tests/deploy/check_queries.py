@@ -4,12 +4,13 @@
       Every dashboard query (Grafana variables replaced) parses: promtool check rules on a
       rules file made of them.
   check_queries.py names --dashboard D --rules R... --kubectl K --overlay O [--hpa-overlay O...]
-                         (--binary moe-worker=PATH --binary moe-frontend=PATH | --registry SOURCE)
+                         (--binary moe-worker=PATH --binary moe-frontend=PATH | --registry SOURCE...)
       Every metric name that a dashboard query, a rule or the HPA reads is one the service
       exports, or a recording rule's output, or one Prometheus makes itself (up).
       --binary: start the overlay's moe-worker and moe-frontend from the build tree with the
       manifests' arguments and read their /metrics (the real thing). --registry: read the names
-      from service/metrics/registry.cc instead (when the binaries are not built)."""
+      from the sources that register them instead (service/metrics/worker_metrics.cc and
+      frontend_metrics.cc; when the binaries are not built)."""
 import argparse
 import os
 import subprocess
@@ -95,9 +96,11 @@ def check_names(args):
             exported |= queries.exposed_names(text)
         source = "the running moe-worker and moe-frontend"
     else:
-        with open(args.registry) as f:
-            exported = queries.registry_names(f.read())
-        source = args.registry
+        exported = set()
+        for path in args.registry:
+            with open(path) as f:
+                exported |= queries.registry_names(f.read())
+        source = " and ".join(args.registry)
     print(f"{len(exported)} series names from {source}")
 
     known = exported | recorded | queries.SYNTHETIC
@@ -125,7 +128,7 @@ def main():
     parser.add_argument("--overlay")
     parser.add_argument("--hpa-overlay", nargs="*", help="more overlays whose HPA metrics to check")
     parser.add_argument("--binary", action="append", help="NAME=PATH of a built binary")
-    parser.add_argument("--registry")
+    parser.add_argument("--registry", action="append", help="a source file registering metrics")
     args = parser.parse_args()
     return check_syntax(args) if args.mode == "syntax" else check_names(args)
 

@@ -7,6 +7,7 @@
 #include "google/protobuf/stubs/logging.h"
 #include "moe/v1/moe.pb.h"
 #include "service/proto_convert.h"
+#include "service/proto_validate.h"
 #include "tests/fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -1,8 +1,9 @@
-// The metrics registry: store counters become counters and a histogram; the text is well formed.
+// The metrics: store counters become counters and a histogram; the text is well formed.
 #include <gtest/gtest.h>
 #include <prometheus/text_serializer.h>
 
-#include "service/metrics/registry.h"
+#include "service/metrics/frontend_metrics.h"
+#include "service/metrics/worker_metrics.h"
 
 namespace moe::service::metrics {
 namespace {

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <limits>
 
+#include "engine/tokenizer/unicode.h"
+#include "service/proto_validate.h"
 #include "service/status_convert.h"
 
 namespace moe::service {
@@ -174,6 +176,40 @@ TEST(InvalidUtf8Field, NamesTheField) {
   EXPECT_EQ(InvalidUtf8Field(d, bytes), "model");
   // Bytes that are not a message at all name nothing.
   EXPECT_EQ(InvalidUtf8Field(d, "\x0a\xff\xff\xff"), "");
+}
+
+// The frontend's UTF-8 check (no engine code) accepts exactly what the tokenizer's decoder does:
+// every string of 1 to 3 bytes, and 4-byte strings over the boundary bytes of each position.
+TEST(IsValidUtf8, AgreesWithTheTokenizersDecoder) {
+  auto agree = [](const std::string& s) {
+    return IsValidUtf8(s) == engine::DecodeUtf8(s).ok();
+  };
+  int64_t disagreements = 0;
+  std::string s;
+  for (int a = 0; a < 256; ++a) {
+    s.assign(1, static_cast<char>(a));
+    disagreements += !agree(s);
+    for (int b = 0; b < 256; ++b) {
+      s.assign({static_cast<char>(a), static_cast<char>(b)});
+      disagreements += !agree(s);
+      for (int c = 0; c < 256; ++c) {
+        s.assign({static_cast<char>(a), static_cast<char>(b), static_cast<char>(c)});
+        disagreements += !agree(s);
+        if (a < 0xF0 || a > 0xF7) continue;
+        for (int d : {0x00, 0x41, 0x7F, 0x80, 0xBF, 0xC0, 0xFF}) {
+          s.push_back(static_cast<char>(d));
+          disagreements += !agree(s);
+          s.pop_back();
+        }
+      }
+    }
+  }
+  EXPECT_EQ(disagreements, 0);
+  EXPECT_TRUE(IsValidUtf8("ok \xc3\xa9 \xf0\x9f\x98\x80"));
+  EXPECT_FALSE(IsValidUtf8("\xed\xa0\x80"));      // a surrogate
+  EXPECT_FALSE(IsValidUtf8("\xc0\xaf"));           // overlong
+  EXPECT_FALSE(IsValidUtf8("\xf4\x90\x80\x80"));  // above U+10FFFF
+  EXPECT_FALSE(IsValidUtf8("\xe2\x82"));           // cut short
 }
 
 TEST(ToStopConditions, DefaultMaxTokensFitsTheContext) {

@@ -1,28 +1,21 @@
-// Every metric the two processes export: names, help, labels and buckets live in registry.cc
-// only. Prefix moe_, promtool-clean; histogram buckets are vLLM's so its dashboards carry over.
-//
-// The worker exports the engine's view (what vLLM exports per engine); the frontend exports the
-// client's view under moe_frontend_ (so summing across jobs never counts a request twice).
+// The worker's metrics: the engine's view (what vLLM exports per engine) and the expert store's
+// counters. Names, help, labels and buckets live in worker_metrics.cc only.
 // All methods are thread-safe (prometheus-cpp metrics are atomic).
 #pragma once
 
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/family.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
 
 #include <cstdint>
-#include <memory>
-#include <string>
 #include <vector>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "absl/types/span.h"
 #include "engine/model.h"
 #include "expertstore/stats.h"
+#include "service/metrics/common.h"
 
 namespace moe::service::metrics {
 
@@ -96,49 +89,6 @@ class WorkerMetrics {
   prometheus::Histogram* load_latency_;
   std::vector<uint64_t> load_buckets_seen_;  // cumulative bucket counts already observed
   uint64_t load_us_seen_ = 0;
-};
-
-class FrontendMetrics {
- public:
-  explicit FrontendMetrics(prometheus::Registry& registry);
-
-  void RequestFinished(absl::string_view outcome);
-  void ObserveQueue(double seconds) { queue_->Observe(seconds); }
-  void ObserveTtft(double seconds) { ttft_->Observe(seconds); }
-  void ObserveItl(double seconds) { itl_->Observe(seconds); }
-  void ObserveE2e(double seconds) { e2e_->Observe(seconds); }
-  void SetAdmission(int64_t running, int64_t queued);
-  void SetWorkers(int64_t up, int64_t down);
-  void Retried() { retries_->Increment(); }
-  // A worker ended a Generate attempt with an error status (`code`: its CodeLabel).
-  void WorkerFailed(absl::string_view code);
-  // A call refused as over --max_request_bytes; `method`: Generate, Tokenize, ...
-  void Oversized(absl::string_view method);
-  // A worker picked for a Generate attempt; `reason`: session, prefix or least_load.
-  void Routed(absl::string_view reason);
-
- private:
-  prometheus::Family<prometheus::Counter>* requests_;
-  prometheus::Histogram *queue_, *ttft_, *itl_, *e2e_;
-  prometheus::Gauge *running_, *queued_, *workers_up_, *workers_down_;
-  prometheus::Counter* retries_;
-  prometheus::Family<prometheus::Counter>* routed_;
-  prometheus::Family<prometheus::Counter>* worker_failures_;
-  prometheus::Family<prometheus::Counter>* oversized_;
-};
-
-// Serves a registry as /metrics over HTTP (prometheus-cpp's civetweb).
-class MetricsServer {
- public:
-  // `address` is host:port; port 0 picks a free one. Unavailable when it cannot bind.
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& address, std::shared_ptr<prometheus::Registry> registry);
-  int port() const { return port_; }
-
- private:
-  std::unique_ptr<prometheus::Exposer> exposer_;
-  std::shared_ptr<prometheus::Registry> registry_;
-  int port_ = 0;
 };
 
 }  // namespace moe::service::metrics

@@ -1,43 +1,15 @@
-// The names, help texts and buckets of every exported metric.
-#include "service/metrics/registry.h"
+// The names, help texts, labels and buckets of the worker's metrics.
+#include "service/metrics/worker_metrics.h"
 
 #include <algorithm>
-#include <exception>
-
-#include "absl/strings/str_cat.h"
+#include <string>
+#include <utility>
 
 namespace moe::service::metrics {
 namespace {
 
 using prometheus::BuildCounter;
 using prometheus::BuildGauge;
-using prometheus::BuildHistogram;
-
-// vLLM's buckets (vllm/v1/metrics/loggers.py): time_to_first_token_seconds,
-// time_per_output_token_seconds, and e2e_request_latency_seconds (also its queue time).
-const prometheus::Histogram::BucketBoundaries kTtftBuckets = {
-    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,  0.25,  0.5,   0.75,
-    1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0};
-const prometheus::Histogram::BucketBoundaries kItlBuckets = {
-    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2,  0.3,  0.4, 0.5,
-    0.75, 1.0,   2.5,  5.0,   7.5, 10.0, 20.0, 40.0, 80.0};
-const prometheus::Histogram::BucketBoundaries kRequestBuckets = {
-    0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,   10.0,   15.0,  20.0,
-    30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
-
-prometheus::Histogram* Hist(prometheus::Registry& r, const std::string& name,
-                            const std::string& help,
-                            const prometheus::Histogram::BucketBoundaries& buckets) {
-  return &BuildHistogram().Name(name).Help(help).Register(r).Add({}, buckets);
-}
-prometheus::Gauge* Gauge(prometheus::Registry& r, const std::string& name,
-                         const std::string& help) {
-  return &BuildGauge().Name(name).Help(help).Register(r).Add({});
-}
-prometheus::Counter* Counter(prometheus::Registry& r, const std::string& name,
-                             const std::string& help) {
-  return &BuildCounter().Name(name).Help(help).Register(r).Add({});
-}
 
 // Counters only go up: move one to a cumulative total read from elsewhere.
 void AdvanceTo(prometheus::Counter& counter, double total) {
@@ -225,104 +197,6 @@ void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
   load_latency_->ObserveMultiple(increments,
                                  static_cast<double>(store.load_total_us - load_us_seen_) * 1e-6);
   load_us_seen_ = store.load_total_us;
-}
-
-FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
-  requests_ = &BuildCounter()
-                   .Name("moe_frontend_requests_total")
-                   .Help(
-                       "Generate calls answered, by outcome (stop, length, cancelled, error, "
-                       "or the status code: invalid_argument, resource_exhausted, ...)")
-                   .Register(r);
-  queue_ = Hist(r, "moe_frontend_request_queue_time_seconds",
-                "Seconds a request waited in the admission queue", kRequestBuckets);
-  ttft_ =
-      Hist(r, "moe_frontend_time_to_first_token_seconds",
-           "Seconds from a call's arrival to its first token, as the client sees it", kTtftBuckets);
-  itl_ = Hist(r, "moe_frontend_inter_token_latency_seconds",
-              "Seconds between consecutive tokens relayed to a client", kItlBuckets);
-  e2e_ = Hist(r, "moe_frontend_e2e_request_latency_seconds",
-              "Seconds from a call's arrival to its last message", kRequestBuckets);
-  running_ = Gauge(r, "moe_frontend_requests_running", "Calls relayed to a worker now");
-  queued_ = Gauge(r, "moe_frontend_requests_queued", "Calls waiting in the admission queue");
-  auto& workers = BuildGauge()
-                      .Name("moe_frontend_workers")
-                      .Help("Known workers by state (up: healthy and serving; down)")
-                      .Register(r);
-  workers_up_ = &workers.Add({{"state", "up"}});
-  workers_down_ = &workers.Add({{"state", "down"}});
-  retries_ = Counter(r, "moe_frontend_retries_total",
-                     "Calls retried on another worker after one failed before the first token");
-  worker_failures_ = &BuildCounter()
-                         .Name("moe_frontend_worker_failures_total")
-                         .Help(
-                             "Generate attempts that failed on the worker's side, by code "
-                             "(unavailable, data_loss, internal, unknown), retried or not")
-                         .Register(r);
-  oversized_ = &BuildCounter()
-                    .Name("moe_frontend_oversized_requests_total")
-                    .Help("Calls refused as over --max_request_bytes, by method")
-                    .Register(r);
-  routed_ = &BuildCounter()
-                 .Name("moe_frontend_routing_decisions_total")
-                 .Help(
-                     "Workers picked for Generate attempts, by the rule that decided (session: "
-                     "the session's worker; prefix: the longest remembered prompt prefix; "
-                     "least_load: the fewest outstanding tokens)")
-                 .Register(r);
-  for (const char* reason : {"session", "prefix", "least_load"}) routed_->Add({{"reason", reason}});
-  for (const char* outcome : {"stop", "length", "cancelled", "error", "resource_exhausted",
-                              "unavailable", "invalid_argument", "deadline_exceeded"}) {
-    requests_->Add({{"outcome", outcome}});
-  }
-}
-
-void FrontendMetrics::RequestFinished(absl::string_view outcome) {
-  requests_->Add({{"outcome", std::string(outcome)}}).Increment();
-}
-
-void FrontendMetrics::WorkerFailed(absl::string_view code) {
-  worker_failures_->Add({{"code", std::string(code)}}).Increment();
-}
-
-void FrontendMetrics::Oversized(absl::string_view method) {
-  oversized_->Add({{"method", std::string(method)}}).Increment();
-}
-
-void FrontendMetrics::Routed(absl::string_view reason) {
-  routed_->Add({{"reason", std::string(reason)}}).Increment();
-}
-
-void FrontendMetrics::SetAdmission(int64_t running, int64_t queued) {
-  running_->Set(static_cast<double>(running));
-  queued_->Set(static_cast<double>(queued));
-}
-
-void FrontendMetrics::SetWorkers(int64_t up, int64_t down) {
-  workers_up_->Set(static_cast<double>(up));
-  workers_down_->Set(static_cast<double>(down));
-}
-
-absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, std::shared_ptr<prometheus::Registry> registry) {
-  auto server = std::unique_ptr<MetricsServer>(new MetricsServer());
-  try {
-    // civetweb serves one connection per thread and waits up to request_timeout_ms for a
-    // connection's request: with its defaults (prometheus-cpp's 2 threads, 30 s), two idle TCP
-    // connections blocked every scrape for 30 s. Enough threads for a few stray connections,
-    // and a short wait for each (a scrape sends its request at once).
-    server->exposer_ = std::make_unique<prometheus::Exposer>(std::vector<std::string>{
-        "listening_ports", address, "num_threads", "8", "request_timeout_ms", "2000",
-        "enable_keep_alive", "no"});
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", address, ": ", e.what()));
-  }
-  server->registry_ = std::move(registry);
-  server->exposer_->RegisterCollectable(server->registry_, "/metrics");
-  std::vector<int> ports = server->exposer_->GetListeningPorts();
-  server->port_ = ports.empty() ? 0 : ports.front();
-  return server;
 }
 
 }  // namespace moe::service::metrics
