@@ -69,6 +69,10 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
                           .Name("moe_store_evictions_total")
                           .Help("Experts evicted from a tier")
                           .Register(r);
+  store_bypasses_ = &BuildCounter()
+                         .Name("moe_store_bypasses_total")
+                         .Help("Misses the eviction policy chose not to cache in a tier")
+                         .Register(r);
   store_prefetches_ = &BuildCounter()
                           .Name("moe_store_prefetches_total")
                           .Help(
@@ -140,7 +144,8 @@ void WorkerMetrics::SetModelInfo(absl::string_view model, absl::string_view arch
 StoreCounters FromStoreStats(const store::StoreStats& s) {
   StoreCounters c;
   auto tier = [](const store::TierStats& t) {
-    return StoreTierCounters{t.slots, t.slot_bytes, t.hits, t.misses, t.bytes_in, t.evictions};
+    return StoreTierCounters{t.slots, t.slot_bytes, t.hits, t.misses, t.bytes_in, t.evictions,
+                             t.bypasses};
   };
   c.device = tier(s.device);
   c.host = tier(s.host);
@@ -167,6 +172,7 @@ void WorkerMetrics::UpdateExpertStore(const StoreCounters& store) {
               static_cast<double>(t->misses));
     AdvanceTo(store_bytes_in_->Add({{"tier", tier}}), static_cast<double>(t->bytes_in));
     AdvanceTo(store_evictions_->Add({{"tier", tier}}), static_cast<double>(t->evictions));
+    AdvanceTo(store_bypasses_->Add({{"tier", tier}}), static_cast<double>(t->bypasses));
     store_slots_->Add({{"tier", tier}}).Set(static_cast<double>(t->slots));
     store_slot_bytes_->Add({{"tier", tier}}).Set(static_cast<double>(t->slot_bytes));
   }

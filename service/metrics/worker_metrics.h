@@ -34,6 +34,7 @@ struct StoreTierCounters {
   uint64_t hits = 0, misses = 0;
   uint64_t bytes_in = 0;  // bytes copied into this tier
   uint64_t evictions = 0;
+  uint64_t bypasses = 0;
 };
 struct StoreCounters {
   StoreTierCounters device, host;
@@ -82,6 +83,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* store_lookups_;
   prometheus::Family<prometheus::Counter>* store_bytes_in_;
   prometheus::Family<prometheus::Counter>* store_evictions_;
+  prometheus::Family<prometheus::Counter>* store_bypasses_;
   prometheus::Family<prometheus::Counter>* store_prefetches_;
   prometheus::Family<prometheus::Gauge>* store_slots_;
   prometheus::Family<prometheus::Gauge>* store_slot_bytes_;
