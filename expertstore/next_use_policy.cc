@@ -6,11 +6,12 @@
 // then d + L * (1 - p) / p visits away (the first chance, then one more pass per failure), and
 // the victim is the resident with the latest one. p is the expert's own rate of being chosen
 // after a visit that chose it and after one that did not (routing repeats itself from step to
-// step), from decayed counts kept for every expert, resident or not; raised to the predictor's
-// measured accuracy for an expert predicted for the next visit (OnPredict). A miss whose own
-// expected next use is later than the victim's is not
-// cached (Admit): when the budget is under one pass's working set this keeps a stable set of
-// likely experts instead of churning everything (the cyclic scan that defeats LRU).
+// step), from decayed counts kept for every expert, resident or not, and shrunk towards the
+// layers' rate while the expert has little history; raised to the predictor's measured accuracy
+// for an expert predicted for the next visit (OnPredict). A miss whose own expected next use is
+// later than the victim's is not cached (Admit): when the budget is under one pass's working set
+// this keeps a stable set of likely experts instead of churning everything (the cyclic scan that
+// defeats LRU).
 //
 // Cost: each layer keeps its residents sorted by p (p changes only when that layer is visited or
 // predicted), so a victim is the best of L candidates, and bookkeeping is O(L + residents of one
@@ -52,32 +53,30 @@ class NextUsePolicy final : public EvictionPolicy {
     if (layer < 0 || layer >= L_) return;
     Layer& ly = layers_[layer];
     const int64_t now = ++ly.visits;
-    int64_t predicted = 0, chosen = 0, again = 0;
+    int64_t predicted = 0;
     for (const int32_t e : experts) {
       if (!Valid(layer, e) || at(layer, e).chosen_in == now) continue;  // listed twice
       Expert& x = at(layer, e);
       x.chosen_in = now;
-      ++chosen;
-      again += x.last_chosen == now - 1;
       predicted += x.predicted_for == now;
     }
     if (ly.predicted_for == now && ly.predicted_size > 0) {
       accuracy_.Add(static_cast<double>(predicted), ly.predicted_size);
     }
-    if (now > 1) {
-      reuse_.Add(static_cast<double>(again), ly.last_size);
-      arrival_.Add(static_cast<double>(chosen - again), E_ - ly.last_size);
-    }
-    // Each expert's chance to be chosen, apart after a visit that chose it and after one that
-    // did not (routing repeats itself from step to step).
+    // Each expert's chance to be chosen, kept apart by how many visits ago it was last chosen
+    // (routing repeats itself from step to step), for the expert and for the layer.
+    double seen[kStates] = {}, hits[kStates] = {};
     for (int32_t e = 0; e < E_; ++e) {
       Expert& x = at(layer, e);
-      const int was = x.last_chosen == now - 1;
-      x.seen[was] = x.seen[was] * keep_ + 1;
-      x.chosen[was] = x.chosen[was] * keep_ + (x.chosen_in == now);
-      if (x.chosen_in == now) x.last_chosen = now;
+      const int s = State(now - x.last_chosen);
+      const bool hit = x.chosen_in == now;
+      x.seen[s] = x.seen[s] * keep_ + 1;
+      x.chosen[s] = x.chosen[s] * keep_ + hit;
+      seen[s] += 1;
+      hits[s] += hit;
+      if (hit) x.last_chosen = now;
     }
-    ly.last_size = chosen;
+    for (int s = 0; s < kStates; ++s) rate_[s].Add(hits[s], seen[s]);
     current_ = layer;
     ly.dirty = true;
   }
@@ -146,16 +145,22 @@ class NextUsePolicy final : public EvictionPolicy {
   }
 
  private:
-  static constexpr double kPriorWeight = 2;  // in visits
+  // How many visits of evidence the layer-wide rate counts for in an expert's estimate: enough
+  // that a few chance picks do not make an expert look likely (flat routing, many experts).
+  static constexpr double kPriorWeight = 8;
+  // An expert's state at a visit: chosen at the visit before, or not. (Finer states, by visits
+  // since chosen, measured no better on the simulator's grid.)
+  static constexpr int kStates = 2;
+  static constexpr int64_t kNever = int64_t{1} << 40;
+  static int State(int64_t visits_since_chosen) { return visits_since_chosen <= 1 ? 0 : 1; }
   static constexpr double kMinProbability = 1e-6;
 
   struct Expert {
-    // Decayed counts of its layer's visits, [0] after a visit that did not choose it, [1] after
-    // one that did, and of those that chose it.
-    double seen[2] = {0, 0};
-    double chosen[2] = {0, 0};
+    // Decayed counts of its layer's visits per State, and of those that chose it.
+    double seen[kStates] = {};
+    double chosen[kStates] = {};
     int64_t chosen_in = -1;      // the visit in progress chose it (BeginVisit's bookkeeping)
-    int64_t last_chosen = -1;    // the visit of its layer that last chose it
+    int64_t last_chosen = -kNever;  // the visit of its layer that last chose it
     int64_t predicted_for = -1;  // the visit of its layer it is predicted for
     bool resident = false;
   };
@@ -166,7 +171,6 @@ class NextUsePolicy final : public EvictionPolicy {
   };
   struct Layer {
     int64_t visits = 0;
-    int64_t last_size = 0;  // experts the latest visit chose
     int64_t predicted_for = -1;
     int64_t predicted_size = 0;
     // Residents by p, least likely first; rebuilt when dirty (p changed: a visit or prediction).
@@ -186,9 +190,8 @@ class NextUsePolicy final : public EvictionPolicy {
   // latest visit left it in, shrunk towards the layer-wide rate while it has little history.
   double Probability(int32_t layer, const Expert& x) const {
     const Layer& ly = layers_[layer];
-    const int was = x.last_chosen == ly.visits && ly.visits > 0;
-    const double prior = was ? reuse_.value() : arrival_.value();
-    double p = (x.chosen[was] + kPriorWeight * prior) / (x.seen[was] + kPriorWeight);
+    const int s = State(ly.visits + 1 - x.last_chosen);
+    double p = (x.chosen[s] + kPriorWeight * rate_[s].value()) / (x.seen[s] + kPriorWeight);
     if (x.predicted_for == ly.visits + 1) p = std::max(p, accuracy_.value());
     return std::clamp(p, kMinProbability, 1.0);
   }
@@ -214,8 +217,7 @@ class NextUsePolicy final : public EvictionPolicy {
   std::vector<Expert> experts_;  // [layer * E_ + expert]
   std::vector<Layer> layers_;
   int32_t current_ = -1;  // the layer visited last
-  Ratio reuse_{0.5};      // of the experts a visit chose, the share the next visit chooses again
-  Ratio arrival_{0.05};   // of the others, the share the next visit chooses
+  Ratio rate_[kStates] = {Ratio(0.5), Ratio(0.05)};  // the layers' rates per state
   Ratio accuracy_{0.5};   // of the experts predicted for a visit, the share it chose
 };
 
