@@ -193,6 +193,10 @@ bool Engine::Admit(std::unique_ptr<Sequence>& seq_ptr) {
     }
   }
   if (seq.cache_id == 0) {
+    // Only the cached prefix and one position are claimed now; Reserve appends the rest chunk by
+    // chunk, so a long prompt does not hold blocks it will not write for many steps, and a block
+    // is registered in the step that writes it. Kept sessions give way first: a kept session is
+    // only the hope of a next turn, a waiting request is work.
     for (;;) {
       const int64_t blocks = cache_->ReusablePrefixBlocks(tokens);
       const int64_t admit_len = std::min<int64_t>(seq.prefill_end, blocks * options_.block_size + 1);
@@ -234,6 +238,8 @@ bool Engine::Reserve(Sequence& seq, int64_t end, const std::vector<const Sequenc
     }
     if (DropLruSession()) continue;
     // Preempt the newest running sequence that has no work planned in this step (seq has none).
+    // Newest: it has the least to recompute and the oldest keep their place (arrival order). Not a
+    // planned one: its entry in the step's plan would be left pointing at freed blocks.
     size_t victim = running_.size();
     while (victim-- > 0) {
       if (std::find(planned.begin(), planned.end(), running_[victim].get()) == planned.end()) break;
@@ -259,6 +265,8 @@ void Engine::Finish(Sequence& seq, FinishReason reason, absl::Status error, bool
   e.usage = {static_cast<int64_t>(seq.req.prompt.size()), seq.cached,
              static_cast<int64_t>(seq.output.size())};
   if (seq.cache_id != 0) {
+    // A session keeps its table only when every reserved position holds written KV
+    // (cache_len == kv_len): the next turn continues from the table, so it must match s.tokens.
     const bool keep = !seq.req.session_id.empty() && options_.max_sessions > 0 &&
                       (reason == FinishReason::kStop || reason == FinishReason::kLength) &&
                       seq.cache_len == seq.kv_len;
@@ -305,7 +313,8 @@ void Engine::Emit(Sequence& seq, int32_t token, const TokenLogprobs& lp, std::ve
 std::vector<Event> Engine::Step() {
   std::vector<Event> events;
   ++step_counter_;
-  // 1. Cancels: queued or running, final event at once, KV freed.
+  // 1. Cancels: queued or running, final event at once, KV freed. First, so that their blocks are
+  // free for this step's admissions.
   for (const std::string& id : cancelled_) {
     auto match = [&](const std::unique_ptr<Sequence>& s) { return s->req.id == id; };
     if (auto it = std::find_if(waiting_.begin(), waiting_.end(), match); it != waiting_.end()) {
@@ -328,6 +337,8 @@ std::vector<Event> Engine::Step() {
   if (running_.empty()) return events;
 
   // 3. Plan: every decode gets its one token, then prefill chunks fill the remaining budget.
+  // Decodes first so that a long prompt arriving never stalls the streams already generating: it
+  // takes what the step's token budget leaves, chunk by chunk.
   // Blocks are reserved oldest first; when they run out the newest sequences are preempted.
   struct Planned {
     Sequence* seq;
@@ -359,6 +370,8 @@ std::vector<Event> Engine::Step() {
   }
   if (plan.empty()) return events;  // everything runnable was preempted this step
   std::vector<ForwardItem> items;
+  // Tables are copied only after every Reserve of the step: a reservation appends blocks and may
+  // preempt, so earlier copies could be out of date.
   for (Planned& p : plan) {
     const auto table = cache_->BlockTable(p.seq->cache_id);
     MOE_CHECK(table.ok()) << table.status();

@@ -22,6 +22,8 @@ int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 }  // namespace
 
+// Chained: a block's hash covers every token before it, so one registry lookup per block finds
+// a prefix, never the same block content after a different history (whose KV would differ).
 uint64_t ChainHash(uint64_t parent_hash, absl::Span<const int32_t> tokens) {
   uint64_t h = Mix64(parent_hash + 0x9e3779b97f4a7c15ull);
   for (int32_t t : tokens) h = Mix64(h ^ static_cast<uint32_t>(t));
@@ -95,7 +97,8 @@ absl::StatusOr<SequenceBlocks> KvCache::Admit(int64_t seq_id,
   for (int64_t i = 0; i < num_full; ++i) {
     hashes[i] = ChainHash(i == 0 ? 0 : hashes[i - 1], prompt_tokens.subspan(i * bs, bs));
   }
-  // Longest registered prefix, leaving at least the last prompt token to compute.
+  // Longest registered prefix, leaving at least the last prompt token to compute: the step must
+  // run it to get the logits the first output token is sampled from.
   std::vector<int32_t> hits;
   const int64_t max_reuse = options_.prefix_reuse ? (len - 1) / bs : 0;
   int32_t hits_on_lru = 0;
@@ -113,9 +116,13 @@ absl::StatusOr<SequenceBlocks> KvCache::Admit(int64_t seq_id,
   }
   const int64_t num_blocks = CeilDiv(len, bs);
   const int64_t fresh = num_blocks - static_cast<int64_t>(hits.size());
+  // available_blocks() counts cached (LRU) blocks as evictable, but the hits among them are about
+  // to be referenced by this sequence, so they cannot also serve as its fresh blocks.
   if (fresh > available_blocks() - hits_on_lru) return NoRoom(seq_id, fresh);
 
   Sequence seq;
+  // Reference the hits before taking fresh blocks: TakeFreshBlock evicts from the LRU, which must
+  // not hand out a block this sequence is about to reuse.
   for (int32_t b : hits) {
     if (blocks_[b].refcount++ == 0) LruRemove(b);
     seq.table.push_back(b);
@@ -145,6 +152,8 @@ absl::Status KvCache::AppendTokens(int64_t seq_id, absl::Span<const int32_t> tok
   const int64_t bs = options_.block_size;
   const int64_t new_total = seq.num_tokens + static_cast<int64_t>(tokens.size());
   const int64_t grow = CeilDiv(new_total, bs) - static_cast<int64_t>(seq.table.size());
+  // Checked before anything changes: a refused append leaves the sequence as it was, so the
+  // engine can preempt another sequence and try again.
   if (grow > available_blocks()) return NoRoom(seq_id, grow);
   for (int64_t i = 0; i < grow; ++i) seq.table.push_back(TakeFreshBlock());
   for (int32_t t : tokens) {
@@ -207,6 +216,7 @@ void KvCache::Free(int64_t seq_id) {
 
 int32_t KvCache::TakeFreshBlock() {
   int32_t b;
+  // A free block first: evicting a cached one throws away a prefix a later request might reuse.
   if (!free_list_.empty()) {
     b = free_list_.back();
     free_list_.pop_back();

@@ -20,7 +20,7 @@ BlobReader::BlobReader(std::string store_dir, BlobReaderOptions options)
       pool_(std::make_unique<base::ThreadPool>(options.io_threads)) {}
 
 BlobReader::~BlobReader() {
-  pool_.reset();
+  pool_.reset();  // joins the reads in flight before their file descriptors close
   std::lock_guard<std::mutex> lock(mu_);
   for (auto& [name, f] : files_) ::close(f.fd);
 }
@@ -31,6 +31,8 @@ absl::StatusOr<BlobReader::OpenFile> BlobReader::GetFile(const BlobLocation& loc
   if (auto it = files_.find(loc.file); it != files_.end()) return it->second;
   const std::string path = absl::StrCat(store_dir_, "/", loc.file);
   OpenFile f;
+  // O_DIRECT by default: each expert is read once into a slot that keeps it, so a page-cache copy
+  // would only double the host memory it takes. A filesystem that refuses it still gets read.
   if (options_.use_o_direct) {
     f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
     f.direct = f.fd >= 0;
@@ -66,6 +68,8 @@ absl::Status BlobReader::Read(const BlobLocation& loc, void* dst) {
       if (errno == EINTR) continue;
       return absl::InternalError(absl::StrCat(where, ": read error: ", std::strerror(errno)));
     }
+    // A read of 0 bytes before the blob's end: the file is shorter than the index says, so the
+    // store itself is damaged (DataLoss), unlike a failing read (Internal).
     if (n == 0) {
       struct stat st {};
       ::fstat(f->fd, &st);

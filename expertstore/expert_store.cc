@@ -104,7 +104,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
     store->num_layers_ = std::max(store->num_layers_, l.layer + 1);
     most_experts = std::max(most_experts, ++experts_per_layer[l.layer]);
   }
-  store->slot_bytes_ = largest->length;
+  store->slot_bytes_ = largest->length;  // the largest, so any slot holds any expert
   MOE_RETURN_IF_ERROR(
       CheckBudget("device", options.device_budget_bytes, store->slot_bytes_, *largest));
   MOE_RETURN_IF_ERROR(CheckBudget("host", options.host_budget_bytes, store->slot_bytes_, *largest));
@@ -142,6 +142,7 @@ absl::StatusOr<std::unique_ptr<ExpertStore>> ExpertStore::Open(
 }
 
 ExpertStore::~ExpertStore() {
+  // The I/O threads first: a finished read enqueues a copy, so the copy thread must outlive them.
   reader_.reset();
   copy_thread_.reset();
   std::lock_guard<std::mutex> lock(mu_);
@@ -348,6 +349,8 @@ ExpertStore::ReadableLayer ExpertStore::PinReadable(int32_t layer, int32_t num_e
       r.views[e] = BlobWeights(loc->second, host_->data(h));
       r.in_host[e] = true;
     } else if (h < 0 && (!device_ || device_->Find(id) < 0) && host_->has_free_slot()) {
+      // Into a free host slot only: making a table is not a use, so it evicts nothing (Use,
+      // after the step, decides what stays).
       const int s = host_->Claim(id, base::NowMicros());
       ++stats_.prefetch_issued;
       ++stats_.host.misses;
@@ -383,6 +386,7 @@ ExpertHandle ExpertStore::SlotHandle(const BlobLocation& loc, int d) {
                           })};
 }
 
+// Takes mu_: the store never drops a handle while it holds mu_.
 void ExpertStore::Release(int d) {
   std::lock_guard<std::mutex> lock(mu_);
   device_->Unpin(d);
@@ -471,6 +475,7 @@ void ExpertStore::ReadIntoHostSlot(const BlobLocation& loc, int h) {
       }
       waiters = host_->Complete(h, status);
     }
+    // Outside mu_: each waiter takes mu_ itself (FillFromBelow's copy_up).
     RunWaiters(std::move(waiters), status);
   });
 }
@@ -496,6 +501,8 @@ void ExpertStore::DrainCopies() {
     batch.swap(copy_queue_);
     copy_drain_scheduled_ = false;
   }
+  // Issued and waited for without mu_: Acquire, Use and the I/O threads' completions take mu_ and
+  // must not queue behind a copy.
   std::vector<uint64_t> numbers;
   numbers.reserve(batch.size());
   for (const CopyJob& job : batch) {

@@ -2,9 +2,11 @@
 //
 //   Acquire(layer, experts)
 //     device tier hit ............ handle ready at once (slot pinned by the handle)
-//     device miss ................ claim a device slot (or, when all are pinned, one of a
-//                                  fixed pool of transient backend buffers, held by the
-//                                  handle; waits when every one is held), then fill it from
+//     device miss ................ claim a device slot (or, when none can be claimed: no
+//                                  device tier, all pinned or loading, or the policy declining
+//                                  to cache the expert, a bypass, one of a fixed pool of
+//                                  transient backend buffers, held by the handle; waits when
+//                                  every one is held), then fill it from
 //       host tier hit ............ copy host -> device on the copy thread (batched)
 //       host miss ................ claim a host slot, read the blob into it on an I/O thread
 //                                  (O_DIRECT, checksum verified), then copy it up

@@ -28,10 +28,14 @@ int SlotTier::Claim(ExpertId id, int64_t now_us) {
   MOE_CHECK(Find(id) < 0) << name_ << ": claiming layer " << id.layer << " expert " << id.expert
                           << " twice";
   int s = -1;
+  // A free slot costs nothing, so the policy is asked only when the tier is full; Admit only
+  // then too, since declining to cache (a bypass) is worth it only when caching would evict.
   if (!free_.empty()) {
     s = free_.back();
     free_.pop_back();
   } else {
+    // Only ready, unpinned slots may go: a loading slot's bytes are awaited by handles or
+    // waiters, and a pinned one is being read.
     std::optional<ExpertId> victim = policy_->Victim([this](ExpertId v) {
       const Slot& slot = slots_[where_.at(v)];
       return slot.state == SlotState::kReady && slot.pins == 0;
@@ -63,10 +67,14 @@ std::vector<std::function<void(absl::Status)>> SlotTier::Complete(int s,
                                                                   const absl::Status& status) {
   Slot& slot = slots_[s];
   MOE_CHECK(slot.state == SlotState::kLoading) << name_ << ": slot " << s << " completed twice";
+  // The layer's version moves when an expert becomes readable (here) or stops being so
+  // (eviction), not when a load starts: PinReadable hands out only kReady slots.
   if (status.ok()) {
     slot.state = SlotState::kReady;
     Changed(slot.id.layer);
   } else {
+    // Detached, not freed: handles may still hold the slot, and a new load must not write into
+    // memory they point at; it is freed when the last pin goes.
     slot.state = SlotState::kDetached;
     where_.erase(slot.id);
     policy_->OnErase(slot.id);

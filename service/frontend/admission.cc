@@ -41,6 +41,7 @@ absl::StatusOr<uint64_t> Admission::Enter(Start start) {
     running = running_;
     queued = static_cast<int64_t>(queue_.size());
   }
+  // Outside mu_: start begins the worker call, which may end at once and call Leave.
   Notify(running, queued);
   if (run_now) start();
   return ticket;
@@ -52,7 +53,9 @@ void Admission::Leave() {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (!queue_.empty()) {
-      next = std::move(queue_.front().start);  // the slot passes straight to it
+      // The slot passes straight to it, running_ unchanged: a call arriving between this Leave
+      // and next() cannot take the slot and jump the FIFO.
+      next = std::move(queue_.front().start);
       queue_.pop_front();
     } else {
       --running_;

@@ -113,6 +113,9 @@ bool WorkerEndpoint::Update(const grpc::Status& status, const moe::internal::v1:
                                               : "not serving: " + info.not_serving_reason();
     } else {
       ++failed_polls_;
+      // One lost poll does not move a worker's traffic away: it stays up until
+      // down_after_failed_polls fail in a row. A failed poll never brings a worker up, while one
+      // good poll does (above): a worker that answers and says it serves is usable now.
       now_up = was_up && failed_polls_ < down_after_failed_polls_;
       why = absl::StrCat(status.error_message(), " (", failed_polls_, " polls in a row failed)");
       // A worker that never answered would otherwise go unmentioned while clients hear that
@@ -171,6 +174,8 @@ void WorkerSet::Stop() {
 }
 
 void WorkerSet::Start() {
+  // One round before the thread starts, so the frontend begins knowing which workers are up
+  // instead of answering its first calls UNAVAILABLE.
   Resolve();
   PollAll();
   thread_ = std::thread([this] { Loop(); });
@@ -200,6 +205,8 @@ void WorkerSet::Resolve() {
       next[t] = w;
     }
   }
+  // Addresses still listed keep their endpoint (channel, health, restart count); only new ones get
+  // a fresh one.
   for (const std::string& t : targets) {
     auto it = workers_.find(t);
     if (it == workers_.end()) {
@@ -218,6 +225,8 @@ void WorkerSet::Resolve() {
 
 void WorkerSet::PollAll() {
   int64_t up = 0, down = 0;
+  // On a snapshot, without mu_: a slow or unreachable worker's poll must not hold up the
+  // Snapshot calls that route requests.
   for (const std::shared_ptr<WorkerEndpoint>& w : Snapshot()) {
     grpc::ClientContext ctx;
     ctx.set_deadline(

@@ -71,6 +71,8 @@ void EngineLoop::Apply(Op& op) {
       e.request_id = id;
       e.finish = engine::FinishReason::kError;
       e.error = std::move(st);
+      // Registered even when refused, so that Deliver finds the sink, tells it why and counts it
+      // finished (Add counted it live).
       std::vector<engine::Event> events;
       events.push_back(std::move(e));
       sinks_[id] = std::move(add->sink);
@@ -130,6 +132,8 @@ void EngineLoop::Run() {
       if (stop_) break;
       ops.swap(inbox_);
     }
+    // Applied on this thread, between steps and without mu_: only this thread touches the Engine,
+    // and a gRPC thread calling Add or Cancel never waits for a step.
     for (Op& op : ops) Apply(op);
     if (!engine_.HasWork()) {
       if (!idle_reported) {

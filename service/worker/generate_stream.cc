@@ -58,6 +58,8 @@ void GenerateStream::OnEvent(engine::Event event) {
       }
       last_token_at_ = now;
     }
+    // A cancel says nothing about the worker's health, so it neither counts as a fault nor ends
+    // a run of faults (--max_consecutive_faults).
     if (event.finish != engine::FinishReason::kNone && ctx_.readiness != nullptr &&
         event.finish != engine::FinishReason::kCancelled) {
       ctx_.readiness->RequestEnded(event.finish == engine::FinishReason::kError ? event.error
@@ -131,6 +133,9 @@ void GenerateStream::Fill(moe::v1::GenerateResponse* out) {
   pending_.clear();
 }
 
+// One write in flight at a time (a reactor allows no more); events that arrive meanwhile are
+// folded into the next message, so a slow client costs fewer, larger messages, never engine time:
+// OnEvent runs on the engine thread and only appends.
 void GenerateStream::Pump() {
   std::unique_lock<std::mutex> lock(mu_);
   if (writing_ || finish_called_) return;

@@ -122,6 +122,8 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   const moe::v1::GenerateRequest& r = wreq->request();
   GenerateStream::Context sctx;
   sctx.client_request_id = r.request_id();
+  // The worker's own id, not the client's request_id: client ids need not be unique, and the
+  // engine refuses an id that is already live.
   sctx.engine_id = absl::StrCat("r", next_id_.fetch_add(1));
   sctx.worker_name = options_.name;
   sctx.frontend_queue_seconds = wreq->frontend_queue_seconds();
@@ -144,8 +146,10 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
     return refuse(absl::UnavailableError(absl::StrCat("worker is not serving: ", readiness_.reason())));
   }
   if (absl::Status st = CheckModel(r.model()); !st.ok()) return refuse(st);
+  // Validated again although the frontend did: the worker API is reachable without it.
   const ModelLimits limits{model_.config().vocab_size, options_.context_length};
   if (absl::Status st = ValidateGenerateRequest(r, limits); !st.ok()) return refuse(st);
+  // Tokenized here, on the gRPC thread: a long prompt never delays the engine thread's steps.
   absl::StatusOr<std::vector<int32_t>> prompt = Prompt(r);
   if (!prompt.ok()) return refuse(prompt.status());
   const int64_t n = static_cast<int64_t>(prompt->size());
