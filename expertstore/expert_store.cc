@@ -269,8 +269,9 @@ ExpertHandle ExpertStore::AcquireLocked(int32_t layer, int32_t e, bool hold) {
     }
   }
   if (!hold) return {};
-  // No device tier, or every device slot is pinned: a pool buffer held by the handle, taken
-  // with the call's other such misses (AcquireTransients).
+  // No device tier, every device slot pinned or loading, or the policy declined to cache it
+  // (EvictionPolicy::Admit): a pool buffer held by the handle, taken with the call's other such
+  // misses (AcquireTransients).
   return ExpertHandle{layer, e, {}, nullptr};
 }
 

@@ -58,8 +58,9 @@ absl::StatusOr<std::vector<int>> TransientPool::Take(int n, absl::Duration timeo
                        [&] { return AvailableLocked(n); })) {
     return absl::ResourceExhaustedError(absl::StrCat(
         "all ", capacity_, " transient buffers (", base::FormatBytes(slot_bytes_),
-        " each) stayed held for ", absl::FormatDuration(timeout), " (every device slot is pinned",
-        " or there is no device tier; StoreOptions::transient_buffers)"));
+        " each) stayed held for ", absl::FormatDuration(timeout), " (misses that find no device",
+        " slot: none free or evictable, the policy declined to cache them, or no device tier;",
+        " StoreOptions::transient_buffers)"));
   }
   return TakeLocked(n);
 }
