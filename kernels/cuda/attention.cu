@@ -447,7 +447,7 @@ void CudaBackend::Attention(const AttentionArgs& a) {
 
 }  // namespace moe::kernels
 
-// ---- Paged KV cache: bf16 and fp8-e4m3 tiles (engine/kv_storage.h, kernels/kv_quant.h) --------
+// ---- Paged KV cache: bf16 and fp8-e4m3 tiles (engine/kv_storage.h, kernels/kvcodec/kv_quant.h) --------
 // Tile of (block b, kv-head h, role) at layer_base + b·block_stride + (2h + role)·tile_bytes;
 // bf16: [bs][D] bf16; fp8: [bs][D] E4M3FN codes, then [bs] fp32 scales. TurboQuant formats keep
 // the host-staged default of backend.cc.
