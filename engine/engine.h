@@ -34,8 +34,9 @@ struct EngineOptions {
   int64_t kv_budget_bytes = 1 << 30; // KV memory for all sequences (and kept sessions)
   int64_t max_context = 0;           // 0: the model's max_position_embeddings
   int64_t max_sessions = 64;         // conversations whose KV is kept between turns
-  // KV cache format: bf16 (default), fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2 (kernels/kv_quant.h;
-  // TurboQuant needs a head_dim with committed codebooks, the split ones head_dim 128).
+  // KV cache format: bf16 (default), fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2
+  // (kernels/kvcodec/kv_quant.h; TurboQuant needs a head_dim with committed codebooks, the split
+  // ones head_dim 128).
   std::string kv_cache_dtype = "bf16";
   int block_size = 16;               // tokens per KV block
   bool prefix_reuse = true;          // reuse cached full blocks of a shared prompt prefix

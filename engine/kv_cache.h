@@ -36,7 +36,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 
 namespace moe::engine {
 

@@ -1,7 +1,7 @@
 // Byte layout of the paged KV storage: where the tile of (layer, block, kv-head, K|V) lives.
 //
 // Layout: [layer][block][kv_head][K, V] tiles, each tile block_size vectors in the format's
-// structure-of-arrays layout (kernels/kv_quant.h). One layer's blocks are contiguous, so an
+// structure-of-arrays layout (kernels/kvcodec/kv_quant.h). One layer's blocks are contiguous, so an
 // attention kernel takes one base pointer per layer plus the block table.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 
 namespace moe::engine {
 

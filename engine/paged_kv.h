@@ -10,7 +10,7 @@
 #include "engine/kv_storage.h"
 #include "engine/model_config.h"
 #include "kernels/backend.h"
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 
 namespace moe::engine {
 

@@ -19,7 +19,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "kernels/base/memory.h"
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 #include "kernels/tensor.h"
 
 namespace moe::kernels {
@@ -148,8 +148,8 @@ struct AttentionArgs {
 
 // One layer of a paged, possibly compressed KV cache (engine/kv_storage.h): the tile of (block b,
 // kv-head h, K|V) is at layer_base + b·block_stride + (2h + role)·tile_bytes, block_size vectors
-// in the codec's structure-of-arrays layout (kernels/kv_quant.h). Token p of a sequence is slot
-// p % block_size of block block_table[p / block_size].
+// in the codec's structure-of-arrays layout (kernels/kvcodec/kv_quant.h). Token p of a sequence
+// is slot p % block_size of block block_table[p / block_size].
 struct PagedKvLayer {
   uint8_t* layer_base = nullptr;   // backend memory
   int64_t block_stride = 0;        // bytes of one block of this layer (all kv-heads, K and V)

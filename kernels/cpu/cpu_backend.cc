@@ -1,7 +1,6 @@
-// CpuBackend: memory is the heap; copies are memcpy.
+// CpuBackend: memory is the heap; copies are memcpy. The ops are in the file of their family.
 #include "kernels/cpu/cpu_backend.h"
 
-#include <cmath>
 #include <cstdlib>
 #include <cstring>
 
@@ -54,22 +53,5 @@ void CpuBackend::CopyOnDevice(void* dst, const void* src, size_t bytes) {
 }
 
 void CpuBackend::Zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
-
-void CpuBackend::Embed(float* out, const TensorView& table, const int32_t* ids, int64_t T) {
-  MOE_CHECK(table.rank == 2) << "Embed: table rank " << table.rank;
-  const int64_t V = table.dim(0), H = table.dim(1);
-  for (int64_t t = 0; t < T; ++t) {
-    MOE_CHECK(ids[t] >= 0 && ids[t] < V) << "Embed: id " << ids[t] << " outside vocab " << V;
-    for (int64_t h = 0; h < H; ++h) out[t * H + h] = table.at(ids[t] * H + h);
-  }
-}
-
-void CpuBackend::Add(float* out, const float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] += x[i];
-}
-
-void CpuBackend::Sigmoid(float* x, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) x[i] = 1.f / (1.f + std::exp(-x[i]));
-}
 
 }  // namespace moe::kernels

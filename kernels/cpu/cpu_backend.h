@@ -9,11 +9,16 @@
 
 namespace moe::kernels {
 
-// The paged KV ops on host memory (kernels/cpu/paged_attention.cc): the CPU backend's
-// implementation, and the Backend defaults' after staging tiles through host copies.
+// The paged KV ops on host memory (kernels/cpu/paged_kv_write.cc, paged_attention.cc): the CPU
+// backend's implementation, and the Backend defaults' after staging tiles through host copies.
 absl::Status PagedKvWriteOnHost(const PagedKvWriteArgs& args);
 // (query token, head) jobs [begin, end) of args.num_tokens · args.num_heads.
 void PagedAttentionOnHost(const PagedAttentionArgs& args, int64_t begin, int64_t end);
+// The tile of (the block holding position pos, kv_head, role: 0 K, 1 V) in `kv`.
+inline const uint8_t* PagedTileAt(const PagedKvLayer& kv, int64_t pos, int kv_head, int role) {
+  const int32_t block = kv.block_table[pos / kv.block_size];
+  return kv.layer_base + block * kv.block_stride + (2 * kv_head + role) * kv.tile_bytes;
+}
 
 class CpuBackend final : public Backend {
  public:

@@ -1,4 +1,4 @@
-// MatMul and RmsNorm on the CPU: one output row of the weight per task, fp32 accumulation.
+// MatMul on the CPU: one output row of the weight per task, fp32 accumulation.
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -76,19 +76,6 @@ void CpuBackend::MatMul(float* out, const float* x, int64_t T, const TensorView&
       for (int64_t t = 0; t < T; ++t) out[t * N + n] = DotRow(x + t * K, w, n, K) + b;
     }
   });
-}
-
-void CpuBackend::RmsNorm(float* out, const float* x, int64_t rows, const TensorView& weight,
-                         float eps) {
-  const int64_t H = weight.numel();
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * H;
-    float sum = 0.f;
-    for (int64_t h = 0; h < H; ++h) sum += xr[h] * xr[h];
-    // transformers: x * rsqrt(mean(x^2) + eps), then * weight
-    const float inv = 1.f / std::sqrt(sum / static_cast<float>(H) + eps);
-    for (int64_t h = 0; h < H; ++h) out[r * H + h] = xr[h] * inv * weight.at(h);
-  }
 }
 
 }  // namespace moe::kernels

@@ -1,45 +1,14 @@
-// Paged KV cache on the CPU: quantized writes into block tiles and causal GQA attention read
-// straight from the compressed tiles through KvCodec (no dequantized copy of the cache).
+// Paged KV cache on the CPU: causal GQA attention read straight from the compressed tiles through
+// KvCodec (no dequantized copy of the cache). The writes are in paged_kv_write.cc.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
-#include "absl/strings/str_cat.h"
 #include "kernels/base/check.h"
 #include "kernels/base/status.h"
 #include "kernels/cpu/cpu_backend.h"
 
 namespace moe::kernels {
-namespace {
-
-const uint8_t* TileAt(const PagedKvLayer& kv, int64_t pos, int kv_head, int role) {
-  const int32_t block = kv.block_table[pos / kv.block_size];
-  return kv.layer_base + block * kv.block_stride + (2 * kv_head + role) * kv.tile_bytes;
-}
-
-}  // namespace
-
-absl::Status PagedKvWriteOnHost(const PagedKvWriteArgs& a) {
-  const PagedKvLayer& kv = a.kv;
-  const int D = kv.head_dim;
-  for (int64_t t = 0; t < a.num_tokens; ++t) {
-    const int64_t pos = a.start_pos + t;
-    const int slot = static_cast<int>(pos % kv.block_size);
-    for (int h = 0; h < kv.num_kv_heads; ++h) {
-      for (int role = 0; role < 2; ++role) {
-        const float* x = (role == 0 ? a.k : a.v) + (t * kv.num_kv_heads + h) * D;
-        KvTile tile{const_cast<uint8_t*>(TileAt(kv, pos, h, role)), kv.block_size};
-        const absl::Status st = kv.codecs[2 * h + role]->Quantize(x, tile, slot);
-        if (!st.ok()) {
-          return absl::Status(st.code(), absl::StrCat("KV write at position ", pos, ", kv-head ",
-                                                      h, role == 0 ? " key: " : " value: ",
-                                                      st.message()));
-        }
-      }
-    }
-  }
-  return absl::OkStatus();
-}
 
 void PagedAttentionOnHost(const PagedAttentionArgs& a, int64_t begin, int64_t end) {
   const PagedKvLayer& kv = a.kv;
@@ -66,7 +35,7 @@ void PagedAttentionOnHost(const PagedAttentionArgs& a, int64_t begin, int64_t en
       for (int64_t s = first; s <= pos;) {
         const int slot = static_cast<int>(s % bs);
         const int count = static_cast<int>(std::min<int64_t>(bs - slot, pos + 1 - s));
-        kc.Score(q_prep.data(), ConstKvTile{TileAt(kv, s, kvh, 0), bs}, slot, count, a.scale,
+        kc.Score(q_prep.data(), ConstKvTile{PagedTileAt(kv, s, kvh, 0), bs}, slot, count, a.scale,
                  scores.data() + (s - first));
         s += count;
       }
@@ -83,18 +52,13 @@ void PagedAttentionOnHost(const PagedAttentionArgs& a, int64_t begin, int64_t en
       for (int64_t s = first; s <= pos;) {
         const int slot = static_cast<int>(s % bs);
         const int count = static_cast<int>(std::min<int64_t>(bs - slot, pos + 1 - s));
-        vc.AccumulateValues(scores.data() + (s - first), ConstKvTile{TileAt(kv, s, kvh, 1), bs},
+        vc.AccumulateValues(scores.data() + (s - first), ConstKvTile{PagedTileAt(kv, s, kvh, 1), bs},
                             slot, count, acc.data());
         s += count;
       }
       vc.FinishValues(acc.data(), a.out + (t * a.num_heads + h) * D);
     }
   }
-}
-
-absl::Status CpuBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
-  for (const PagedKvWriteArgs& a : batch) MOE_RETURN_IF_ERROR(PagedKvWriteOnHost(a));
-  return absl::OkStatus();
 }
 
 absl::Status CpuBackend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {

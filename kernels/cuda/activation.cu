@@ -1,5 +1,5 @@
 // Element-wise ops on the GPU: Embed (gather), Add, Sigmoid and the SwiGLU product. Their CPU
-// twins are in cpu/cpu_backend.cc (Embed, Add, Sigmoid) and cpu/expert_ffn.cc (SwiGLU).
+// twins are in cpu/activation.cc (Embed, Add, Sigmoid) and cpu/expert_ffn.cc (SwiGLU).
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"

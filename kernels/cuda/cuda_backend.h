@@ -82,9 +82,9 @@ class CudaBackend final : public Backend {
   void HeadNormRope(const RopeArgs& q, const TensorView& q_norm, const RopeArgs& k,
                     const TensorView& k_norm, float eps) override;
   void Attention(const AttentionArgs& args) override;
-  // bf16, fp8-e4m3 and the single-part TurboQuant formats with the RHT2 rotation (tq1..tq4) on
-  // the GPU (attention.cu); the split and prod formats fall back to the host-staged defaults of
-  // backend.cc. PagedKvWrite does not wait for the stream: its finiteness verdict is kept on the
+  // bf16, fp8-e4m3, the single-part TurboQuant formats with the RHT2 rotation (tq1..tq4) and the
+  // split ones (tq2.5, tq3.5 at head_dim 128) on the GPU (paged_kv_write.cu, paged_attention.cu);
+  // the prod formats and other rotations fall back to the host-staged defaults of backend.cc. PagedKvWrite does not wait for the stream: its finiteness verdict is kept on the
   // device until TakeKvWriteError.
   absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) override;
   absl::Status TakeKvWriteError() override;
@@ -134,7 +134,7 @@ class CudaBackend final : public Backend {
                        const float* row_weights, float* out, int64_t H);
 
   // The TurboQuant rotation signs and codebook of a cache layer as the kernels read them
-  // (attention.cu), uploaded once per layer: keyed by the layer's codec array and uploaded again
+  // (paged_kv.cuh), uploaded once per layer: keyed by the layer's codec array and uploaded again
   // only if its codecs are not the ones uploaded (KvCodec::id; a new cache may reuse an array's
   // address). Checking ids costs nothing; rebuilding the tables on the host to compare them cost
   // ~2 us twice a layer.

@@ -10,7 +10,7 @@
 
 #include "absl/status/statusor.h"
 #include "engine/model.h"
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 
 namespace moe::bench {
 

@@ -1,3 +1,4 @@
+// Long file (~1,000 lines) on purpose: one tool and its flags; synthetic model, runs and report.
 // moe-bench: the whole forward pass (engine::Model::Forward) on a synthetic model with the shape of
 // Qwen3-30B-A3B: 48 layers, hidden 2048, 32 query / 4 KV heads of 128, 128 experts, top-8, expert
 // width 768, vocabulary 151936. Dense weights bf16 (random), experts int4 group 64 (random codes,

@@ -1,3 +1,4 @@
+// Long file (~1,250 lines) on purpose: one case table + TEST_P per op family, same pattern each.
 // CPU vs CUDA parity for every Backend op: table-driven cases, one TEST_P per op family.
 //
 // Each case draws fresh seeded inputs, runs the CPU reference and the CUDA backend with the same
@@ -26,7 +27,7 @@ constexpr double kTolHalf = 1e-3;
 // the fp32 one with headroom for that cancellation.
 constexpr double kTolQuant = 1e-3;
 // Paged attention over a TurboQuant cache: the tensor-core kernel takes each centroid as bf16
-// hi + lo (exact to 2^-16 relative, attention.cu), the CPU in fp32: outputs differ by up to
+// hi + lo (exact to 2^-16 relative, decode_attention.cuh), the CPU in fp32: outputs differ by up to
 // ~2e-4 of their rms on 1.5 M-element prefills (RESULTS.md), so the bound is the 1e-3 that spec
 // T9 sets for dequantized values. bf16 and fp8 elements are exact operands: kTolF32.
 double PagedTolFor(kernels::KvFormat f) {

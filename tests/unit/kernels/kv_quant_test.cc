@@ -1,14 +1,14 @@
-// Tests of kernels/kv_quant.h (and its codebooks and rotations) against turboquant.md §5, T1–T6,
-// T10, T11, plus the attention-side primitives against dequantize-then-dot.
-#include "kernels/kv_quant.h"
+// Tests of kernels/kvcodec/kv_quant.h (and its codebooks and rotations) against turboquant.md §5,
+// T1–T6, T10, T11, plus the attention-side primitives against dequantize-then-dot.
+#include "kernels/kvcodec/kv_quant.h"
 
 #include <cmath>
 #include <random>
 #include <vector>
 
 #include "gtest/gtest.h"
-#include "kernels/kv_codebook.h"
-#include "kernels/kv_rotation.h"
+#include "kernels/kvcodec/kv_codebook.h"
+#include "kernels/kvcodec/kv_rotation.h"
 
 namespace moe::kernels {
 namespace {

@@ -1,11 +1,11 @@
-// Helpers shared by the CPU KV-format files (kv_quant.cc, kv_quant_attention.cc); not public API.
+// Helpers shared by the codec files (kv_quant.cc, kv_quant_attention.cc); not public API.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
 #include "kernels/base/check.h"
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 #include "kernels/tensor.h"
 
 namespace moe::kernels::kv_internal {

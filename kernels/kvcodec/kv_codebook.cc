@@ -1,5 +1,5 @@
 // Lloyd–Max solver for the Beta coordinate marginal, and the committed codebook tables.
-#include "kernels/kv_codebook.h"
+#include "kernels/kvcodec/kv_codebook.h"
 
 #include <cmath>
 

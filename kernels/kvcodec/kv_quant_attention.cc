@@ -5,7 +5,7 @@
 #include <numbers>
 #include <vector>
 
-#include "kernels/cpu/kv_quant_internal.h"
+#include "kernels/kvcodec/kv_quant_internal.h"
 
 namespace moe::kernels {
 

@@ -1,6 +1,6 @@
 // CPU reference of the KV formats: plane layout, quantize/dequantize, attention on compressed
 // tiles.
-#include "kernels/kv_quant.h"
+#include "kernels/kvcodec/kv_quant.h"
 
 #include <algorithm>
 #include <atomic>
@@ -11,7 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/base/check.h"
 #include "kernels/base/status.h"
-#include "kernels/cpu/kv_quant_internal.h"
+#include "kernels/kvcodec/kv_quant_internal.h"
 #include "kernels/tensor.h"
 
 namespace moe::kernels {

@@ -1,5 +1,5 @@
 // Seeded rotations for TurboQuant: randomized Hadamard (default) and dense Haar via Householder QR.
-#include "kernels/kv_rotation.h"
+#include "kernels/kvcodec/kv_rotation.h"
 
 #include <cmath>
 #include <numbers>

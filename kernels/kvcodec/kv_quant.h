@@ -1,6 +1,7 @@
-// KV-cache vector formats (bf16, fp8-e4m3, TurboQuant) and the CPU reference of quantization and of
-// attention read straight from the compressed form. Spec: /work/shared/turboquant.md; summary and
-// byte counts: kernels/KV_FORMATS.md.
+// KV-cache vector formats (bf16, fp8-e4m3, TurboQuant) and the reference of quantization and of
+// attention read straight from the compressed form, shared by the engine and every backend (the
+// CUDA kernels match it bit for bit). Spec: TurboQuant (turboquant.md, cited by section; not in
+// this repository); summary and byte counts: KV_FORMATS.md beside this file.
 //
 // Unit: one vector = one (layer, kv-head, token, K|V) slice of length D = head_dim, post-RoPE.
 // A tile is the vectors of `tokens` consecutive slots of one (layer, kv-head, K|V) (one paged KV
@@ -16,10 +17,10 @@
 // Index j of a b-bit plane sits at bit offset b·j, little-endian across bytes. Sign bit 1 = +1.
 //
 // TurboQuant part quantization (all fp32): n = ‖x_P‖, u = x_P / n, y = Π u, idx_j = number of
-// codebook boundaries <= y_j (kernels/kv_codebook.h), ỹ = C[idx]; reconstruction x̂_P = s·Πᵀ ỹ
+// codebook boundaries <= y_j (kv_codebook.h), ỹ = C[idx]; reconstruction x̂_P = s·Πᵀ ỹ
 // with s = n / α_b (debiased, default), n (plain) or n / ‖ỹ‖ (norm-corrected). n == 0 stores
 // s = 0 and zero indices. Channels of a part are in ascending order; for the unsplit formats the
-// part is all D channels. Rotations and their seeds: kernels/kv_rotation.h.
+// part is all D channels. Rotations and their seeds: kv_rotation.h.
 //
 // Attention without decompression (spec §4), per query head:
 //   PrepareQuery: q' = Π q per part (and w = S' q' for prod)
@@ -41,8 +42,8 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/kv_codebook.h"
-#include "kernels/kv_rotation.h"
+#include "kernels/kvcodec/kv_codebook.h"
+#include "kernels/kvcodec/kv_rotation.h"
 
 namespace moe::kernels {
 
