@@ -13,7 +13,7 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
                                                          kernels::KvFormat format, int block_size,
                                                          int32_t num_blocks) {
   const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
-  // Every cache format has CUDA kernels (kernels/cuda/attention.cu).
+  // Every cache format has CUDA kernels (kernels/cuda/paged_kv_write.cu, paged_attention.cu).
   MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
   MOE_ASSIGN_OR_RETURN(KvStorage storage,
                        KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
