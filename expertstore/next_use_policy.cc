@@ -24,7 +24,7 @@
 namespace moe::store {
 namespace {
 
-// A running ratio that forgets slowly (the reuse rate, the predictor's accuracy).
+// A running ratio that forgets slowly (a state's rate over the layers, the predictor's accuracy).
 class Ratio {
  public:
   explicit Ratio(double prior) : hits_(prior), total_(1) {}
