@@ -24,6 +24,7 @@ for _ in $(seq 1 300); do
   sleep 0.2
 done
 build/bin/moe-client --list_models
+[ $# -gt 0 ] || set -- --user='Who are you?' --temperature=0  # the built-in model's own answer
 build/bin/moe-client --max_tokens=48 "$@"
 echo "serving moe.v1 on 127.0.0.1:50051 (metrics :9451, :9461); try build/bin/moe-client --user='Hi'; Ctrl-C stops"
 wait
