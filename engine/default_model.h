@@ -1,6 +1,7 @@
-// The built-in default model: a small Qwen3-MoE-architecture checkpoint with random weights and
-// a byte-level BPE tokenizer trained on a built-in corpus, written in Hugging Face format, so the
-// product runs on a fresh machine with no download. Deterministic from the seed.
+// The random-weight test model: a small Qwen3-MoE-architecture checkpoint with random weights and
+// a byte-level BPE tokenizer trained on a built-in corpus, written in Hugging Face format, for
+// tests and benchmarks that need a model of a given shape with no download. Deterministic from
+// the seed. (The product's default is the trained model: engine/trained_model.h.)
 #pragma once
 
 #include <cstdint>
