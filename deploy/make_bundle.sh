@@ -48,17 +48,21 @@ cp "${bins[@]}" "$bundle/bin/"
 # glibc (libc, libm, libpthread, libdl, librt), the loader, libstdc++, libgcc_s and libcuda come
 # from the GPU machine: mixing Debian's older copies with its newer glibc breaks.
 system='^(linux-vdso|ld-linux|libc\.so|libm\.so|libpthread\.so|libdl\.so|librt\.so|libstdc\+\+\.so|libgcc_s\.so|libcuda\.so)'
-# Our own shared libraries first (ldd cannot find them from the build tree: their RPATH is the
-# bundle's), then everything they and the binaries need, resolved against them.
-# The kernel tracer (libmoe_timeline.so and CUPTI, 4 MB) only when asked for by name.
-skip=libmoe_timeline
-[[ " ${targets[*]} " == *" moe_timeline "* ]] && skip='^$'
+# Our own shared libraries are staged (ldd cannot find them from the build tree: their RPATH is
+# the bundle's); then everything the binaries need, resolved against them, is copied, so a
+# library no binary needs (the trained model's 12 MB when no server is bundled) stays out.
+# The kernel tracer (libmoe_timeline.so and CUPTI, 4 MB) is preloaded, not linked: only when
+# asked for by name.
+stage=$(mktemp -d)
+trap 'rm -rf "$stage"' EXIT
 find "$build" -path '*/CMakeFiles' -prune -o -type f -name 'libmoe_*.so*' -print |
-  grep -v "$skip" | xargs -r cp -t "$bundle/lib/"
-for b in "${bins[@]}" "$bundle"/lib/libmoe_*.so*; do
-  LD_LIBRARY_PATH="$bundle/lib" ldd "$b" | awk '/=> \// {print $1, $3}'
+  xargs -r cp -t "$stage/"
+needs=("${bins[@]}")
+[[ " ${targets[*]} " == *" moe_timeline "* ]] && cp "$stage"/libmoe_timeline.so* "$bundle/lib/" &&
+  needs+=("$bundle"/lib/libmoe_timeline.so*)
+for b in "${needs[@]}"; do
+  LD_LIBRARY_PATH="$stage" ldd "$b" | awk '/=> \// {print $1, $3}'
 done | sort -u | while read -r name path; do
-  [[ "$path" == "$bundle/lib/"* ]] && continue
   [[ "$name" =~ $system ]] && continue
   cp -L "$path" "$bundle/lib/$name"
 done
