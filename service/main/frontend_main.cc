@@ -22,6 +22,7 @@
 #include "service/frontend/frontend_service.h"
 #include "service/frontend/router.h"
 #include "service/frontend/worker_set.h"
+#include "service/http/http_server.h"
 #include "service/main/signals.h"
 #include "service/metrics/frontend_metrics.h"
 #include "service/security.h"
@@ -73,6 +74,13 @@ ABSL_FLAG(int32_t, prefix_chunk_tokens, 16,
 ABSL_FLAG(int64_t, prefix_load_slack, 2048,
           "Outstanding tokens the prefix worker may have above the least loaded worker and still "
           "be picked");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT of the OpenAI- and Anthropic-compatible HTTP API (/v1/chat/completions, "
+          "/v1/completions, /v1/models, /v1/messages); empty: off. Served with the same "
+          "--tls_cert/--tls_key and --auth_token (as 'Authorization: Bearer' or 'x-api-key') "
+          "as the gRPC API");
+ABSL_FLAG(int32_t, http_threads, 256,
+          "HTTP connections served at once (each open stream holds one); more wait");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running calls may take to finish");
 
 namespace moe {
@@ -170,6 +178,22 @@ absl::Status Run() {
   svc.UpdateHealth(health.load());
   MOE_LOG(INFO) << "[frontend] serving moe.v1 on port " << port << ", /metrics on port "
                 << metrics_server->port() << ", " << workers.Snapshot().size() << " workers";
+  // The HTTP API calls this server in-process: same admission, routing, metrics and auth.
+  std::unique_ptr<service::http::HttpServer> http;
+  if (const std::string listen = absl::GetFlag(FLAGS_http_listen); !listen.empty()) {
+    service::http::HttpOptions hopts;
+    hopts.listen = listen;
+    hopts.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+    hopts.tls_key = absl::GetFlag(FLAGS_tls_key);
+    hopts.auth_token = fopts.auth_token;
+    hopts.threads = absl::GetFlag(FLAGS_http_threads);
+    hopts.max_body_bytes = static_cast<size_t>(fopts.max_request_bytes);
+    auto started = service::http::HttpServer::Start(
+        hopts, server->InProcessChannel(grpc::ChannelArguments()), metrics);
+    if (!started.ok()) return base::Annotate(started.status(), "--http_listen");
+    http = std::move(*started);
+    MOE_LOG(INFO) << "[frontend] serving the HTTP API on port " << http->port();
+  }
 
   const int sig = service::WaitForTerminationSignal();
   MOE_LOG(INFO) << "[frontend] signal " << sig << ": draining for up to "
@@ -191,6 +215,8 @@ absl::Status Run() {
   }
   svc.CutRunning();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // After the server: its shutdown ends the in-process calls that HTTP streams wait on.
+  if (http != nullptr) http->Stop();
   MOE_LOG(INFO) << "[frontend] stopped";
   return absl::OkStatus();
 }
