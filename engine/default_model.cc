@@ -1,9 +1,12 @@
 // WriteDefaultModel: config and weights of a 4-layer, 16-expert qwen3_moe, plus its tokenizer.
+// WriteScriptedModel: the same shape, with weights set so that greedy decoding emits a script.
 #include "engine/default_model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -49,15 +52,110 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
   return absl::OkStatus();
 }
 
-}  // namespace
+// The script cut into pieces, each the shortest run of at least 4 bytes (whole UTF-8
+// characters) not cut before, so that every piece differs from the others and can be a token of
+// its own: a model that maps each piece to the next can then emit the whole script.
+std::vector<std::string> ScriptPieces(const std::string& script) {
+  std::vector<std::string> pieces;
+  std::set<std::string> seen;
+  size_t start = 0;
+  while (start < script.size()) {
+    size_t end = start;
+    std::string piece;
+    do {
+      ++end;
+      while (end < script.size() && (static_cast<unsigned char>(script[end]) & 0xC0) == 0x80) ++end;
+      piece = script.substr(start, end - start);
+    } while (end < script.size() && (piece.size() < 4 || seen.count(piece)));
+    if (seen.count(piece)) {  // the tail repeats an earlier piece: glue it to the previous one
+      pieces.back() += piece;
+    } else {
+      pieces.push_back(piece);
+    }
+    seen.insert(pieces.back());
+    start = end;
+  }
+  return pieces;
+}
 
-absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_dim) {
+// Adds `pieces` to a trained tokenizer.json as added tokens (not special: they are text), with
+// ids after the existing ones.
+absl::StatusOr<std::string> AddPieceTokens(const std::string& tokenizer_json,
+                                           const std::vector<std::string>& pieces) {
+  json root = json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
+  if (root.is_discarded()) return absl::InternalError("trained tokenizer.json does not parse");
+  int64_t next_id = static_cast<int64_t>(root["model"]["vocab"].size());
+  for (const json& t : root["added_tokens"]) next_id = std::max<int64_t>(next_id, t["id"].get<int64_t>() + 1);
+  for (const std::string& piece : pieces) {
+    root["added_tokens"].push_back({{"id", next_id++},
+                                    {"content", piece},
+                                    {"single_word", false},
+                                    {"lstrip", false},
+                                    {"rstrip", false},
+                                    {"normalized", false},
+                                    {"special", false}});
+  }
+  return root.dump(1);
+}
+
+// Makes greedy decoding emit the pieces in order, then <|im_end|>, whatever the prompt: attention
+// and experts still run but write nothing (o_proj and down_proj zero), so the last hidden state is
+// the current token's embedding. Every token that is not a piece embeds as basis vector e0, piece
+// i as e(i+1); the lm head maps e0 to piece 0, e(i+1) to piece i+1 and the last piece to
+// <|im_end|>, with every other row zero. After the final RMSNorm the right logit is sqrt(H) (times
+// the norm's weight, ~1), every other one 0: exact in bf16.
+absl::Status ScriptWeights(const Tokenizer& tokenizer, const std::vector<std::string>& pieces,
+                           int64_t H, const std::vector<store::TensorToWrite>& tensors,
+                           std::vector<std::vector<uint16_t>>& storage) {
+  if (static_cast<int64_t>(pieces.size()) + 1 >= H) {
+    return absl::InvalidArgumentError(absl::StrCat("script: ", pieces.size(),
+                                                   " pieces, at most ", H - 2, " fit"));
+  }
+  std::vector<int32_t> piece_ids;
+  for (const std::string& piece : pieces) {
+    const std::optional<int32_t> id = tokenizer.TokenId(piece);
+    if (!id || std::count(piece_ids.begin(), piece_ids.end(), *id)) {
+      return absl::InternalError(absl::StrCat("script piece '", piece, "' is not a token of its own"));
+    }
+    piece_ids.push_back(*id);
+  }
+  const int32_t eos = *tokenizer.TokenId("<|im_end|>");
+  const uint16_t one = kernels::F32ToBf16(1.f);
+  for (size_t t = 0; t < tensors.size(); ++t) {
+    const std::string& name = tensors[t].name;
+    std::vector<uint16_t>& data = storage[t];
+    if (name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight")) {
+      std::fill(data.begin(), data.end(), uint16_t{0});
+    } else if (name == "model.embed_tokens.weight") {
+      std::fill(data.begin(), data.end(), uint16_t{0});
+      const int64_t vocab = static_cast<int64_t>(data.size()) / H;
+      for (int64_t id = 0; id < vocab; ++id) data[id * H] = one;
+      for (size_t i = 0; i < piece_ids.size(); ++i) {
+        data[piece_ids[i] * H] = 0;
+        data[piece_ids[i] * H + 1 + i] = one;
+      }
+    } else if (name == "lm_head.weight") {
+      std::fill(data.begin(), data.end(), uint16_t{0});
+      data[piece_ids[0] * H] = one;
+      for (size_t i = 0; i + 1 < piece_ids.size(); ++i) data[piece_ids[i + 1] * H + 1 + i] = one;
+      data[eos * H + piece_ids.size()] = one;
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
+                        const std::string& script) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
 
-  MOE_ASSIGN_OR_RETURN(const std::string tokenizer_json,
+  MOE_ASSIGN_OR_RETURN(std::string tokenizer_json,
                        TrainTokenizerJson(DefaultCorpus(), kTrainedVocab, kSpecialTokens));
+  const std::vector<std::string> pieces = ScriptPieces(script);
+  if (!pieces.empty()) {
+    MOE_ASSIGN_OR_RETURN(tokenizer_json, AddPieceTokens(tokenizer_json, pieces));
+  }
   MOE_ASSIGN_OR_RETURN(auto tokenizer, Tokenizer::FromJson(tokenizer_json));
   const int64_t vocab = tokenizer->vocab_size();
   const auto eos = tokenizer->TokenId("<|im_end|>");
@@ -125,6 +223,9 @@ absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_d
   add("model.norm.weight", {H}, 0.05f, 1.f);
   add("lm_head.weight", {vocab, H}, 0.1f, 0.f);
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
+  if (!pieces.empty()) {
+    MOE_RETURN_IF_ERROR(ScriptWeights(*tokenizer, pieces, H, tensors, storage));
+  }
 
   const fs::path d(dir);
   MOE_RETURN_IF_ERROR(store::WriteSafetensors((d / "model.safetensors").string(), tensors));
@@ -134,6 +235,17 @@ absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_d
   MOE_RETURN_IF_ERROR(WriteText(d / "generation_config.json", generation.dump(2)));
   // config.json last: a directory with config.json is a complete model.
   return WriteText(d / "config.json", config.dump(2));
+}
+
+}  // namespace
+
+absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_dim) {
+  return WriteModel(dir, seed, head_dim, /*script=*/"");
+}
+
+absl::Status WriteScriptedModel(const std::string& dir, const std::string& script) {
+  if (script.empty()) return absl::InvalidArgumentError("script is empty");
+  return WriteModel(dir, 20261121, 32, script);
 }
 
 }  // namespace moe::engine

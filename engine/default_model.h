@@ -16,4 +16,10 @@ namespace moe::engine {
 // than the default 32 makes a variant (kv-quality uses 128 for the split TurboQuant formats).
 absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed = 20261121, int head_dim = 32);
 
+// The same model with weights constructed so that greedy decoding emits `script` and then
+// <|im_end|>, for any prompt whose last token is not a piece of the script (tests that need a known output, e.g. a tool call). The script's pieces
+// become added tokens of the tokenizer. InvalidArgument when the script is empty or too long
+// (more than ~250 pieces of 4+ bytes).
+absl::Status WriteScriptedModel(const std::string& dir, const std::string& script);
+
 }  // namespace moe::engine

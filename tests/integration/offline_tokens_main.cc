@@ -1,7 +1,8 @@
 // moe_offline_tokens (test tool): runs the Engine in-process, the way moe-generate does, and
 // prints the generated token ids as JSON, so integration tests can check that the service
 // streams exactly the offline engine's tokens. --write_default_model=DIR writes the built-in
-// model and exits.
+// model and exits; --write_scripted_model=DIR --script=TEXT writes the model whose greedy output
+// is TEXT (engine::WriteScriptedModel) and exits.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -16,6 +17,9 @@
 #include "kernels/base/status.h"
 
 ABSL_FLAG(std::string, write_default_model, "", "Write the built-in default model here and exit");
+ABSL_FLAG(std::string, write_scripted_model, "",
+          "Write the built-in model whose greedy output is --script here and exit");
+ABSL_FLAG(std::string, script, "", "The text the scripted model emits");
 ABSL_FLAG(std::string, model, "", "Model directory");
 ABSL_FLAG(std::string, prompt_ids, "", "Comma-separated prompt token ids");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (used when --prompt_ids is empty)");
@@ -32,6 +36,10 @@ namespace {
 absl::Status Run() {
   if (!absl::GetFlag(FLAGS_write_default_model).empty()) {
     return engine::WriteDefaultModel(absl::GetFlag(FLAGS_write_default_model));
+  }
+  if (!absl::GetFlag(FLAGS_write_scripted_model).empty()) {
+    return engine::WriteScriptedModel(absl::GetFlag(FLAGS_write_scripted_model),
+                                      absl::GetFlag(FLAGS_script));
   }
   const std::string dir = absl::GetFlag(FLAGS_model);
   MOE_ASSIGN_OR_RETURN(auto backend, kernels::MakeBackend(kernels::BackendKind::kCpu, {}));
@@ -84,6 +92,7 @@ int main(int argc, char** argv) {
   moe::base::ParseFlags(argc, argv,
       "Test tool: prints the offline engine's generated token ids as JSON.\n"
       "  moe_offline_tokens --write_default_model=DIR\n"
+      "  moe_offline_tokens --write_scripted_model=DIR --script=TEXT\n"
       "  moe_offline_tokens --model=DIR --prompt_ids=1,2,3 --max_tokens=8",
       __FILE__);
   const absl::Status status = moe::Run();

@@ -76,7 +76,7 @@ INSTANTIATE_TEST_SUITE_P(
         Binary{"moe_bench", MOE_BENCH_BIN, {"backend", "layers", "experts"}},
         Binary{"moe_store_bench", MOE_STORE_BENCH_BIN, {"dir", "experts", "format"}},
         Binary{"moe_offline_tokens", MOE_OFFLINE_TOKENS_BIN,
-               {"write_default_model", "model", "prompt_ids"}}),
+               {"write_default_model", "write_scripted_model", "script", "model", "prompt_ids"}}),
     [](const ::testing::TestParamInfo<Binary>& p) { return std::string(p.param.name); });
 
 }  // namespace
