@@ -179,6 +179,10 @@ void HttpServer::Route() {
       return;
     }
     res.set_header("Cache-Control", "no-cache");
+    // cpp-httplib 0.11 gzips any text/* body the client accepts gzip for, and its compressor
+    // holds output back until it has a block: events would arrive late, all at once. A stream
+    // goes out uncompressed (the request is ours to edit: httplib reads it only to choose this).
+    const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
     res.set_chunked_content_provider(
         "text/event-stream",
         [gen, renderer, first, texts](size_t, httplib::DataSink& sink) {

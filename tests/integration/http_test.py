@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 import unittest
@@ -281,9 +282,11 @@ class HttpTest(unittest.TestCase):
                            "max_tokens": max_tokens, "ignore_eos": True, "stream": True})
         sock = socket.create_connection(("127.0.0.1", port), timeout=30)
         sock.sendall((f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+                      f"Content-Type: application/json\r\nAccept-Encoding: gzip\r\n"
+                      f"Content-Length: {len(body)}\r\n\r\n"
                       + body).encode())
         got = b""
+        # Plain "data: " although gzip was offered: events are never held in a compressor.
         while b"data: " not in got:
             chunk = sock.recv(4096)
             self.assertTrue(chunk, got)
@@ -351,6 +354,85 @@ class HttpTest(unittest.TestCase):
         print(f"KV freed {time.time() - t0:.3f} s after the disconnect")
         self.assertEqual(metric(w.metrics(), "moe_requests_total", {"outcome": "cancelled"}),
                          cancelled + 1)
+
+
+class ScriptedOutputTest(unittest.TestCase):
+    """Models whose greedy output is a given text (moe_offline_tokens --write_scripted_model):
+    reasoning and a malformed tool call, through both APIs, whole and streamed."""
+
+    def serve(self, script):
+        tmp = tempfile.mkdtemp(prefix="moe-scripted-")
+        model = os.path.join(tmp, "scripted")
+        subprocess.run([harness.OFFLINE_BIN, f"--write_scripted_model={model}",
+                        f"--script={script}"], check=True)
+        c = harness.Cluster(workers=1, worker_args=[f"--model={model}"])
+        self.addCleanup(c.close)
+        port = harness.free_port()
+        c.add_frontend([f"--http_listen=127.0.0.1:{port}"])
+        return port
+
+    def setUp(self):
+        out = subprocess.run([harness.OFFLINE_BIN, "--help"], capture_output=True, text=True)
+        if "write_scripted_model" not in out.stdout + out.stderr:
+            self.skipTest("moe_offline_tokens has no --write_scripted_model: NOT RUN")
+
+    def chat(self, port, stream, **extra):
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "Weather?"}],
+                "temperature": 0, "max_tokens": 64, "stream": stream, **extra}
+        if not stream:
+            s, _, t = request(port, "POST", "/v1/chat/completions", body)
+            self.assertEqual(s, 200, t)
+            return json.loads(t)
+        lines = curl_sse(port, "/v1/chat/completions", body)
+        return [json.loads(l[6:]) for l in lines if l.startswith("data: {")]
+
+    def messages(self, port, stream, **extra):
+        body = {"model": "scripted", "messages": [{"role": "user", "content": "Weather?"}],
+                "temperature": 0, "max_tokens": 64, "stream": stream, **extra}
+        if not stream:
+            s, _, t = request(port, "POST", "/v1/messages", body)
+            self.assertEqual(s, 200, t)
+            return json.loads(t)
+        lines = curl_sse(port, "/v1/messages", body)
+        return [json.loads(l[6:]) for l in lines if l.startswith("data: ")]
+
+    def test_reasoning(self):
+        port = self.serve("<think>\nIt is sunny there.\n</think>\n\nParis: sunny.")
+        r = self.chat(port, False)
+        msg = r["choices"][0]["message"]
+        self.assertEqual(msg["reasoning_content"], "\nIt is sunny there.\n")
+        self.assertEqual(msg["content"], "Paris: sunny.")
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        chunks = self.chat(port, True)
+        deltas = [c["choices"][0]["delta"] for c in chunks if c["choices"]]
+        self.assertEqual("".join(d.get("reasoning_content", "") for d in deltas),
+                         "\nIt is sunny there.\n")
+        self.assertEqual("".join(d.get("content", "") for d in deltas), "Paris: sunny.")
+        m = self.messages(port, False, thinking={"type": "enabled", "budget_tokens": 1024})
+        self.assertEqual([b["type"] for b in m["content"]], ["thinking", "text"])
+        self.assertEqual(m["content"][0]["thinking"], "\nIt is sunny there.\n")
+        self.assertEqual(m["content"][1]["text"], "Paris: sunny.")
+        self.assertEqual(m["stop_reason"], "end_turn")
+        events = self.messages(port, True)
+        starts = [e["content_block"]["type"] for e in events if e["type"] == "content_block_start"]
+        self.assertEqual(starts, ["thinking", "text"])
+        kinds = {e["delta"]["type"] for e in events if e["type"] == "content_block_delta"}
+        self.assertEqual(kinds, {"thinking_delta", "text_delta"})
+
+    def test_malformed_tool_call_is_text(self):
+        script = '<tool_call>\n{"name": "get_weather", "arguments": {city}}\n</tool_call>'
+        port = self.serve(script)
+        tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {}}}]
+        r = self.chat(port, False, tools=tools)
+        self.assertEqual(r["choices"][0]["finish_reason"], "stop")
+        self.assertEqual(r["choices"][0]["message"]["content"], script)
+        self.assertNotIn("tool_calls", r["choices"][0]["message"])
+        chunks = self.chat(port, True, tools=tools)
+        self.assertEqual("".join(c["choices"][0]["delta"].get("content", "")
+                                 for c in chunks if c["choices"]), script)
+        m = self.messages(port, False, tools=[{"name": "get_weather", "input_schema": {}}])
+        self.assertEqual(m["stop_reason"], "end_turn")
+        self.assertEqual(m["content"], [{"type": "text", "text": script}])
 
 
 if __name__ == "__main__":

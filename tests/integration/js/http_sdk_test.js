@@ -103,39 +103,57 @@ async function toolRoundTrip(scripted) {
   assert.equal(calls.length, 1);
   assert.equal(calls[0].function.name, 'get_weather');
 
-  // The round trip: the call and its result go back as turns.
-  const r2 = await openai.chat.completions.create({
-    model: scripted, tools, temperature: 0, max_tokens: 64, messages: [
-      ...messages, choice.message,
-      {role: 'tool', tool_call_id: call.id, content: '{"temp_c": 18}'}]});
-  assert.ok(['tool_calls', 'stop'].includes(r2.choices[0].finish_reason));
+  // The round trip: the call and its result go back as turns. Until the worker renders the
+  // checkpoint's chat template, its ChatML subset refuses tool turns (501): reported, exit 3.
+  let turns = true;
+  try {
+    const r2 = await openai.chat.completions.create({
+      model: scripted, tools, temperature: 0, max_tokens: 64, messages: [
+        ...messages, choice.message,
+        {role: 'tool', tool_call_id: call.id, content: '{"temp_c": 18}'}]});
+    assert.ok(['tool_calls', 'stop'].includes(r2.choices[0].finish_reason));
+  } catch (e) {
+    if (!(e.status === 501 && /not rendered by this ChatML subset/.test(e.message))) throw e;
+    console.log('tool turns NOT RUN (openai): ' + e.message);
+    turns = false;
+  }
 
   const atools = [{name: 'get_weather', description: 'Weather of a city',
                    input_schema: tools[0].function.parameters}];
   const m = await anthropic.messages.create(
-      {model: scripted, max_tokens: 64, tools: atools, messages: [{role: 'user', content: 'Weather in Paris?'}]});
+      {model: scripted, max_tokens: 64, temperature: 0, tools: atools, messages: [{role: 'user', content: 'Weather in Paris?'}]});
   assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m));
   const use = m.content.find((b) => b.type === 'tool_use');
   assert.equal(use.name, 'get_weather');
   assert.deepEqual(use.input, {city: 'Paris'});
   const s = anthropic.messages.stream(
-      {model: scripted, max_tokens: 64, tools: atools, messages: [{role: 'user', content: 'Weather in Paris?'}]});
+      {model: scripted, max_tokens: 64, temperature: 0, tools: atools, messages: [{role: 'user', content: 'Weather in Paris?'}]});
   const sf = await s.finalMessage();
   assert.equal(sf.stop_reason, 'tool_use');
   assert.deepEqual(sf.content.find((b) => b.type === 'tool_use').input, {city: 'Paris'});
-  const m2 = await anthropic.messages.create({
-    model: scripted, max_tokens: 64, tools: atools, messages: [
-      {role: 'user', content: 'Weather in Paris?'},
-      {role: 'assistant', content: m.content},
-      {role: 'user', content: [{type: 'tool_result', tool_use_id: use.id, content: '18 C'}]}]});
-  assert.ok(['tool_use', 'end_turn'].includes(m2.stop_reason));
-  console.log('tool round trip (openai, anthropic): ok');
+  console.log('tool calls parsed (openai, anthropic; whole and streamed): ok');
+  try {
+    const m2 = await anthropic.messages.create({
+      model: scripted, max_tokens: 64, temperature: 0, tools: atools, messages: [
+        {role: 'user', content: 'Weather in Paris?'},
+        {role: 'assistant', content: m.content},
+        {role: 'user', content: [{type: 'tool_result', tool_use_id: use.id, content: '18 C'}]}]});
+    assert.ok(['tool_use', 'end_turn'].includes(m2.stop_reason));
+  } catch (e) {
+    if (!(e.status === 501 && /not rendered by this ChatML subset/.test(e.message))) throw e;
+    console.log('tool turns NOT RUN (anthropic): ' + e.message);
+    turns = false;
+  }
+  if (turns) console.log('tool round trip (openai, anthropic): ok');
+  return turns;
 }
 
 async function main() {
   await openaiBasics();
   await anthropicBasics();
-  if (process.env.MOE_SCRIPTED_MODEL) await toolRoundTrip(process.env.MOE_SCRIPTED_MODEL);
+  if (process.env.MOE_SCRIPTED_MODEL && !await toolRoundTrip(process.env.MOE_SCRIPTED_MODEL)) {
+    process.exit(3);  // everything else passed; the tool turns could not be sent
+  }
   console.log('http sdk: ok');
 }
 
