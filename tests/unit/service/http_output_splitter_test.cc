@@ -1,11 +1,11 @@
 // OutputSplitter on each family's documented output: Qwen3 / Hermes <tool_call> blocks, Mistral
 // [TOOL_CALLS] arrays, <think> reasoning; fed whole, and one byte at a time (tags cut anywhere).
-#include "service/http/output_splitter.h"
-
 #include <gtest/gtest.h>
 
 #include <string>
 #include <vector>
+
+#include "service/http/output_splitter.h"
 
 namespace moe::service::http {
 namespace {
@@ -48,37 +48,42 @@ void ExpectSplit(const std::string& text, const std::vector<std::string>& want,
   }
 }
 
-TEST(OutputSplitter, PlainText) { ExpectSplit("Hello <b>world</b> [x]", {"C:Hello <b>world</b> [x]"}); }
+TEST(OutputSplitter, PlainText) {
+  ExpectSplit("Hello <b>world</b> [x]", {"C:Hello <b>world</b> [x]"});
+}
 
 TEST(OutputSplitter, HermesQwenOneCall) {
   // Qwen2.5 / Qwen3 / Hermes 2 Pro tool-call format (the chat templates' own example).
-  ExpectSplit("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
-              "</tool_call>",
-              {"T:get_weather {\"city\":\"Paris\"}"});
+  ExpectSplit(
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n"
+      "</tool_call>",
+      {"T:get_weather {\"city\":\"Paris\"}"});
 }
 
 TEST(OutputSplitter, HermesTextThenSeveralCalls) {
-  ExpectSplit("Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
-              "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>\n",
-              {"C:Let me check.\n", "T:a {}", "T:b {\"x\":[1,2]}"});
+  ExpectSplit(
+      "Let me check.\n<tool_call>\n{\"name\": \"a\", \"arguments\": {}}\n</tool_call>\n"
+      "<tool_call>\n{\"name\": \"b\", \"arguments\": {\"x\": [1, 2]}}\n</tool_call>\n",
+      {"C:Let me check.\n", "T:a {}", "T:b {\"x\":[1,2]}"});
 }
 
 TEST(OutputSplitter, MalformedHermesCallIsText) {
   const std::string bad = "<tool_call>\n{\"name\": \"a\", \"arguments\": {oops}\n</tool_call>";
   ExpectSplit(bad, {"C:" + bad});
   ExpectSplit("<tool_call>{\"arguments\": {}}</tool_call>",
-              {"C:<tool_call>{\"arguments\": {}}</tool_call>"});  // no name
+              {"C:<tool_call>{\"arguments\": {}}</tool_call>"});                      // no name
   ExpectSplit("<tool_call>\n{\"name\": \"a\"", {"C:<tool_call>\n{\"name\": \"a\""});  // unclosed
 }
 
 TEST(OutputSplitter, MistralCalls) {
   // Mistral v3 tokenizer format: [TOOL_CALLS] then a JSON array of calls.
-  ExpectSplit("[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
-              "{\"name\": \"noop\", \"arguments\": {}}]",
-              {"T:get_weather {\"city\":\"Paris\"}", "T:noop {}"});
+  ExpectSplit(
+      "[TOOL_CALLS][{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}, "
+      "{\"name\": \"noop\", \"arguments\": {}}]",
+      {"T:get_weather {\"city\":\"Paris\"}", "T:noop {}"});
   ExpectSplit("[TOOL_CALLS] [{\"name\": \"f\", \"arguments\": {\"a\": \"]\"}}]",
               {"T:f {\"a\":\"]\"}"});
-  ExpectSplit("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": ", 
+  ExpectSplit("[TOOL_CALLS][{\"name\": \"f\", \"arguments\": ",
               {"C:[TOOL_CALLS][{\"name\": \"f\", \"arguments\": "});
 }
 
@@ -98,9 +103,10 @@ TEST(OutputSplitter, Reasoning) {
 }
 
 TEST(OutputSplitter, ReasoningThenToolCall) {
-  ExpectSplit("<think>need weather</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
-              "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
-              {"R:need weather", "T:get_weather {\"city\":\"Paris\"}"});
+  ExpectSplit(
+      "<think>need weather</think>\n\n<tool_call>\n{\"name\": \"get_weather\", "
+      "\"arguments\": {\"city\": \"Paris\"}}\n</tool_call>",
+      {"R:need weather", "T:get_weather {\"city\":\"Paris\"}"});
 }
 
 TEST(OutputSplitter, HoldsBackOnlyAPossibleTag) {
