@@ -46,20 +46,19 @@ void ReadContent(const std::string& role, const json& content, const std::string
       moe::v1::ToolCall* call = turn.add_tool_calls();
       call->set_id(GetString(b, "id").value_or(""));
       call->set_name(*name);
-      call->set_arguments(b.contains("input") && b["input"].is_object() ? b["input"].dump()
-                                                                        : "{}");
+      call->set_arguments(b.contains("input") && b["input"].is_object() ? b["input"].dump() : "{}");
     } else if (type == "tool_result") {
       ChatMessage* tool = chat->add_messages();
       tool->set_role("tool");
       tool->set_tool_call_id(GetString(b, "tool_use_id").value_or(""));
       if (b.contains("content")) tool->set_content(TextOf(b["content"], where + ".content"));
     } else {
-      BadField(where + ".type", "'" + type + "' is not supported (text, thinking, tool_use, "
-                                             "tool_result)");
+      BadField(where + ".type", "'" + type +
+                                    "' is not supported (text, thinking, tool_use, "
+                                    "tool_result)");
     }
   }
-  if (!turn.content().empty() || turn.tool_calls_size() > 0 ||
-      !turn.reasoning_content().empty()) {
+  if (!turn.content().empty() || turn.tool_calls_size() > 0 || !turn.reasoning_content().empty()) {
     *chat->add_messages() = std::move(turn);
   }
 }
@@ -91,9 +90,9 @@ bool ReadTools(const json& body, moe::v1::ChatMessages* chat) {
     std::optional<std::string> name = GetString(t, "name");
     if (!name || name->empty()) BadField(at + ".name", "is required");
     if (only && *only != *name) continue;
-    json fn = {{"name", *name},
-               {"parameters", t.contains("input_schema") ? t["input_schema"]
-                                                         : json{{"type", "object"}}}};
+    json fn = {
+        {"name", *name},
+        {"parameters", t.contains("input_schema") ? t["input_schema"] : json{{"type", "object"}}}};
     if (auto d = GetString(t, "description")) fn["description"] = *d;
     tools.push_back({{"type", "function"}, {"function", fn}});
   }
@@ -159,8 +158,12 @@ class MessagesRenderer final : public Renderer {
 
  private:
   json Message(json content) const {
-    return {{"id", id_},          {"type", "message"},     {"role", "assistant"},
-            {"model", model_},    {"content", content},    {"stop_reason", nullptr},
+    return {{"id", id_},
+            {"type", "message"},
+            {"role", "assistant"},
+            {"model", model_},
+            {"content", content},
+            {"stop_reason", nullptr},
             {"stop_sequence", nullptr}};
   }
 
@@ -190,7 +193,9 @@ class MessagesRenderer final : public Renderer {
       out += CloseBlock();
       json block;
       if (p.kind == Kind::kToolCall) {
-        block = {{"type", "tool_use"}, {"id", "toolu_" + RandomId()}, {"name", p.call.name},
+        block = {{"type", "tool_use"},
+                 {"id", "toolu_" + RandomId()},
+                 {"name", p.call.name},
                  {"input", json::object()}};
       } else if (p.kind == Kind::kReasoning) {
         block = {{"type", "thinking"}, {"thinking", ""}, {"signature", ""}};

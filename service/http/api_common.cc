@@ -232,15 +232,16 @@ json ChatLogprobs(const moe::v1::GenerateResponse& response, TokenTexts& texts) 
       const std::string& alt = texts.Text(t.token_id());
       top.push_back({{"token", alt}, {"logprob", t.logprob()}, {"bytes", Bytes(alt)}});
     }
-    content.push_back(
-        {{"token", text}, {"logprob", lp.logprob()}, {"bytes", Bytes(text)}, {"top_logprobs", top}});
+    content.push_back({{"token", text},
+                       {"logprob", lp.logprob()},
+                       {"bytes", Bytes(text)},
+                       {"top_logprobs", top}});
   }
   return content;
 }
 
 std::string RandomId() {
-  static constexpr char kChars[] =
-      "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
+  static constexpr char kChars[] = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789";
   thread_local std::mt19937_64 rng(std::random_device{}());
   std::string id(24, 'x');
   for (char& c : id) c = kChars[rng() % (sizeof(kChars) - 1)];

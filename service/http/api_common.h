@@ -26,9 +26,9 @@ struct ApiError {
   int status = 500;
   std::string type = "api_error";
   std::string message;
-  std::string param;             // the request field at fault, when one is
-  std::string code;              // OpenAI's "code" (model_not_found, invalid_api_key, ...)
-  int retry_after_seconds = 0;   // > 0: sent as the retry-after header
+  std::string param;            // the request field at fault, when one is
+  std::string code;             // OpenAI's "code" (model_not_found, invalid_api_key, ...)
+  int retry_after_seconds = 0;  // > 0: sent as the retry-after header
 };
 
 ApiError MakeError(int status, std::string type, std::string message, std::string param = "");
@@ -41,6 +41,8 @@ ApiError FromGrpc(const grpc::Status& status,
                   const std::multimap<grpc::string_ref, grpc::string_ref>* trailers);
 
 // Thrown by the field readers and the request converters; the handler answers 400 with it.
+// An exception rather than a Status (STYLE's "errors are values"): the readers sit deep in JSON
+// walks, every failure ends the request the same way, and it never leaves HttpServer's handler.
 struct RequestError {
   ApiError error;
 };

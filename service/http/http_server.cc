@@ -33,7 +33,8 @@ const char* ApiName(Api api) {
 
 void SendError(Api api, const ApiError& e, httplib::Response& res) {
   res.status = e.status;
-  if (e.retry_after_seconds > 0) res.set_header("retry-after", std::to_string(e.retry_after_seconds));
+  if (e.retry_after_seconds > 0)
+    res.set_header("retry-after", std::to_string(e.retry_after_seconds));
   res.set_content(api == Api::kMessages ? AnthropicErrorBody(e) : OpenAiErrorBody(e),
                   "application/json");
 }
@@ -79,12 +80,11 @@ absl::StatusOr<std::unique_ptr<HttpServer>> HttpServer::Start(
     return absl::InvalidArgumentError("the TLS certificate and key go together");
   }
   if (!options.tls_cert.empty()) {
-    auto ssl = std::make_unique<httplib::SSLServer>(options.tls_cert.c_str(),
-                                                    options.tls_key.c_str());
+    auto ssl =
+        std::make_unique<httplib::SSLServer>(options.tls_cert.c_str(), options.tls_key.c_str());
     if (!ssl->is_valid()) {
-      return absl::InvalidArgumentError(absl::StrCat("cannot load the TLS certificate ",
-                                                     options.tls_cert, " and key ",
-                                                     options.tls_key));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "cannot load the TLS certificate ", options.tls_cert, " and key ", options.tls_key));
     }
     s->server_ = std::move(ssl);
   } else {
@@ -123,7 +123,8 @@ void HttpServer::Stop() {
 
 void HttpServer::Route() {
   // Every request: count it by api and status when it is answered.
-  auto handle = [this](Api api, std::function<void(const httplib::Request&, httplib::Response&)> fn) {
+  auto handle = [this](Api api,
+                       std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, api, fn](const httplib::Request& req, httplib::Response& res) {
       if (std::optional<ApiError> e = CheckToken(req, options_.auth_token)) {
         SendError(api, *e, res);
@@ -132,6 +133,9 @@ void HttpServer::Route() {
           fn(req, res);
         } catch (const RequestError& e) {
           SendError(api, e.error, res);
+        } catch (const std::exception& e) {  // a bug of ours, never the client's input
+          MOE_LOG(ERROR) << "[http] " << req.path << ": " << e.what();
+          SendError(api, MakeError(500, "api_error", e.what()), res);
         }
       }
       metrics_->HttpRequest(ApiName(api), res.status);
@@ -145,12 +149,13 @@ void HttpServer::Route() {
     if (request.session_id().empty() && req.has_header("x-session-id")) {
       request.set_session_id(req.get_header_value("x-session-id"));
     }
-    if (req.has_header("x-request-id")) request.set_request_id(req.get_header_value("x-request-id"));
+    if (req.has_header("x-request-id"))
+      request.set_request_id(req.get_header_value("x-request-id"));
     auto texts = std::make_shared<TokenTexts>(*stub_, request.model(), options_.auth_token);
-    std::shared_ptr<Renderer> renderer =
-        api == Api::kMessages      ? MakeMessagesRenderer(parsed)
-        : api == Api::kCompletions ? MakeCompletionRenderer(parsed, texts.get())
-                                   : MakeChatRenderer(parsed, texts.get());
+    std::shared_ptr<Renderer> renderer = api == Api::kMessages ? MakeMessagesRenderer(parsed)
+                                         : api == Api::kCompletions
+                                             ? MakeCompletionRenderer(parsed, texts.get())
+                                             : MakeChatRenderer(parsed, texts.get());
     auto gen = std::make_shared<Generation>(*stub_, request, options_.auth_token);
     // The first message decides the HTTP status: refusals (invalid, unknown model, queue full,
     // no worker) come before it.
@@ -184,8 +189,7 @@ void HttpServer::Route() {
     // goes out uncompressed (the request is ours to edit: httplib reads it only to choose this).
     const_cast<httplib::Request&>(req).headers.erase("Accept-Encoding");
     res.set_chunked_content_provider(
-        "text/event-stream",
-        [gen, renderer, first, texts](size_t, httplib::DataSink& sink) {
+        "text/event-stream", [gen, renderer, first, texts](size_t, httplib::DataSink& sink) {
           moe::v1::GenerateResponse& msg = *first;
           do {
             std::string out = renderer->OnMessage(msg);
@@ -241,10 +245,10 @@ void HttpServer::Route() {
   // Anything else: 404 in OpenAI's shape (Anthropic clients only call /v1/messages).
   server_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
     if (!res.body.empty()) return;
-    ApiError e = MakeError(res.status, res.status == 413 ? "request_too_large" : "not_found_error",
-                           absl::StrCat(req.method, " ", req.path, ": ",
-                                        res.status == 413 ? "the body is over the size limit"
-                                                          : "no such endpoint"));
+    ApiError e = MakeError(
+        res.status, res.status == 413 ? "request_too_large" : "not_found_error",
+        absl::StrCat(req.method, " ", req.path, ": ",
+                     res.status == 413 ? "the body is over the size limit" : "no such endpoint"));
     if (res.status != 404 && res.status != 413) e.type = "invalid_request_error";
     res.set_content(OpenAiErrorBody(e), "application/json");
   });

@@ -28,21 +28,21 @@ class Server;
 namespace moe::service::http {
 
 struct HttpOptions {
-  std::string listen;          // HOST:PORT (port 0: any). Required
+  std::string listen;             // HOST:PORT (port 0: any). Required
   std::string tls_cert, tls_key;  // PEM files: both set -> HTTPS. Default: plain HTTP
   // When set, requests need "Authorization: Bearer <token>" or "x-api-key: <token>"; it is then
   // forwarded to the gRPC service as the call's bearer token. Default: open.
   std::string auth_token;
-  int threads = 256;           // connections served at once (streams included)
+  int threads = 256;                // connections served at once (streams included)
   size_t max_body_bytes = 4 << 20;  // larger bodies get 413
 };
 
 class HttpServer {
  public:
   // Listens and serves on its own thread. `channel`: the frontend's in-process channel.
-  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(
-      const HttpOptions& options, std::shared_ptr<grpc::Channel> channel,
-      metrics::FrontendMetrics& metrics);
+  static absl::StatusOr<std::unique_ptr<HttpServer>> Start(const HttpOptions& options,
+                                                           std::shared_ptr<grpc::Channel> channel,
+                                                           metrics::FrontendMetrics& metrics);
   ~HttpServer();  // Stop()
 
   int port() const { return port_; }

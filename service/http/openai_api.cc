@@ -159,8 +159,7 @@ class ChatRenderer final : public Renderer {
     for (const OutputPiece& p : pieces) {
       if (p.kind == OutputPiece::Kind::kToolCall) {
         if (!delta.empty()) out += Chunk(std::exchange(delta, json::object()), nullptr);
-        out += Chunk({{"tool_calls", json::array({ToolCallJson(p.call, tool_index_++)})}},
-                     nullptr);
+        out += Chunk({{"tool_calls", json::array({ToolCallJson(p.call, tool_index_++)})}}, nullptr);
       } else {
         const char* key = p.kind == OutputPiece::Kind::kReasoning ? "reasoning_content" : "content";
         if (!delta.empty()) out += Chunk(std::exchange(delta, json::object()), nullptr);
@@ -177,9 +176,10 @@ class ChatRenderer final : public Renderer {
     const std::string finish = Finish(c, splitter_->saw_tool_call());
     if (stream_) {
       json chunk = Base("chat.completion.chunk");
-      chunk["choices"] = json::array(
-          {{{"index", 0}, {"delta", json::object()}, {"logprobs", nullptr},
-            {"finish_reason", finish}}});
+      chunk["choices"] = json::array({{{"index", 0},
+                                       {"delta", json::object()},
+                                       {"logprobs", nullptr},
+                                       {"finish_reason", finish}}});
       std::string out = Sse(chunk);
       if (include_usage_) {
         json usage = Base("chat.completion.chunk");
@@ -189,21 +189,24 @@ class ChatRenderer final : public Renderer {
       }
       return out + "data: [DONE]\n\n";
     }
-    json message = {{"role", "assistant"},
-                    {"content", content_.empty() && !tool_calls_.empty() ? json() : json(content_)}};
+    json message = {
+        {"role", "assistant"},
+        {"content", content_.empty() && !tool_calls_.empty() ? json() : json(content_)}};
     if (!reasoning_.empty()) message["reasoning_content"] = reasoning_;
     if (!tool_calls_.empty()) message["tool_calls"] = tool_calls_;
     json body = Base("chat.completion");
-    body["choices"] = json::array(
-        {{{"index", 0},
-          {"message", message},
-          {"logprobs", logprobs_ ? json{{"content", logprob_content_}} : json()},
-          {"finish_reason", finish}}});
+    body["choices"] =
+        json::array({{{"index", 0},
+                      {"message", message},
+                      {"logprobs", logprobs_ ? json{{"content", logprob_content_}} : json()},
+                      {"finish_reason", finish}}});
     body["usage"] = Usage(c);
     return body.dump();
   }
 
-  std::string StreamError(const ApiError& e) override { return Sse(json::parse(OpenAiErrorBody(e))); }
+  std::string StreamError(const ApiError& e) override {
+    return Sse(json::parse(OpenAiErrorBody(e)));
+  }
 
  private:
   json Base(const char* object) const {
@@ -264,7 +267,8 @@ class CompletionRenderer final : public Renderer {
     if (id_.empty()) id_ = "cmpl-" + r.request_id();
     json lp;
     if (logprobs_) {
-      lp = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+      lp = {{"tokens", json::array()},
+            {"token_logprobs", json::array()},
             {"top_logprobs", json::array()}};
       for (int i = 0; i < r.logprobs_size() && i < r.token_ids_size(); ++i) {
         lp["tokens"].push_back(texts_->Text(r.token_ids(i)));
@@ -303,7 +307,9 @@ class CompletionRenderer final : public Renderer {
     return body.dump();
   }
 
-  std::string StreamError(const ApiError& e) override { return Sse(json::parse(OpenAiErrorBody(e))); }
+  std::string StreamError(const ApiError& e) override {
+    return Sse(json::parse(OpenAiErrorBody(e)));
+  }
 
  private:
   json Body(const std::string& text, json logprobs, const char* finish) const {
@@ -322,7 +328,8 @@ class CompletionRenderer final : public Renderer {
   TokenTexts* texts_;
   const int64_t created_ = UnixSeconds();
   std::string id_, text_;
-  json all_logprobs_ = {{"tokens", json::array()}, {"token_logprobs", json::array()},
+  json all_logprobs_ = {{"tokens", json::array()},
+                        {"token_logprobs", json::array()},
                         {"top_logprobs", json::array()}};
 };
 
@@ -389,8 +396,7 @@ std::unique_ptr<Renderer> MakeChatRenderer(const ParsedRequest& request, TokenTe
   return std::make_unique<ChatRenderer>(request, texts);
 }
 
-std::unique_ptr<Renderer> MakeCompletionRenderer(const ParsedRequest& request,
-                                                 TokenTexts* texts) {
+std::unique_ptr<Renderer> MakeCompletionRenderer(const ParsedRequest& request, TokenTexts* texts) {
   return std::make_unique<CompletionRenderer>(request, texts);
 }
 

@@ -16,8 +16,7 @@ ParsedRequest ParseCompletion(const json& body);
 
 // `texts` serves logprobs' token texts; it must outlive the renderer.
 std::unique_ptr<Renderer> MakeChatRenderer(const ParsedRequest& request, TokenTexts* texts);
-std::unique_ptr<Renderer> MakeCompletionRenderer(const ParsedRequest& request,
-                                                 TokenTexts* texts);
+std::unique_ptr<Renderer> MakeCompletionRenderer(const ParsedRequest& request, TokenTexts* texts);
 
 std::string OpenAiErrorBody(const ApiError& error);
 json OpenAiModelList(const moe::v1::ListModelsResponse& models);

@@ -84,8 +84,9 @@ void OutputSplitter::Drain(bool final, std::vector<OutputPiece>* out) {
         if (best != std::string::npos) {
           Emit(Kind::kContent, std::string_view(buffer_).substr(0, best), out);
           buffer_.erase(0, best + tags[which].size());
-          mode_ = which == 0 ? Mode::kThinking : which == 1 ? Mode::kHermesCall
-                                                            : Mode::kMistralCalls;
+          mode_ = which == 0   ? Mode::kThinking
+                  : which == 1 ? Mode::kHermesCall
+                               : Mode::kMistralCalls;
           continue;
         }
         size_t hold = 0;

@@ -25,8 +25,8 @@ struct ParsedToolCall {
 struct OutputPiece {
   enum class Kind { kReasoning, kContent, kToolCall };
   Kind kind;
-  std::string text;       // kReasoning, kContent
-  ParsedToolCall call;    // kToolCall
+  std::string text;     // kReasoning, kContent
+  ParsedToolCall call;  // kToolCall
 };
 
 class OutputSplitter {
@@ -54,10 +54,10 @@ class OutputSplitter {
 
   Mode mode_;
   const bool parse_tools_;
-  std::string buffer_;       // text not yet returned
+  std::string buffer_;  // text not yet returned
   int tool_calls_ = 0;
   bool skip_space_ = false;  // drop whitespace until the next non-space content (after a
-                            // tool call or </think>)
+                             // tool call or </think>)
 };
 
 }  // namespace moe::service::http

@@ -11,21 +11,33 @@ const baseURL = process.env.MOE_HTTP;  // http://127.0.0.1:PORT
 const model = process.env.MOE_MODEL;
 const openai = new OpenAI({baseURL: baseURL + '/v1', apiKey: 'unused', maxRetries: 0});
 const anthropic = new Anthropic({baseURL, apiKey: 'unused', maxRetries: 0});
-const extra = {ignore_eos: true};  // lengths are exact on random weights
+// Lengths are exact on random weights.
+const extra = {ignore_eos: true};
 
 async function openaiBasics() {
   const list = await openai.models.list();
   assert.deepEqual(list.data.map((m) => m.id), [model]);
 
-  const chat = await openai.chat.completions.create(
-      {model, messages: [{role: 'user', content: 'Hello'}], max_tokens: 5, temperature: 0, ...extra});
+  const chat = await openai.chat.completions.create({
+    model,
+    messages: [{role: 'user', content: 'Hello'}],
+    max_tokens: 5,
+    temperature: 0,
+    ...extra
+  });
   assert.equal(chat.object, 'chat.completion');
   assert.equal(chat.choices[0].finish_reason, 'length');
   assert.equal(chat.usage.completion_tokens, 5);
 
   const stream = await openai.chat.completions.create({
-    model, messages: [{role: 'user', content: 'Hello'}], max_tokens: 5, temperature: 0,
-    stream: true, stream_options: {include_usage: true}, ...extra});
+    model,
+    messages: [{role: 'user', content: 'Hello'}],
+    max_tokens: 5,
+    temperature: 0,
+    stream: true,
+    stream_options: {include_usage: true},
+    ...extra
+  });
   let text = '';
   let finish = null;
   let usage = null;
@@ -46,23 +58,36 @@ async function openaiBasics() {
   assert.equal(cmpl.usage.completion_tokens, 4);
 
   await assert.rejects(
-      openai.chat.completions.create({model: 'no-such-model', messages: [{role: 'user', content: 'x'}]}),
+      openai.chat.completions.create(
+          {model: 'no-such-model', messages: [{role: 'user', content: 'x'}]}),
       (e) => e instanceof NotFoundError && e.status === 404 && /no-such-model/.test(e.message));
 }
 
 async function anthropicBasics() {
   const msg = await anthropic.messages.create({
-    model, max_tokens: 5, system: 'Be brief.', messages: [{role: 'user', content: 'Hello'}],
-    temperature: 0, ...extra});
+    model,
+    max_tokens: 5,
+    system: 'Be brief.',
+    messages: [{role: 'user', content: 'Hello'}],
+    temperature: 0,
+    ...extra
+  });
   assert.equal(msg.type, 'message');
   assert.equal(msg.stop_reason, 'max_tokens');
   assert.equal(msg.usage.output_tokens, 5);
 
   const stream = anthropic.messages.stream({
-    model, max_tokens: 5, system: 'Be brief.', messages: [{role: 'user', content: 'Hello'}],
-    temperature: 0, ...extra});
+    model,
+    max_tokens: 5,
+    system: 'Be brief.',
+    messages: [{role: 'user', content: 'Hello'}],
+    temperature: 0,
+    ...extra
+  });
   let text = '';
-  stream.on('text', (t) => { text += t; });
+  stream.on('text', (t) => {
+    text += t;
+  });
   const final = await stream.finalMessage();
   assert.equal(final.stop_reason, 'max_tokens');
   assert.equal(final.usage.output_tokens, 5);
@@ -74,9 +99,14 @@ async function anthropicBasics() {
 // The scripted model answers every chat with
 //   <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>
 async function toolRoundTrip(scripted) {
-  const tools = [{type: 'function', function: {
-    name: 'get_weather', description: 'Weather of a city',
-    parameters: {type: 'object', properties: {city: {type: 'string'}}, required: ['city']}}}];
+  const tools = [{
+    type: 'function',
+    function: {
+      name: 'get_weather',
+      description: 'Weather of a city',
+      parameters: {type: 'object', properties: {city: {type: 'string'}}, required: ['city']}
+    }
+  }];
   const messages = [{role: 'user', content: 'Weather in Paris?'}];
   const r = await openai.chat.completions.create(
       {model: scripted, messages, tools, temperature: 0, max_tokens: 64});
@@ -108,9 +138,15 @@ async function toolRoundTrip(scripted) {
   let turns = true;
   try {
     const r2 = await openai.chat.completions.create({
-      model: scripted, tools, temperature: 0, max_tokens: 64, messages: [
+      model: scripted,
+      tools,
+      temperature: 0,
+      max_tokens: 64,
+      messages: [
         ...messages, choice.message,
-        {role: 'tool', tool_call_id: call.id, content: '{"temp_c": 18}'}]});
+        {role: 'tool', tool_call_id: call.id, content: '{"temp_c": 18}'}
+      ]
+    });
     assert.ok(['tool_calls', 'stop'].includes(r2.choices[0].finish_reason));
   } catch (e) {
     if (!(e.status === 501 && /not rendered by this ChatML subset/.test(e.message))) throw e;
@@ -118,26 +154,44 @@ async function toolRoundTrip(scripted) {
     turns = false;
   }
 
-  const atools = [{name: 'get_weather', description: 'Weather of a city',
-                   input_schema: tools[0].function.parameters}];
-  const m = await anthropic.messages.create(
-      {model: scripted, max_tokens: 64, temperature: 0, tools: atools, messages: [{role: 'user', content: 'Weather in Paris?'}]});
+  const atools = [{
+    name: 'get_weather',
+    description: 'Weather of a city',
+    input_schema: tools[0].function.parameters
+  }];
+  const m = await anthropic.messages.create({
+    model: scripted,
+    max_tokens: 64,
+    temperature: 0,
+    tools: atools,
+    messages: [{role: 'user', content: 'Weather in Paris?'}]
+  });
   assert.equal(m.stop_reason, 'tool_use', JSON.stringify(m));
   const use = m.content.find((b) => b.type === 'tool_use');
   assert.equal(use.name, 'get_weather');
   assert.deepEqual(use.input, {city: 'Paris'});
-  const s = anthropic.messages.stream(
-      {model: scripted, max_tokens: 64, temperature: 0, tools: atools, messages: [{role: 'user', content: 'Weather in Paris?'}]});
+  const s = anthropic.messages.stream({
+    model: scripted,
+    max_tokens: 64,
+    temperature: 0,
+    tools: atools,
+    messages: [{role: 'user', content: 'Weather in Paris?'}]
+  });
   const sf = await s.finalMessage();
   assert.equal(sf.stop_reason, 'tool_use');
   assert.deepEqual(sf.content.find((b) => b.type === 'tool_use').input, {city: 'Paris'});
   console.log('tool calls parsed (openai, anthropic; whole and streamed): ok');
   try {
     const m2 = await anthropic.messages.create({
-      model: scripted, max_tokens: 64, temperature: 0, tools: atools, messages: [
-        {role: 'user', content: 'Weather in Paris?'},
-        {role: 'assistant', content: m.content},
-        {role: 'user', content: [{type: 'tool_result', tool_use_id: use.id, content: '18 C'}]}]});
+      model: scripted,
+      max_tokens: 64,
+      temperature: 0,
+      tools: atools,
+      messages: [
+        {role: 'user', content: 'Weather in Paris?'}, {role: 'assistant', content: m.content},
+        {role: 'user', content: [{type: 'tool_result', tool_use_id: use.id, content: '18 C'}]}
+      ]
+    });
     assert.ok(['tool_use', 'end_turn'].includes(m2.stop_reason));
   } catch (e) {
     if (!(e.status === 501 && /not rendered by this ChatML subset/.test(e.message))) throw e;
@@ -157,4 +211,7 @@ async function main() {
   console.log('http sdk: ok');
 }
 
-main().catch((e) => { console.error(e); process.exit(1); });
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});
