@@ -276,6 +276,31 @@ class HttpTest(unittest.TestCase):
         s, _, t = request(port, "POST", "/v1/messages", msg, headers={"x-api-key": "s3cret"})
         self.assertEqual(s, 200, t)
 
+    def test_tls(self):
+        # The gRPC listener's --tls_cert/--tls_key serve HTTPS too; plain HTTP is refused.
+        import ssl
+        d = self.c.log_dir
+        key, cert = os.path.join(d, "http-tls.key"), os.path.join(d, "http-tls.crt")
+        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                        "-keyout", key, "-out", cert], check=True, capture_output=True)
+        with open(cert, "rb") as f:
+            root = f.read()
+        port = harness.free_port()
+        self.c.add_frontend([f"--http_listen=127.0.0.1:{port}", f"--tls_cert={cert}",
+                             f"--tls_key={key}"], tls_root=root)
+        ctx = ssl.create_default_context(cafile=cert)
+        conn = http.client.HTTPSConnection("localhost", port, context=ctx, timeout=30)
+        conn.request("POST", "/v1/completions", body=json.dumps(
+            {"model": MODEL_NAME, "prompt": "x", "max_tokens": 2, "ignore_eos": True}),
+            headers={"Content-Type": "application/json"})
+        r = conn.getresponse()
+        self.assertEqual(r.status, 200)
+        self.assertEqual(json.loads(r.read())["usage"]["completion_tokens"], 2)
+        conn.close()
+        with self.assertRaises((ConnectionError, http.client.HTTPException, OSError)):
+            request(port, "GET", "/v1/models", timeout=5)
+
     def open_stream(self, port, max_tokens=2000):
         """A streaming chat completion left open after its first event; returns the socket."""
         body = json.dumps({"model": MODEL_NAME, "messages": [{"role": "user", "content": "x"}],
