@@ -1,6 +1,7 @@
 // moe-frontend: the public moe.v1 gRPC API. Validates, admits into a bounded queue, routes to
 // moe-worker processes (static list or DNS), relays token streams; health, reflection and
-// /metrics. SIGTERM drains: refuse new calls, let running ones finish within --drain_seconds.
+// /metrics; with --http_listen, the OpenAI/Anthropic HTTP API (service/http/) over the same
+// calls. SIGTERM drains: refuse new calls, let running ones finish within --drain_seconds.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -45,7 +46,8 @@ ABSL_FLAG(int64_t, max_queued, 1024,
 ABSL_FLAG(int32_t, max_attempts, 3, "Workers tried for a call before its first token");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20,
           "Largest request message; larger ones get RESOURCE_EXHAUSTED, counted in "
-          "moe_frontend_oversized_requests_total (gRPC drops past twice this, uncounted)");
+          "moe_frontend_oversized_requests_total (gRPC drops past twice this, uncounted). "
+          "Larger HTTP API bodies get 413");
 ABSL_FLAG(std::string, auth_token, "",
           "If set, public calls need 'authorization: Bearer <token>' (health and reflection "
           "stay open for probes and tools)");
