@@ -43,6 +43,10 @@ ABSL_FLAG(double, frequency_penalty, 0.0, "OpenAI-style frequency penalty in [-2
 ABSL_FLAG(uint64_t, seed, 0, "Sampling seed: the same seed gives the same tokens");
 ABSL_FLAG(std::vector<std::string>, stop, {}, "Comma-separated stop strings");
 ABSL_FLAG(bool, ignore_eos, false, "Keep generating past the model's EOS tokens");
+ABSL_FLAG(int64_t, max_batch_tokens, 0,
+          "Most tokens a step runs (the prompt is prefilled in chunks of this many); 0: the "
+          "whole prompt in one step. 1 with --record_trace records the routing of every prompt "
+          "token, teacher-forced");
 ABSL_FLAG(bool, timings, false,
           "Print the per-phase time breakdown of the forward pass, as device times: the model "
           "synchronizes at every phase boundary, which slows the run it measures");
@@ -109,7 +113,10 @@ absl::Status Run() {
   options.kv_budget_bytes = loaded.kv_budget;
   options.kv_cache_dtype = loaded.kv_cache_dtype;
   options.block_size = loaded.kv_block_size;
-  options.max_batch_tokens = std::max<int64_t>(256, static_cast<int64_t>(request.prompt.size()));
+  options.max_batch_tokens =
+      absl::GetFlag(FLAGS_max_batch_tokens) > 0
+          ? absl::GetFlag(FLAGS_max_batch_tokens)
+          : std::max<int64_t>(256, static_cast<int64_t>(request.prompt.size()));
   MOE_RETURN_IF_ERROR(options.Validate());
   MOE_ASSIGN_OR_RETURN(auto engine, engine::Engine::Create(*model, *tokenizer, options));
   engine::Engine& eng = *engine;

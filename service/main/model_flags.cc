@@ -7,7 +7,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "engine/budgets.h"
-#include "engine/default_model.h"
+#include "engine/trained_model.h"
 #include "kernels/base/bytes.h"
 #include "kernels/base/clock.h"
 #include "kernels/base/log.h"
@@ -18,8 +18,9 @@ constexpr char kDefaultModelDir[] = "models/default";
 
 ABSL_FLAG(std::string, model, kDefaultModelDir,
           "Hugging Face model directory (config.json, *.safetensors, tokenizer.json) or a model "
-          "store made by moe-import. The default is the built-in model (random weights), "
-          "written there on first use");
+          "store made by moe-import. The default is the built-in model, a small Qwen3-MoE the "
+          "project trained on the King James Bible (tiny, not a useful assistant), written "
+          "there on first use");
 ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
@@ -67,8 +68,9 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const char* who) {
   m.dir = absl::GetFlag(FLAGS_model);
   if (m.dir == kDefaultModelDir &&
       !std::filesystem::exists(std::filesystem::path(m.dir) / "config.json")) {
-    MOE_LOG(INFO) << who << " writing the built-in default model (random weights) to " << m.dir;
-    MOE_RETURN_IF_ERROR(engine::WriteDefaultModel(m.dir));
+    MOE_LOG(INFO) << who << " writing the built-in default model (trained, tests/default_model) to "
+                  << m.dir;
+    MOE_RETURN_IF_ERROR(engine::WriteTrainedModel(m.dir));
   }
   const std::string backend_name = absl::GetFlag(FLAGS_backend);
   if (backend_name != "cpu" && backend_name != "cuda") {

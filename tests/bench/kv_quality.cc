@@ -1,6 +1,8 @@
 // kv-quality: the spec's T7 and T8 for every KV-cache format against the bf16 cache, on the golden
-// fixture models and on the built-in default model (head_dim 32, and a head_dim-128 variant for
-// the split formats), plus T7 on random Gaussian Q/K/V at head_dim 128. Prints a markdown table.
+// fixture models, on the random-weight test model (head_dim 32, and a head_dim-128 variant for
+// the split formats), on the trained default model (engine/default_model: real text, where
+// random weights say little), plus T7 on random Gaussian Q/K/V at head_dim 128. Prints a
+// markdown table.
 //
 //   build/tests/bench/kv-quality [--steps N] [--random_tokens N]
 #include <cstdio>
@@ -12,12 +14,31 @@
 #include <vector>
 
 #include "engine/default_model.h"
+#include "engine/tokenizer/tokenizer.h"
 #include "nlohmann/json.hpp"
 #include "tests/bench/kv_quality_lib.h"
 #include "tests/testing/temp_dir.h"
 
 namespace moe {
 namespace {
+
+// Held-out text of the trained model (Genesis 25, a chapter it never trained on): its prompt,
+// 256 tokens, so that T7 sees real text only and T8 decodes on from it.
+constexpr char kTrainedPrompt[] =
+    "Then again Abraham took a wife, and her name was Keturah. And she bare him Zimran, and "
+    "Jokshan, and Medan, and Midian, and Ishbak, and Shuah. And Jokshan begat Sheba, and Dedan. "
+    "And the sons of Dedan were Asshurim, and Letushim, and Leummim. And the sons of Midian; "
+    "Ephah, and Epher, and Hanoch, and Abidah, and Eldaah. All these were the children of "
+    "Keturah. And Abraham gave all that he had unto Isaac. But unto the sons of the concubines, "
+    "which Abraham had, Abraham gave gifts, and sent them away from Isaac his son, while he yet "
+    "lived, eastward, unto the east country. And these are the days of the years of Abraham's "
+    "life which he lived, an hundred threescore and fifteen years. Then Abraham gave up the "
+    "ghost, and died in a good old age, an old man, and full of years; and was gathered to his "
+    "people. And his sons Isaac and Ishmael buried him in the cave of Machpelah, in the field of "
+    "Ephron the son of Zohar the Hittite, which is before Mamre; The field which Abraham "
+    "purchased of the sons of Heth: there was Abraham buried, and Sarah his wife. And it came to "
+    "pass after the death of Abraham, that God blessed his son Isaac; and Isaac dwelt by the "
+    "well Lahairoi.";
 
 const kernels::KvFormat kFormats[] = {kernels::KvFormat::kBf16, kernels::KvFormat::kFp8E4m3,
                                       kernels::KvFormat::kTq4,  kernels::KvFormat::kTq3p5,
@@ -47,8 +68,18 @@ int Run(int steps, int random_tokens) {
   std::mt19937 rng(42);
   std::vector<int32_t> prompt(32);
   for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 600);
-  models.push_back({"default (D=32)", d32.path(), prompt});
-  models.push_back({"default (D=128)", d128.path(), prompt});
+  models.push_back({"random default (D=32)", d32.path(), prompt});
+  models.push_back({"random default (D=128)", d128.path(), prompt});
+  const std::string trained = std::string(MOE_SOURCE_DIR) + "/engine/default_model";
+  auto tokenizer = engine::Tokenizer::LoadFromDir(trained);
+  if (!tokenizer.ok()) {
+    std::fprintf(stderr, "%s: %s\n", trained.c_str(), std::string(tokenizer.status().message()).c_str());
+    return 1;
+  }
+  auto text_ids = (*tokenizer)->Encode(kTrainedPrompt);
+  if (!text_ids.ok()) return 1;
+  text_ids->resize(std::min<size_t>(text_ids->size(), random_tokens));
+  models.push_back({"trained default, held-out text", trained, *text_ids});
 
   std::printf("| model | D | format | T7 attn-out rel L2 | T7 attn-prob KL | T8 next-token KL mean | "
               "T8 KL max | T8 greedy agreement |\n|---|---|---|---|---|---|---|---|\n");
