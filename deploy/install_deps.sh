@@ -7,6 +7,7 @@ packages=(
   build-essential cmake pkg-config ninja-build
   libabsl-dev libgrpc++-dev libprotobuf-dev protobuf-compiler protobuf-compiler-grpc
   librocksdb-dev liburing-dev libxxhash-dev prometheus-cpp-dev nlohmann-json3-dev
+  libcpp-httplib-dev      # the frontend's OpenAI/Anthropic HTTP API (--http_listen)
   libgtest-dev libgmock-dev libbenchmark-dev
   unicode-data            # UnicodeData.txt: NFC and character classes for the tokenizer
   python3 python3-grpcio python3-protobuf  # the Python client in the integration tests

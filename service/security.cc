@@ -20,15 +20,14 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
   return ss.str();
 }
 
-// Same-length comparison whose time does not depend on where the strings differ.
+}  // namespace
+
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   if (a.size() != b.size()) return false;
   unsigned char diff = 0;
   for (size_t i = 0; i < a.size(); ++i) diff |= static_cast<unsigned char>(a[i] ^ b[i]);
   return diff == 0;
 }
-
-}  // namespace
 
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path) {
   MOE_ASSIGN_OR_RETURN(std::string text, ReadFile(path));

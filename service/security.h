@@ -11,12 +11,16 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 
 namespace moe::service {
 
 // The token in `path`, surrounding whitespace removed. NotFound when the file cannot be read;
 // InvalidArgument when it holds no token (empty or whitespace only: auth would be off).
 absl::StatusOr<std::string> ReadTokenFile(const std::string& path);
+
+// Same-length comparison whose time does not depend on where the strings differ (tokens).
+bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
 // OK when `token` is empty (auth off) or the call carries "authorization: Bearer <token>" (the
 // scheme is case-insensitive, RFC 7235); UNAUTHENTICATED otherwise.

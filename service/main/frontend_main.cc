@@ -1,6 +1,7 @@
 // moe-frontend: the public moe.v1 gRPC API. Validates, admits into a bounded queue, routes to
 // moe-worker processes (static list or DNS), relays token streams; health, reflection and
-// /metrics. SIGTERM drains: refuse new calls, let running ones finish within --drain_seconds.
+// /metrics; with --http_listen, the OpenAI/Anthropic HTTP API (service/http/) over the same
+// calls. SIGTERM drains: refuse new calls, let running ones finish within --drain_seconds.
 #include <grpcpp/ext/proto_server_reflection_plugin.h>
 #include <grpcpp/grpcpp.h>
 #include <grpcpp/health_check_service_interface.h>
@@ -22,6 +23,7 @@
 #include "service/frontend/frontend_service.h"
 #include "service/frontend/router.h"
 #include "service/frontend/worker_set.h"
+#include "service/http/http_server.h"
 #include "service/main/signals.h"
 #include "service/metrics/frontend_metrics.h"
 #include "service/security.h"
@@ -44,7 +46,8 @@ ABSL_FLAG(int64_t, max_queued, 1024,
 ABSL_FLAG(int32_t, max_attempts, 3, "Workers tried for a call before its first token");
 ABSL_FLAG(int64_t, max_request_bytes, 4 << 20,
           "Largest request message; larger ones get RESOURCE_EXHAUSTED, counted in "
-          "moe_frontend_oversized_requests_total (gRPC drops past twice this, uncounted)");
+          "moe_frontend_oversized_requests_total (gRPC drops past twice this, uncounted). "
+          "Larger HTTP API bodies get 413");
 ABSL_FLAG(std::string, auth_token, "",
           "If set, public calls need 'authorization: Bearer <token>' (health and reflection "
           "stay open for probes and tools)");
@@ -73,6 +76,13 @@ ABSL_FLAG(int32_t, prefix_chunk_tokens, 16,
 ABSL_FLAG(int64_t, prefix_load_slack, 2048,
           "Outstanding tokens the prefix worker may have above the least loaded worker and still "
           "be picked");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT of the OpenAI- and Anthropic-compatible HTTP API (/v1/chat/completions, "
+          "/v1/completions, /v1/models, /v1/messages); empty: off. Served with the same "
+          "--tls_cert/--tls_key and --auth_token (as 'Authorization: Bearer' or 'x-api-key') "
+          "as the gRPC API");
+ABSL_FLAG(int32_t, http_threads, 256,
+          "HTTP connections served at once (each open stream holds one); more wait");
 ABSL_FLAG(double, drain_seconds, 30, "On SIGTERM, how long running calls may take to finish");
 
 namespace moe {
@@ -170,6 +180,22 @@ absl::Status Run() {
   svc.UpdateHealth(health.load());
   MOE_LOG(INFO) << "[frontend] serving moe.v1 on port " << port << ", /metrics on port "
                 << metrics_server->port() << ", " << workers.Snapshot().size() << " workers";
+  // The HTTP API calls this server in-process: same admission, routing, metrics and auth.
+  std::unique_ptr<service::http::HttpServer> http;
+  if (const std::string listen = absl::GetFlag(FLAGS_http_listen); !listen.empty()) {
+    service::http::HttpOptions hopts;
+    hopts.listen = listen;
+    hopts.tls_cert = absl::GetFlag(FLAGS_tls_cert);
+    hopts.tls_key = absl::GetFlag(FLAGS_tls_key);
+    hopts.auth_token = fopts.auth_token;
+    hopts.threads = absl::GetFlag(FLAGS_http_threads);
+    hopts.max_body_bytes = static_cast<size_t>(fopts.max_request_bytes);
+    auto started = service::http::HttpServer::Start(
+        hopts, server->InProcessChannel(grpc::ChannelArguments()), metrics);
+    if (!started.ok()) return base::Annotate(started.status(), "--http_listen");
+    http = std::move(*started);
+    MOE_LOG(INFO) << "[frontend] serving the HTTP API on port " << http->port();
+  }
 
   const int sig = service::WaitForTerminationSignal();
   MOE_LOG(INFO) << "[frontend] signal " << sig << ": draining for up to "
@@ -191,6 +217,8 @@ absl::Status Run() {
   }
   svc.CutRunning();
   server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // After the server: its shutdown ends the in-process calls that HTTP streams wait on.
+  if (http != nullptr) http->Stop();
   MOE_LOG(INFO) << "[frontend] stopped";
   return absl::OkStatus();
 }

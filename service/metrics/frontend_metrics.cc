@@ -51,6 +51,13 @@ FrontendMetrics::FrontendMetrics(prometheus::Registry& r) {
                      "the session's worker; prefix: the longest remembered prompt prefix; "
                      "least_load: the fewest outstanding tokens)")
                  .Register(r);
+  http_requests_ = &BuildCounter()
+                        .Name("moe_http_requests_total")
+                        .Help(
+                            "HTTP API requests answered (--http_listen), by api "
+                            "(chat_completions, completions, models, messages) and HTTP status "
+                            "code (a stream counts 200 even when an error ends it later)")
+                        .Register(r);
   for (const char* reason : {"session", "prefix", "least_load"}) routed_->Add({{"reason", reason}});
   for (const char* outcome : {"stop", "length", "cancelled", "error", "resource_exhausted",
                               "unavailable", "invalid_argument", "deadline_exceeded"}) {
@@ -72,6 +79,10 @@ void FrontendMetrics::Oversized(absl::string_view method) {
 
 void FrontendMetrics::Routed(absl::string_view reason) {
   routed_->Add({{"reason", std::string(reason)}}).Increment();
+}
+
+void FrontendMetrics::HttpRequest(absl::string_view api, int code) {
+  http_requests_->Add({{"api", std::string(api)}, {"code", std::to_string(code)}}).Increment();
 }
 
 void FrontendMetrics::SetAdmission(int64_t running, int64_t queued) {

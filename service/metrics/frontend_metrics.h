@@ -34,6 +34,9 @@ class FrontendMetrics {
   void Oversized(absl::string_view method);
   // A worker picked for a Generate attempt; `reason`: session, prefix or least_load.
   void Routed(absl::string_view reason);
+  // An HTTP API request answered (--http_listen); `api`: chat_completions, completions, models
+  // or messages; `code`: the HTTP status (200 for a stream, whatever happened after).
+  void HttpRequest(absl::string_view api, int code);
 
  private:
   prometheus::Family<prometheus::Counter>* requests_;
@@ -43,6 +46,7 @@ class FrontendMetrics {
   prometheus::Family<prometheus::Counter>* routed_;
   prometheus::Family<prometheus::Counter>* worker_failures_;
   prometheus::Family<prometheus::Counter>* oversized_;
+  prometheus::Family<prometheus::Counter>* http_requests_;
 };
 
 }  // namespace moe::service::metrics
