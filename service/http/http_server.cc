@@ -126,8 +126,8 @@ void HttpServer::Route() {
   auto handle = [this](Api api,
                        std::function<void(const httplib::Request&, httplib::Response&)> fn) {
     return [this, api, fn](const httplib::Request& req, httplib::Response& res) {
-      if (std::optional<ApiError> e = CheckToken(req, options_.auth_token)) {
-        SendError(api, *e, res);
+      if (std::optional<ApiError> denied = CheckToken(req, options_.auth_token)) {
+        SendError(api, *denied, res);
       } else {
         try {
           fn(req, res);
