@@ -4,6 +4,7 @@
 // inter-token latency percentiles, and errors by status code. ghz measures
 // whole calls only; this measures what a token stream's user feels.
 #include <grpcpp/grpcpp.h>
+#include <httplib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -22,6 +23,7 @@
 #include "kernels/base/clock.h"
 #include "kernels/base/flags.h"
 #include "moe/v1/moe.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
 ABSL_FLAG(std::string, target, "127.0.0.1:50051", "Frontend address");
 ABSL_FLAG(std::string, model, "default", "Model name");
@@ -36,6 +38,10 @@ ABSL_FLAG(double, call_timeout_seconds, 300, "Deadline of each call");
 ABSL_FLAG(int32_t, connections, 1, "gRPC channels the streams are spread over");
 ABSL_FLAG(std::string, auth_token, "", "Sent as 'authorization: Bearer <token>' when set");
 ABSL_FLAG(std::string, json, "", "Also write the report as JSON to this file");
+ABSL_FLAG(std::string, http, "",
+          "HOST:PORT of the frontend's HTTP API: the streams go there (POST /v1/completions, "
+          "stream: true, the same prompt and parameters) instead of gRPC; --target still "
+          "answers GetModel. Each server-sent chunk counts as one token arrival");
 
 namespace moe {
 namespace {
@@ -76,12 +82,97 @@ const char* CodeName(grpc::StatusCode code) {
   return i >= 0 && i < 17 ? kNames[i] : "?";
 }
 
-// One stream slot. `ctx` is the call in flight, so that the time limit can cancel it.
+// One stream slot. `ctx` is the call in flight, so that the time limit can cancel it (an HTTP
+// stream checks `stopped` on every chunk instead).
 struct Slot {
   std::mutex mu;
   grpc::ClientContext* ctx = nullptr;
   bool stopped = false;
 };
+
+bool Stopped(Slot* slot) {
+  std::lock_guard<std::mutex> lock(slot->mu);
+  return slot->stopped;
+}
+
+// The same calls over the HTTP API: /v1/completions with the base request's prompt (token ids or
+// text) and parameters, streamed. Tokens are the final usage chunk's completion_tokens; TTFT is
+// the first text chunk; inter-token samples are the gaps between text chunks (one token each, as
+// the frontend relays one message a step to a single stream).
+void RunHttpSlot(const moe::v1::GenerateRequest& base, Slot* slot, Samples* out) {
+  nlohmann::json body = {{"model", base.model()},
+                         {"max_tokens", base.max_tokens()},
+                         {"temperature", base.sampling().temperature()},
+                         {"ignore_eos", base.stop().ignore_eos()},
+                         {"stream", true},
+                         {"stream_options", {{"include_usage", true}}}};
+  if (base.has_token_ids()) {
+    body["prompt"] = std::vector<uint32_t>(base.token_ids().ids().begin(), base.token_ids().ids().end());
+  } else {
+    body["prompt"] = base.text();
+  }
+  const std::string payload = body.dump();
+  httplib::Client client("http://" + absl::GetFlag(FLAGS_http));
+  client.set_read_timeout(static_cast<time_t>(absl::GetFlag(FLAGS_call_timeout_seconds)));
+  httplib::Headers headers;
+  if (!absl::GetFlag(FLAGS_auth_token).empty()) {
+    headers.emplace("Authorization", "Bearer " + absl::GetFlag(FLAGS_auth_token));
+  }
+  while (!Stopped(slot)) {
+    const double t0 = base::NowSeconds();
+    double last = 0;
+    int64_t chunks = 0, tokens = 0;
+    std::string pending;  // bytes of an event not yet complete
+    int status = 0;
+    auto receive = [&](const char* data, size_t n) {
+      pending.append(data, n);
+      for (size_t end; (end = pending.find("\n\n")) != std::string::npos;) {
+        const std::string event = pending.substr(0, end);
+        pending.erase(0, end + 2);
+        if (event.rfind("data: {", 0) != 0) continue;
+        const auto chunk = nlohmann::json::parse(event.substr(6), nullptr, false);
+        if (chunk.is_discarded()) continue;
+        if (chunk.contains("usage") && chunk["usage"].is_object()) {
+          tokens = chunk["usage"].value("completion_tokens", int64_t{0});
+        }
+        if (!chunk.contains("choices") || chunk["choices"].empty()) continue;
+        const double now = base::NowSeconds();
+        if (chunks++ == 0) {
+          out->ttft.push_back(now - t0);
+        } else {
+          out->itl.push_back(now - last);
+        }
+        last = now;
+      }
+      return !Stopped(slot);
+    };
+    httplib::Request req;
+    req.method = "POST";
+    req.path = "/v1/completions";
+    req.headers = headers;
+    req.set_header("Content-Type", "application/json");
+    req.body = payload;
+    req.response_handler = [&](const httplib::Response& r) {
+      status = r.status;
+      return true;
+    };
+    req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+      return receive(data, n);
+    };
+    const httplib::Result result = client.send(req);
+    const bool stopped = Stopped(slot);
+    if (result && status == 200 && tokens > 0) {
+      out->tokens += tokens;
+      out->calls_ok += 1;
+      out->e2e.push_back(base::NowSeconds() - t0);
+    } else if (stopped) {
+      out->tokens += chunks;  // cut by the time limit before its usage chunk
+      out->calls_cut += 1;
+    } else {
+      out->errors[result ? absl::StrCat("HTTP ", status) : httplib::to_string(result.error())] += 1;
+    }
+  }
+}
 
 // Issues calls back to back until the slot is stopped. Tokens, TTFT and inter-token samples of
 // a call cut by the time limit still count; its end-to-end time does not.
@@ -177,9 +268,14 @@ int Run() {
   std::vector<Slot> slots(n);
   const double start = base::NowSeconds();
   std::vector<std::thread> threads;
+  const bool http = !absl::GetFlag(FLAGS_http).empty();
   for (int i = 0; i < n; ++i) {
-    threads.emplace_back(RunSlot, std::ref(*stubs[i % stubs.size()]), std::cref(base), &slots[i],
-                         &samples[i]);
+    if (http) {
+      threads.emplace_back(RunHttpSlot, std::cref(base), &slots[i], &samples[i]);
+    } else {
+      threads.emplace_back(RunSlot, std::ref(*stubs[i % stubs.size()]), std::cref(base),
+                           &slots[i], &samples[i]);
+    }
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(
       static_cast<int64_t>(absl::GetFlag(FLAGS_duration_seconds) * 1000)));
@@ -253,7 +349,8 @@ int main(int argc, char** argv) {
       "Holds N concurrent Generate streams for T seconds and reports throughput, TTFT and "
       "inter-token latency.\n"
       "  moe-loadgen --target=127.0.0.1:50051 --model=default --concurrency=32 "
-      "--duration_seconds=60",
+      "--duration_seconds=60\n"
+      "  moe-loadgen --target=127.0.0.1:50051 --http=127.0.0.1:8080 ...   (the HTTP API)",
       __FILE__);
   return moe::Run();
 }
