@@ -136,9 +136,11 @@ class MessagesRenderer final : public Renderer {
 
   std::string OnEnd(const Completion& c) override {
     const std::string reason = StopReason(c, splitter_->saw_tool_call());
-    const json usage = {{"input_tokens", c.usage().prompt_tokens()},
+    // Anthropic's input_tokens leaves out the tokens read from the cache (the total is their sum).
+    const uint64_t cached = c.usage().cached_prompt_tokens();
+    const json usage = {{"input_tokens", c.usage().prompt_tokens() - cached},
                         {"output_tokens", c.usage().completion_tokens()},
-                        {"cache_read_input_tokens", c.usage().cached_prompt_tokens()}};
+                        {"cache_read_input_tokens", cached}};
     if (!stream_) {
       json msg = Message(blocks_);
       msg["stop_reason"] = reason;

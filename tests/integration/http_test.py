@@ -396,10 +396,6 @@ class ScriptedOutputTest(unittest.TestCase):
         c.add_frontend([f"--http_listen=127.0.0.1:{port}"])
         return port
 
-    def setUp(self):
-        out = subprocess.run([harness.OFFLINE_BIN, "--help"], capture_output=True, text=True)
-        if "write_scripted_model" not in out.stdout + out.stderr:
-            self.skipTest("moe_offline_tokens has no --write_scripted_model: NOT RUN")
 
     def chat(self, port, stream, **extra):
         body = {"model": "scripted", "messages": [{"role": "user", "content": "Weather?"}],
@@ -420,6 +416,33 @@ class ScriptedOutputTest(unittest.TestCase):
             return json.loads(t)
         lines = curl_sse(port, "/v1/messages", body)
         return [json.loads(l[6:]) for l in lines if l.startswith("data: ")]
+
+    def test_growing_conversation_pays_for_the_new_turn_only(self):
+        # An agent resends the whole conversation each turn (as Claude Code does through
+        # /v1/messages). With a session id the worker keeps turn 1's KV (prompt and answer), and
+        # turn 2's prompt continues it: only the new turn is prefilled. (The scripted model's
+        # answer tokenizes back to the same ids, as a trained model's does.)
+        port = self.serve("The sea is wide and deep.")
+        headers = {"x-session-id": "http-growing"}
+        turn1 = [{"role": "user", "content": "Tell me about the sea."}]
+        body = {"model": "scripted", "max_tokens": 64, "temperature": 0, "messages": turn1}
+        s, _, t = request(port, "POST", "/v1/messages", body, headers=headers)
+        self.assertEqual(s, 200, t)
+        first = json.loads(t)
+        self.assertEqual(first["usage"]["cache_read_input_tokens"], 0)
+        turn2 = turn1 + [{"role": "assistant", "content": first["content"]},
+                         {"role": "user", "content": "And about the land?"}]
+        s, _, t = request(port, "POST", "/v1/messages", dict(body, messages=turn2),
+                          headers=headers)
+        self.assertEqual(s, 200, t)
+        second = json.loads(t)["usage"]
+        # Turn 1's prompt and answer come from the cache, all but the answer's last token
+        # (<|im_end|>: sampled, never run through the model); Anthropic's input_tokens are the
+        # rest: that token, "\n", the new user turn and the generation prompt.
+        kept = first["usage"]["input_tokens"] + first["usage"]["output_tokens"] - 1
+        self.assertEqual(second["cache_read_input_tokens"], kept)
+        self.assertGreater(second["input_tokens"], 0)
+        self.assertLess(second["input_tokens"], kept)
 
     def test_reasoning(self):
         port = self.serve("<think>\nIt is sunny there.\n</think>\n\nParis: sunny.")
