@@ -484,7 +484,7 @@ absl::StatusOr<std::string> JinjaTemplate::Render(const TemplateJson& context) c
     return jinja::Renderer(context).Run(*root_);
   } catch (const jinja::RenderError& e) {
     return absl::InvalidArgumentError(e.what());
-  } catch (const nlohmann::json::exception& e) {
+  } catch (const std::exception& e) {  // nlohmann or std::sto* on odd data: still the input's fault
     return absl::InvalidArgumentError(absl::StrCat("template: ", e.what()));
   }
 }

@@ -160,7 +160,11 @@ std::string PythonRepr(const std::string& s) {
   return out;
 }
 
-void AppendStr(const Json& j, bool repr, std::string* out) {
+// JSON deeper than this (possible in client-sent tools) is an error, not a stack overflow.
+constexpr int kMaxJsonDepth = 256;
+
+void AppendStr(const Json& j, bool repr, std::string* out, int depth = 0) {
+  if (depth > kMaxJsonDepth) throw RenderError("value nested too deeply to print");
   switch (j.type()) {
     case Json::value_t::null:
     case Json::value_t::discarded:
@@ -187,7 +191,7 @@ void AppendStr(const Json& j, bool repr, std::string* out) {
       for (const Json& e : j) {
         if (!first) *out += ", ";
         first = false;
-        AppendStr(e, true, out);
+        AppendStr(e, true, out, depth + 1);
       }
       *out += "]";
       return;
@@ -200,7 +204,7 @@ void AppendStr(const Json& j, bool repr, std::string* out) {
         first = false;
         *out += PythonRepr(it.key());
         *out += ": ";
-        AppendStr(it.value(), true, out);
+        AppendStr(it.value(), true, out, depth + 1);
       }
       *out += "}";
       return;
@@ -236,6 +240,7 @@ void AppendJsonString(const std::string& s, std::string* out) {
 }
 
 void AppendJson(const Json& j, int indent, int level, std::string* out) {
+  if (level > kMaxJsonDepth) throw RenderError("value nested too deeply for tojson");
   const bool pretty = indent >= 0;
   auto newline = [&](int depth) {
     out->push_back('\n');

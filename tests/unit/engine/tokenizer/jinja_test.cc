@@ -187,6 +187,9 @@ TEST(JinjaTest, RuntimeErrors) {
   EXPECT_THAT(R("{% macro m() %}{{ m() }}{% endmacro %}{{ m() }}"), HasSubstr("nested too deeply"));
   EXPECT_THAT(R("{{ nosuch() }}"), HasSubstr("'nosuch' is undefined"));
   EXPECT_THAT(R("{% set x = 1 %}{% set x.a = 2 %}"), HasSubstr("not a namespace"));
+  const Json deep = Json::parse(std::string(1000, '[') + std::string(1000, ']'));
+  EXPECT_THAT(R("{{ v | tojson }}", {{"v", deep}}), HasSubstr("nested too deeply"));
+  EXPECT_THAT(R("{{ v }}", {{"v", deep}}), HasSubstr("nested too deeply"));
 }
 
 TEST(JinjaTest, ParseErrorsNameLineAndColumn) {
