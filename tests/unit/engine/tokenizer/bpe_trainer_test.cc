@@ -68,7 +68,7 @@ TEST(BpeTrainerTest, LoadFromDirReadsTheChatMlConfig) {
   std::ofstream(dir / "tokenizer_config.json") << ChatMlTokenizerConfigJson();
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir.string());
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_THAT((*tok)->chat_template(), ::testing::HasSubstr("<|im_start|>"));
+  EXPECT_THAT((*tok)->chat_template().source(), ::testing::HasSubstr("<|im_start|>"));
   EXPECT_EQ((*tok)->eos_token(), "<|im_end|>");
   EXPECT_EQ((*tok)->bos_token(), std::nullopt);
   EXPECT_TRUE((*tok)->TokenId("<|im_end|>").has_value());
