@@ -34,7 +34,7 @@ class ChatTemplate {
   const std::string& source() const { return source_; }
 
  private:
-  ChatTemplate(JinjaTemplate t) : template_(std::move(t)) {}
+  explicit ChatTemplate(JinjaTemplate t) : template_(std::move(t)) {}
   JinjaTemplate template_;
   std::string source_, bos_token_, eos_token_;
 };

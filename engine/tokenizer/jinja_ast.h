@@ -178,5 +178,7 @@ bool ApplyTest(const std::string& name, const Value& input, const Args& args);
 // obj.name(args) for string and dict methods; sets *found false when `name` is not a method.
 Value CallMethod(const Value& obj, const std::string& name, const Args& args, bool* found);
 bool IsTest(const std::string& name);
+// Whether ApplyFilter knows `name`; the parser refuses others, as Jinja2 does at compile time.
+bool IsFilter(const std::string& name);
 
 }  // namespace moe::engine::jinja

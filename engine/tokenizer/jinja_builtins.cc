@@ -414,6 +414,16 @@ Value ApplyFilter(const std::string& name, const Value& in, const Args& args) {
   throw RenderError(absl::StrCat("unknown filter '", name, "'"));
 }
 
+bool IsFilter(const std::string& name) {
+  static const std::set<std::string> kFilters = {
+      "abs",     "capitalize", "count",  "d",          "default", "dictsort", "e",     "escape",
+      "first",   "float",      "forceescape", "indent", "int",   "items",    "join",  "last",
+      "length",  "list",       "lower",  "map",        "max",     "min",      "reject", "rejectattr",
+      "replace", "reverse",    "safe",   "select",     "selectattr", "sort",  "string", "sum",
+      "title",   "tojson",     "trim",   "unique",     "upper"};
+  return kFilters.count(name) > 0;
+}
+
 bool IsTest(const std::string& name) {
   static const std::set<std::string> kTests = {
       "defined", "undefined", "none",     "string", "mapping", "iterable", "number",

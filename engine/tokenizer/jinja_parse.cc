@@ -346,7 +346,9 @@ class ExprParser {
       if (IsOp("|")) {
         ++i_;
         auto f = MakeExpr(Expr::Kind::kFilter, Peek().pos);
+        const Pos name_pos = Peek().pos;
         f->name = ExpectName();
+        if (!IsFilter(f->name)) Fail(name_pos, absl::StrCat("unknown filter '", f->name, "'"));
         f->items.push_back(std::move(e));
         if (IsOp("(")) CallArgs(f.get());
         e = Postfix(std::move(f));
@@ -357,7 +359,9 @@ class ExprParser {
           ++i_;
           test->negated = true;
         }
+        const Pos name_pos = Peek().pos;
         test->name = ExpectName();
+        if (!IsTest(test->name)) Fail(name_pos, absl::StrCat("unknown test '", test->name, "'"));
         test->items.push_back(std::move(e));
         if (IsOp("(")) {
           CallArgs(test.get());
