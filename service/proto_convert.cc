@@ -43,8 +43,8 @@ absl::StatusOr<engine::TemplateJson> ParseJson(const std::string& field, const s
                                                bool want_array) {
   engine::TemplateJson j = engine::TemplateJson::parse(text, nullptr, /*allow_exceptions=*/false);
   if (j.is_discarded() || (want_array ? !j.is_array() : !j.is_object())) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, want_array ? ": is not a JSON array" : ": is not a JSON object"));
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, want_array ? ": is not a JSON array" : ": is not a JSON object"));
   }
   return j;
 }
@@ -64,15 +64,16 @@ absl::StatusOr<ChatTemplateInput> ToChatTemplateInput(const moe::v1::ChatMessage
         const moe::v1::ToolCall& call = m.tool_calls(k);
         TemplateJson arguments = TemplateJson::object();
         if (!call.arguments().empty()) {
-          absl::StatusOr<TemplateJson> parsed = ParseJson(
-              absl::StrCat("chat.messages[", i, "].tool_calls[", k, "].arguments"),
-              call.arguments(), false);
+          absl::StatusOr<TemplateJson> parsed =
+              ParseJson(absl::StrCat("chat.messages[", i, "].tool_calls[", k, "].arguments"),
+                        call.arguments(), false);
           if (!parsed.ok()) return parsed.status();
           arguments = *std::move(parsed);
         }
-        calls.push_back({{"id", call.id()},
-                         {"type", "function"},
-                         {"function", {{"name", call.name()}, {"arguments", std::move(arguments)}}}});
+        calls.push_back(
+            {{"id", call.id()},
+             {"type", "function"},
+             {"function", {{"name", call.name()}, {"arguments", std::move(arguments)}}}});
       }
       msg["tool_calls"] = std::move(calls);
     }

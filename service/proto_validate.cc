@@ -100,14 +100,14 @@ absl::Status ValidateChat(const moe::v1::ChatMessages& chat) {
       const std::string call_at = absl::StrCat(at, ".tool_calls[", k, "]");
       if (call.name().empty()) return Bad(call_at + ".name", "is required");
       if (!call.arguments().empty()) {
-        if (absl::Status st = CheckJson(call_at + ".arguments", call.arguments(), false); !st.ok()) {
-          return st;
-        }
+        absl::Status st = CheckJson(call_at + ".arguments", call.arguments(), false);
+        if (!st.ok()) return st;
       }
     }
   }
   if (!chat.tools_json().empty()) {
-    if (absl::Status st = CheckJson("chat.tools_json", chat.tools_json(), true); !st.ok()) return st;
+    absl::Status st = CheckJson("chat.tools_json", chat.tools_json(), true);
+    if (!st.ok()) return st;
   }
   if (!chat.template_kwargs_json().empty()) {
     absl::Status st = CheckJson("chat.template_kwargs_json", chat.template_kwargs_json(), false);

@@ -17,7 +17,8 @@ using Json = TemplateJson;
 
 // A template that does not parse; line and column are 1-based (columns count characters).
 struct ParseError : std::runtime_error {
-  ParseError(int l, int c, const std::string& what) : std::runtime_error(what), line(l), column(c) {}
+  ParseError(int l, int c, const std::string& what)
+      : std::runtime_error(what), line(l), column(c) {}
   int line, column;
 };
 // Anything that stops a render: raise_exception, wrong types, limits.
@@ -63,13 +64,13 @@ using Body = std::vector<std::unique_ptr<Node>>;
 
 struct Node {
   enum class Kind {
-    kBody,      // body (the template root, a generation block)
-    kText,      // text
-    kOutput,    // {{ expr }}
-    kIf,        // branches: (condition or null for else, body)
-    kFor,       // for targets in expr [if filter]: body [else: else_body]
-    kSet,       // set targets[0] = expr, or set targets[0].attr = expr; block set: body
-    kMacro,     // macro targets[0](params): body
+    kBody,    // body (the template root, a generation block)
+    kText,    // text
+    kOutput,  // {{ expr }}
+    kIf,      // branches: (condition or null for else, body)
+    kFor,     // for targets in expr [if filter]: body [else: else_body]
+    kSet,     // set targets[0] = expr, or set targets[0].attr = expr; block set: body
+    kMacro,   // macro targets[0](params): body
     kBreak,
     kContinue,
   };

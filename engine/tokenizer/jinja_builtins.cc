@@ -27,10 +27,11 @@ int64_t Int(const Value& v, const char* what, int64_t fallback) {
 }
 
 // Python's str.isspace() characters, as UTF-8.
-const char* const kPythonSpaces[] = {
-    " ", "\t", "\n", "\v", "\f", "\r", "\x1c", "\x1d", "\x1e", "\x1f", "\u0085", "\u00a0",
-    "\u1680", "\u2000", "\u2001", "\u2002", "\u2003", "\u2004", "\u2005", "\u2006", "\u2007",
-    "\u2008", "\u2009", "\u200a", "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
+const char* const kPythonSpaces[] = {" ",      "\t",     "\n",     "\v",     "\f",     "\r",
+                                     "\x1c",   "\x1d",   "\x1e",   "\x1f",   "\u0085", "\u00a0",
+                                     "\u1680", "\u2000", "\u2001", "\u2002", "\u2003", "\u2004",
+                                     "\u2005", "\u2006", "\u2007", "\u2008", "\u2009", "\u200a",
+                                     "\u2028", "\u2029", "\u202f", "\u205f", "\u3000"};
 
 // Length of the whitespace character at s[i] (or ending at s[i-1] when `back`), 0 if none.
 size_t SpaceAt(const std::string& s, size_t i, bool back) {
@@ -160,12 +161,23 @@ std::string HtmlEscape(const std::string& s) {
   std::string out;
   for (char c : s) {
     switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&#34;"; break;
-      case '\'': out += "&#39;"; break;
-      default: out.push_back(c);
+      case '&':
+        out += "&amp;";
+        break;
+      case '<':
+        out += "&lt;";
+        break;
+      case '>':
+        out += "&gt;";
+        break;
+      case '"':
+        out += "&#34;";
+        break;
+      case '\'':
+        out += "&#39;";
+        break;
+      default:
+        out.push_back(c);
     }
   }
   return out;
@@ -215,7 +227,8 @@ Value Args::Get(size_t i, const char* name) const {
 
 Value ApplyFilter(const std::string& name, const Value& in, const Args& args) {
   if (name == "tojson") {
-    return Value(Json(ToJson(ToJsonValue(in), static_cast<int>(Int(args.Get(0, "indent"), "tojson indent", -1)))));
+    return Value(Json(ToJson(ToJsonValue(in),
+                             static_cast<int>(Int(args.Get(0, "indent"), "tojson indent", -1)))));
   }
   if (name == "safe") return in;
   if (name == "string") return Value(Json(ToString(in)));
@@ -325,7 +338,8 @@ Value ApplyFilter(const std::string& name, const Value& in, const Args& args) {
   }
   if (name == "abs") {
     if (IsInt(in)) return Value(Json(std::abs(in.json().get<int64_t>())));
-    if (in.is_json() && in.json().is_number()) return Value(Json(std::fabs(in.json().get<double>())));
+    if (in.is_json() && in.json().is_number())
+      return Value(Json(std::fabs(in.json().get<double>())));
     throw RenderError(absl::StrCat("abs needs a number, not '", TypeName(in), "'"));
   }
   if (name == "map") {
@@ -357,9 +371,10 @@ Value ApplyFilter(const std::string& name, const Value& in, const Args& args) {
   }
   if (name == "indent") {
     const Value width = args.Get(0, "width");
-    const std::string pad = width.is_json() && width.json().is_string()
-                                ? width.json().get<std::string>()
-                                : std::string(static_cast<size_t>(Int(width, "indent width", 4)), ' ');
+    const std::string pad =
+        width.is_json() && width.json().is_string()
+            ? width.json().get<std::string>()
+            : std::string(static_cast<size_t>(Int(width, "indent width", 4)), ' ');
     const bool first = Truthy(args.Get(1, "first"));
     const bool blank = Truthy(args.Get(2, "blank"));
     const std::string& s = Str(in, "indent");
@@ -383,8 +398,9 @@ Value ApplyFilter(const std::string& name, const Value& in, const Args& args) {
                           ? e
                           : Attribute(e, ToString(args.Get(0, "attribute")));
       if (!x.is_json() || !x.json().is_number()) throw RenderError("sum needs numbers");
-      total = IsInt(total) && IsInt(x) ? Value(Json(total.json().get<int64_t>() + x.json().get<int64_t>()))
-                                       : Value(Json(total.json().get<double>() + x.json().get<double>()));
+      total = IsInt(total) && IsInt(x)
+                  ? Value(Json(total.json().get<int64_t>() + x.json().get<int64_t>()))
+                  : Value(Json(total.json().get<double>() + x.json().get<double>()));
     }
     return total;
   }
@@ -416,21 +432,21 @@ Value ApplyFilter(const std::string& name, const Value& in, const Args& args) {
 
 bool IsFilter(const std::string& name) {
   static const std::set<std::string> kFilters = {
-      "abs",     "capitalize", "count",  "d",          "default", "dictsort", "e",     "escape",
-      "first",   "float",      "forceescape", "indent", "int",   "items",    "join",  "last",
-      "length",  "list",       "lower",  "map",        "max",     "min",      "reject", "rejectattr",
-      "replace", "reverse",    "safe",   "select",     "selectattr", "sort",  "string", "sum",
-      "title",   "tojson",     "trim",   "unique",     "upper"};
+      "abs",        "capitalize", "count",      "d",           "default", "dictsort", "e",
+      "escape",     "first",      "float",      "forceescape", "indent",  "int",      "items",
+      "join",       "last",       "length",     "list",        "lower",   "map",      "max",
+      "min",        "reject",     "rejectattr", "replace",     "reverse", "safe",     "select",
+      "selectattr", "sort",       "string",     "sum",         "title",   "tojson",   "trim",
+      "unique",     "upper"};
   return kFilters.count(name) > 0;
 }
 
 bool IsTest(const std::string& name) {
   static const std::set<std::string> kTests = {
-      "defined", "undefined", "none",     "string", "mapping", "iterable", "number",
-      "integer", "float",     "boolean",  "sequence", "true",  "false",    "equalto",
-      "eq",      "==",        "sameas",   "ne",     "!=",      "lt",       "le",
-      "gt",      "ge",        "odd",      "even",   "divisibleby", "in",   "callable",
-      "lower",   "upper"};
+      "defined", "undefined",   "none",     "string",   "mapping", "iterable", "number", "integer",
+      "float",   "boolean",     "sequence", "true",     "false",   "equalto",  "eq",     "==",
+      "sameas",  "ne",          "!=",       "lt",       "le",      "gt",       "ge",     "odd",
+      "even",    "divisibleby", "in",       "callable", "lower",   "upper"};
   return kTests.count(name) > 0;
 }
 
@@ -453,7 +469,8 @@ bool ApplyTest(const std::string& name, const Value& v, const Args& args) {
   if (name == "false") return json && j->is_boolean() && !j->get<bool>();
   if (name == "callable") return v.kind() == Value::Kind::kMacro;
   if (name == "lower" || name == "upper") {
-    return json && j->is_string() && AsciiCase(j->get<std::string>(), name == "upper") == j->get<std::string>();
+    return json && j->is_string() &&
+           AsciiCase(j->get<std::string>(), name == "upper") == j->get<std::string>();
   }
   const Value other = args.Get(0, "other");
   if (name == "equalto" || name == "eq" || name == "==" || name == "sameas") return Equal(v, other);
@@ -510,9 +527,9 @@ Value CallMethod(const Value& obj, const std::string& name, const Args& args, bo
     if (name == "title") return Value(Json(Title(s)));
     if (name == "capitalize") return Value(Json(Capitalize(s)));
     if (name == "replace") {
-      return Value(Json(Replace(s, Str(args.Get(0, "old"), "replace"),
-                                Str(args.Get(1, "new"), "replace"),
-                                Int(args.Get(2, "count"), "replace count", -1))));
+      return Value(
+          Json(Replace(s, Str(args.Get(0, "old"), "replace"), Str(args.Get(1, "new"), "replace"),
+                       Int(args.Get(2, "count"), "replace count", -1))));
     }
     if (name == "find") {
       const size_t at = s.find(Str(args.Get(0, "sub"), "find"));
@@ -521,7 +538,9 @@ Value CallMethod(const Value& obj, const std::string& name, const Args& args, bo
     if (name == "count") {
       const std::string& sub = Str(args.Get(0, "sub"), "count");
       int64_t n = 0;
-      for (size_t at = s.find(sub); !sub.empty() && at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+      for (size_t at = s.find(sub); !sub.empty() && at != std::string::npos;
+           at = s.find(sub, at + sub.size()))
+        ++n;
       return Value(Json(n));
     }
     if (name == "join") {

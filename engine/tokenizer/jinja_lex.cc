@@ -39,7 +39,7 @@ class Locator {
 struct Item {
   enum class Kind { kText, kVariable, kBlock, kComment } kind;
   Pos pos, inner_pos;
-  std::string body;       // text, or the inner source of a tag
+  std::string body;          // text, or the inner source of a tag
   char left = 0, right = 0;  // '-', '+' or 0: the markers inside the delimiters
 };
 
@@ -95,7 +95,7 @@ std::vector<Item> Scan(const std::string& s) {
     tag.pos = loc.At(open);
     const char type = s[open + 1];
     const char* close = type == '{' ? "}}" : type == '%' ? "%}" : "#}";
-    tag.kind = type == '{' ? Item::Kind::kVariable
+    tag.kind = type == '{'   ? Item::Kind::kVariable
                : type == '%' ? Item::Kind::kBlock
                              : Item::Kind::kComment;
     size_t start = open + 2;
@@ -188,7 +188,8 @@ std::vector<Piece> SplitTemplate(const std::string& source) {
   for (Item& it : items) {
     switch (it.kind) {
       case Item::Kind::kText:
-        if (!it.body.empty()) pieces.push_back({Piece::Kind::kText, it.pos, std::move(it.body), {}});
+        if (!it.body.empty())
+          pieces.push_back({Piece::Kind::kText, it.pos, std::move(it.body), {}});
         break;
       case Item::Kind::kVariable:
         pieces.push_back({Piece::Kind::kVariable, it.pos, std::move(it.body), it.inner_pos});
@@ -304,7 +305,8 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
           t.number = std::stoll(digits);
         }
       } catch (const std::exception&) {
-        throw ParseError(pos.line, pos.column, absl::StrCat("number '", digits, "' is out of range"));
+        throw ParseError(pos.line, pos.column,
+                         absl::StrCat("number '", digits, "' is out of range"));
       }
       t.text = digits;
       advance(j - i);
@@ -319,20 +321,41 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
         const char e = s[++j];
         uint32_t cp = 0;
         switch (e) {
-          case 'n': t.text.push_back('\n'); break;
-          case 't': t.text.push_back('\t'); break;
-          case 'r': t.text.push_back('\r'); break;
-          case 'b': t.text.push_back('\b'); break;
-          case 'f': t.text.push_back('\f'); break;
-          case 'v': t.text.push_back('\v'); break;
-          case '0': t.text.push_back('\0'); break;
-          case '\\': case '\'': case '"': t.text.push_back(e); break;
-          case '\n': break;  // a backslash-newline continues the line
-          case 'x': case 'u': case 'U': {
+          case 'n':
+            t.text.push_back('\n');
+            break;
+          case 't':
+            t.text.push_back('\t');
+            break;
+          case 'r':
+            t.text.push_back('\r');
+            break;
+          case 'b':
+            t.text.push_back('\b');
+            break;
+          case 'f':
+            t.text.push_back('\f');
+            break;
+          case 'v':
+            t.text.push_back('\v');
+            break;
+          case '0':
+            t.text.push_back('\0');
+            break;
+          case '\\':
+          case '\'':
+          case '"':
+            t.text.push_back(e);
+            break;
+          case '\n':
+            break;  // a backslash-newline continues the line
+          case 'x':
+          case 'u':
+          case 'U': {
             const int digits = e == 'x' ? 2 : e == 'u' ? 4 : 8;
             if (!ReadHex(s, j + 1, digits, &cp)) {
-              throw ParseError(pos.line, pos.column, absl::StrCat("bad \\", std::string(1, e),
-                                                                  " escape in a string"));
+              throw ParseError(pos.line, pos.column,
+                               absl::StrCat("bad \\", std::string(1, e), " escape in a string"));
             }
             AppendUtf8(cp, &t.text);
             j += digits;
@@ -346,9 +369,9 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
       if (j >= s.size()) throw ParseError(pos.line, pos.column, "unterminated string");
       advance(j + 1 - i);
     } else {
-      static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                   "~",  "<",  ">",  "(",  ")",  "[",  "]", "{", "}", ",", ":",
-                                   ".",  "|",  "="};
+      static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
+                                   "/",  "%",  "~",  "<",  ">",  "(",  ")", "[", "]",
+                                   "{",  "}",  ",",  ":",  ".",  "|",  "="};
       t.kind = Token::Kind::kOp;
       for (const char* op : kOps) {
         if (s.compare(i, std::strlen(op), op) == 0) {

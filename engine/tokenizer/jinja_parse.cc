@@ -7,7 +7,8 @@
 namespace moe::engine::jinja {
 namespace {
 
-constexpr int kMaxDepth = 200;  // nesting of expressions and blocks; deeper is an error, not a crash
+constexpr int kMaxDepth =
+    200;  // nesting of expressions and blocks; deeper is an error, not a crash
 
 [[noreturn]] void Fail(Pos pos, const std::string& what) {
   throw ParseError(pos.line, pos.column, what);
@@ -130,9 +131,8 @@ class ExprParser {
     ExprPtr e = Add();
     while (true) {
       const Token& t = Peek();
-      if (t.kind == Token::Kind::kOp &&
-          (t.text == "==" || t.text == "!=" || t.text == "<" || t.text == ">" ||
-           t.text == "<=" || t.text == ">=")) {
+      if (t.kind == Token::Kind::kOp && (t.text == "==" || t.text == "!=" || t.text == "<" ||
+                                         t.text == ">" || t.text == "<=" || t.text == ">=")) {
         const std::string op = Next().text;
         e = Binary(op, t.pos, std::move(e), Add());
       } else if (IsName("in")) {
@@ -197,7 +197,7 @@ class ExprParser {
       case Token::Kind::kName: {
         ++i_;
         static const std::pair<const char*, Json> kConstants[] = {
-            {"true", true},   {"True", true},     {"false", false},
+            {"true", true},   {"True", true},    {"false", false},
             {"False", false}, {"none", nullptr}, {"None", nullptr}};
         for (const auto& [name, value] : kConstants) {
           if (t.text == name) {
@@ -382,7 +382,8 @@ class ExprParser {
              t.text != "in" && t.text != "is" && t.text != "not";
     }
     return t.kind == Token::Kind::kString || t.kind == Token::Kind::kInt ||
-           t.kind == Token::Kind::kFloat || (t.kind == Token::Kind::kOp && (t.text == "[" || t.text == "{"));
+           t.kind == Token::Kind::kFloat ||
+           (t.kind == Token::Kind::kOp && (t.text == "[" || t.text == "{"));
   }
 
   std::vector<Token> t_;
@@ -444,8 +445,8 @@ class TemplateParser {
       body.push_back(Statement());
     }
     if (ends.size() > 0) {
-      Fail(opened, absl::StrCat("'", opener, "' is never closed (expected '",
-                                *(ends.end() - 1), "')"));
+      Fail(opened,
+           absl::StrCat("'", opener, "' is never closed (expected '", *(ends.end() - 1), "')"));
     }
     --depth_;
     return body;
@@ -547,8 +548,8 @@ class TemplateParser {
       tag_->ExpectEnd();
       return n;
     }
-    static const char* kEnds[] = {"elif", "else", "endif", "endfor", "endset", "endmacro",
-                                  "endgeneration"};
+    static const char* kEnds[] = {"elif",   "else",     "endif",        "endfor",
+                                  "endset", "endmacro", "endgeneration"};
     for (const char* end : kEnds) {
       if (keyword_ == end) Fail(pos, absl::StrCat("unexpected '", keyword_, "'"));
     }

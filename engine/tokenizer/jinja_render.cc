@@ -130,7 +130,8 @@ Value Slice(const Value& v, const Value& start, const Value& stop, const Value& 
   Json out = is_string ? Json("") : Json::array();
   for (int64_t i = from; st > 0 ? i < to : i > to; i += st) {
     if (is_string) {
-      out.get_ref<std::string&>() += items[static_cast<size_t>(i)].json().get_ref<const std::string&>();
+      out.get_ref<std::string&>() +=
+          items[static_cast<size_t>(i)].json().get_ref<const std::string&>();
     } else {
       out.push_back(ToJsonValue(items[static_cast<size_t>(i)]));
     }
@@ -210,8 +211,8 @@ class Renderer {
         } else {
           Value target = Lookup(n.targets[0]);
           if (target.kind() != Value::Kind::kNamespace) {
-            throw RenderError(absl::StrCat("cannot set attribute '", n.attr, "' of '",
-                                           n.targets[0], "': it is not a namespace"));
+            throw RenderError(absl::StrCat("cannot set attribute '", n.attr, "' of '", n.targets[0],
+                                           "': it is not a namespace"));
           }
           target.ns()->attrs[n.attr] = std::move(value);
         }
@@ -285,9 +286,8 @@ class Renderer {
 
   Value CallMacro(const Node& macro, const Args& args) {
     if (args.positional.size() > macro.params.size()) {
-      throw RenderError(absl::StrCat("macro '", macro.targets[0], "' takes ",
-                                     macro.params.size(), " arguments, not ",
-                                     args.positional.size()));
+      throw RenderError(absl::StrCat("macro '", macro.targets[0], "' takes ", macro.params.size(),
+                                     " arguments, not ", args.positional.size()));
     }
     if (macro_depth_ >= kMaxMacroDepth) throw RenderError("macro calls nested too deeply");
     Frame frame;
@@ -427,12 +427,13 @@ class Renderer {
         Value v = Eval(*e.items[0]);
         if (e.name == "not") return Value(Json(!Truthy(v)));
         if (!IsNumber(v)) {
-          throw RenderError(absl::StrCat("bad operand type for unary ", e.name, ": '",
-                                         TypeName(v), "'"));
+          throw RenderError(
+              absl::StrCat("bad operand type for unary ", e.name, ": '", TypeName(v), "'"));
         }
         if (e.name == "+") return v;
         const Json& j = v.json();
-        return j.is_number_integer() ? Value(Json(-j.get<int64_t>())) : Value(Json(-j.get<double>()));
+        return j.is_number_integer() ? Value(Json(-j.get<int64_t>()))
+                                     : Value(Json(-j.get<double>()));
       }
       case Expr::Kind::kBinary: {
         Value a = Eval(*e.items[0]);

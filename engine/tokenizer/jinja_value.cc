@@ -8,7 +8,9 @@
 namespace moe::engine::jinja {
 
 Value::Value(Json json)
-    : kind_(Kind::kJson), root_(std::make_shared<const Json>(std::move(json))), node_(root_.get()) {}
+    : kind_(Kind::kJson),
+      root_(std::make_shared<const Json>(std::move(json))),
+      node_(root_.get()) {}
 
 Value Value::Ref(std::shared_ptr<const Json> root, const Json* node) {
   Value v;
@@ -43,8 +45,9 @@ Value Value::Item(const Json& key) const {
     return it == node_->end() ? Value() : Ref(root_, &*it);
   }
   if ((node_->is_array() || node_->is_string()) && key.is_number_integer()) {
-    const int64_t size = node_->is_array() ? static_cast<int64_t>(node_->size())
-                                           : static_cast<int64_t>(node_->get_ref<const std::string&>().size());
+    const int64_t size = node_->is_array()
+                             ? static_cast<int64_t>(node_->size())
+                             : static_cast<int64_t>(node_->get_ref<const std::string&>().size());
     int64_t i = key.get<int64_t>();
     if (i < 0) i += size;
     if (i < 0 || i >= size) return Value();
@@ -61,7 +64,8 @@ Value Value::Item(const Json& key) const {
 std::vector<Value> Value::Iterate() const {
   std::vector<Value> out;
   if (kind_ == Kind::kUndefined) return out;
-  if (kind_ != Kind::kJson) throw RenderError(absl::StrCat("'", TypeName(*this), "' is not iterable"));
+  if (kind_ != Kind::kJson)
+    throw RenderError(absl::StrCat("'", TypeName(*this), "' is not iterable"));
   if (node_->is_array()) {
     for (const Json& e : *node_) out.push_back(Ref(root_, &e));
   } else if (node_->is_object()) {
@@ -139,10 +143,18 @@ std::string PythonRepr(const std::string& s) {
   std::string out(1, q);
   for (char c : s) {
     switch (c) {
-      case '\\': out += "\\\\"; break;
-      case '\n': out += "\\n"; break;
-      case '\r': out += "\\r"; break;
-      case '\t': out += "\\t"; break;
+      case '\\':
+        out += "\\\\";
+        break;
+      case '\n':
+        out += "\\n";
+        break;
+      case '\r':
+        out += "\\r";
+        break;
+      case '\t':
+        out += "\\t";
+        break;
       default:
         if (c == q) {
           out.push_back('\\');
@@ -219,13 +231,27 @@ void AppendJsonString(const std::string& s, std::string* out) {
   out->push_back('"');
   for (char c : s) {
     switch (c) {
-      case '"': *out += "\\\""; break;
-      case '\\': *out += "\\\\"; break;
-      case '\n': *out += "\\n"; break;
-      case '\r': *out += "\\r"; break;
-      case '\t': *out += "\\t"; break;
-      case '\b': *out += "\\b"; break;
-      case '\f': *out += "\\f"; break;
+      case '"':
+        *out += "\\\"";
+        break;
+      case '\\':
+        *out += "\\\\";
+        break;
+      case '\n':
+        *out += "\\n";
+        break;
+      case '\r':
+        *out += "\\r";
+        break;
+      case '\t':
+        *out += "\\t";
+        break;
+      case '\b':
+        *out += "\\b";
+        break;
+      case '\f':
+        *out += "\\f";
+        break;
       default:
         if (static_cast<unsigned char>(c) < 0x20) {
           char buf[8];
@@ -259,8 +285,9 @@ void AppendJson(const Json& j, int indent, int level, std::string* out) {
       return;
     case Json::value_t::number_float: {
       const double d = j.get<double>();
-      *out += std::isnan(d) ? "NaN" : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
-                                                     : PythonFloat(d);
+      *out += std::isnan(d)   ? "NaN"
+              : std::isinf(d) ? (d > 0 ? "Infinity" : "-Infinity")
+                              : PythonFloat(d);
       return;
     }
     case Json::value_t::array:
@@ -373,7 +400,9 @@ bool Equal(const Value& a, const Value& b) {
   // Python: 1 == 1.0 == True.
   auto numeric = [](const Json& j) { return j.is_number() || j.is_boolean(); };
   if (numeric(x) && numeric(y)) {
-    auto as_double = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
+    auto as_double = [](const Json& j) {
+      return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>();
+    };
     if (x.is_number_integer() && y.is_number_integer()) return x.get<int64_t>() == y.get<int64_t>();
     return as_double(x) == as_double(y);
   }
@@ -389,7 +418,9 @@ int Compare(const Value& a, const Value& b) {
         const int64_t p = x.get<int64_t>(), q = y.get<int64_t>();
         return p < q ? -1 : p > q ? 1 : 0;
       }
-      auto as_double = [](const Json& j) { return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>(); };
+      auto as_double = [](const Json& j) {
+        return j.is_boolean() ? (j.get<bool>() ? 1.0 : 0.0) : j.get<double>();
+      };
       return Sign(as_double(x) - as_double(y));
     }
     if (x.is_string() && y.is_string()) {

@@ -82,7 +82,7 @@ class Tokenizer {
   absl::flat_hash_map<std::string, int32_t> token_ids_;  // tokenizer.json spelling -> id
   std::vector<AddedToken> added_tokens_;                 // longest first
   std::array<bool, 256> added_first_byte_{};             // quick reject for MatchAddedToken
-  std::optional<ChatTemplate> chat_template_;  // set by FromJson, replaced by LoadFromDir
+  std::optional<ChatTemplate> chat_template_;            // always set (ChatML by default)
   std::optional<std::string> eos_token_;
   std::optional<std::string> bos_token_;
 };

@@ -87,9 +87,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDir(const std::str
     chat_path = jinja_path;
   }
   if (!chat_source.empty()) {
-    absl::StatusOr<ChatTemplate> chat =
-        ChatTemplate::Compile(std::move(chat_source), (*tok)->bos_token_.value_or(""),
-                              (*tok)->eos_token_.value_or(""));
+    absl::StatusOr<ChatTemplate> chat = ChatTemplate::Compile(
+        std::move(chat_source), (*tok)->bos_token_.value_or(""), (*tok)->eos_token_.value_or(""));
     if (!chat.ok()) return base::Annotate(chat.status(), chat_path.string() + ": chat template");
     (*tok)->chat_template_ = *std::move(chat);
   }

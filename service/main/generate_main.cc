@@ -83,7 +83,8 @@ absl::Status Run() {
   if (text.empty()) {
     engine::TemplateJson messages = engine::TemplateJson::array();
     if (!absl::GetFlag(FLAGS_messages).empty()) {
-      MOE_ASSIGN_OR_RETURN(messages, ParseJsonFlag("messages", absl::GetFlag(FLAGS_messages), true));
+      MOE_ASSIGN_OR_RETURN(messages,
+                           ParseJsonFlag("messages", absl::GetFlag(FLAGS_messages), true));
     } else {
       if (!absl::GetFlag(FLAGS_system).empty()) {
         messages.push_back({{"role", "system"}, {"content", absl::GetFlag(FLAGS_system)}});
@@ -92,8 +93,8 @@ absl::Status Run() {
     }
     engine::TemplateJson kwargs = engine::TemplateJson::object();
     if (!absl::GetFlag(FLAGS_template_kwargs).empty()) {
-      MOE_ASSIGN_OR_RETURN(kwargs, ParseJsonFlag("template_kwargs",
-                                                 absl::GetFlag(FLAGS_template_kwargs), false));
+      MOE_ASSIGN_OR_RETURN(
+          kwargs, ParseJsonFlag("template_kwargs", absl::GetFlag(FLAGS_template_kwargs), false));
     }
     MOE_ASSIGN_OR_RETURN(text, tokenizer->chat_template().Render(messages, nullptr, kwargs,
                                                                  /*add_generation_prompt=*/true));

@@ -41,7 +41,7 @@ class GenerateStream final
                                                 metrics::WorkerMetrics& metrics);
   // Ends the call with `status` before any engine work (validation, draining).
   void Reject(const grpc::Status& status);
-  // The first response will carry prompt_opens_thinking. Call before the request reaches the engine.
+  // Sets prompt_opens_thinking on the first response; call before the engine sees the request.
   void SetPromptOpensThinking();
 
   void OnEvent(engine::Event event) override;  // engine thread

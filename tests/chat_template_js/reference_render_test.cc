@@ -33,10 +33,9 @@ TEST(ChatTemplateReferenceTest, SameTextAsHuggingFaceJinja) {
   ASSERT_GE(conversations.size(), 100u);
   int compared = 0, both_failed = 0;
   for (const auto& [name, spec] : data.at("templates").items()) {
-    absl::StatusOr<ChatTemplate> t =
-        ChatTemplate::Compile(spec.at("template").get<std::string>(),
-                              spec.at("bos_token").get<std::string>(),
-                              spec.at("eos_token").get<std::string>());
+    absl::StatusOr<ChatTemplate> t = ChatTemplate::Compile(spec.at("template").get<std::string>(),
+                                                           spec.at("bos_token").get<std::string>(),
+                                                           spec.at("eos_token").get<std::string>());
     ASSERT_TRUE(t.ok()) << name << ": " << t.status();
     const Json& expected = data.at("expected").at(name);
     ASSERT_EQ(expected.size(), conversations.size()) << name;
@@ -61,15 +60,15 @@ TEST(ChatTemplateReferenceTest, SameTextAsHuggingFaceJinja) {
       ASSERT_TRUE(got.ok()) << name << " conversation " << i << ": " << got.status();
       if (*got != want.at("text").get<std::string>() && ++mismatches <= 3) {
         ADD_FAILURE() << name << " conversation " << i << " differs.\nexpected:\n"
-                      << want.at("text").get<std::string>() << "\ngot:\n" << *got;
+                      << want.at("text").get<std::string>() << "\ngot:\n"
+                      << *got;
       }
     }
     EXPECT_EQ(mismatches, 0) << name;
   }
   std::cout << "compared " << compared << " renders (" << conversations.size()
-            << " conversations x " << data.at("templates").size() << " templates, "
-            << both_failed << " failing in both) with " << data.at("source").get<std::string>()
-            << "\n";
+            << " conversations x " << data.at("templates").size() << " templates, " << both_failed
+            << " failing in both) with " << data.at("source").get<std::string>() << "\n";
 }
 
 }  // namespace

@@ -301,12 +301,13 @@ TEST(ToChatTemplateInput, PresentsMessagesAsTransformersDoes) {
   chat.set_template_kwargs_json("{\"enable_thinking\": false}");
   absl::StatusOr<ChatTemplateInput> in = ToChatTemplateInput(chat);
   ASSERT_TRUE(in.ok()) << in.status();
-  EXPECT_EQ(in->messages.dump(),
-            R"([{"role":"user","content":"weather?"},)"
-            R"({"role":"assistant","content":"","reasoning_content":"need a tool","tool_calls":[)"
-            R"({"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"z":1,"a":[true]}}},)"
-            R"({"id":"","type":"function","function":{"name":"now","arguments":{}}}]},)"
-            R"({"role":"tool","content":"sunny","tool_call_id":"c1","name":"get_weather"}])");
+  EXPECT_EQ(
+      in->messages.dump(),
+      R"([{"role":"user","content":"weather?"},)"
+      R"({"role":"assistant","content":"","reasoning_content":"need a tool","tool_calls":[)"
+      R"({"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"z":1,"a":[true]}}},)"
+      R"({"id":"","type":"function","function":{"name":"now","arguments":{}}}]},)"
+      R"({"role":"tool","content":"sunny","tool_call_id":"c1","name":"get_weather"}])");
   EXPECT_TRUE(in->tools.is_null());
   EXPECT_EQ(in->kwargs.dump(), R"({"enable_thinking":false})");
   chat.set_tools_json("{}");

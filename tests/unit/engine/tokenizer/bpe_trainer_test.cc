@@ -99,8 +99,9 @@ TEST(BpeTrainerTest, LoadFromDirCompilesTheChatTemplate) {
       << R"({"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}\n{{ m.content }"})";
   absl::Status st = Tokenizer::LoadFromDir(dir.string()).status();
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(st.message(), ::testing::HasSubstr(
-                                "tokenizer_config.json: chat template: line 2, column 1: '{{' is never closed"));
+  EXPECT_THAT(st.message(),
+              ::testing::HasSubstr(
+                  "tokenizer_config.json: chat template: line 2, column 1: '{{' is never closed"));
 
   std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|im_end|>"})";
   std::ofstream(dir / "chat_template.jinja") << "{{ eos_token }}{{ messages | length }}";

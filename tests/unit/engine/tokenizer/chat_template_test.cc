@@ -37,7 +37,8 @@ TEST(ChatTemplateTest, ContextHasTokensToolsAndExtraVariables) {
             R"(<s>|</s>|True|[{"type": "function", "function": {"name": "f"}}]|False|True|2)");
   EXPECT_EQ(*t->Render(kMessages, nullptr, Json::object(), false), "<s>|</s>|False|||False|2");
   // A missing token (Qwen3 has no BOS) is undefined, as transformers leaves out a None token.
-  absl::StatusOr<ChatTemplate> no_bos = ChatTemplate::Compile("{{ bos_token is defined }}", "", "e");
+  absl::StatusOr<ChatTemplate> no_bos =
+      ChatTemplate::Compile("{{ bos_token is defined }}", "", "e");
   EXPECT_EQ(*no_bos->Render(kMessages, nullptr, nullptr, true), "False");
 }
 

@@ -58,8 +58,9 @@ TEST(JinjaTest, IfElifElse) {
 
 TEST(JinjaTest, ForLoop) {
   const Json ctx = {{"xs", {"a", "b", "c"}}};
-  EXPECT_EQ(R("{% for x in xs %}{{ loop.index }}{{ x }}{{ ',' if not loop.last }}{% endfor %}", ctx),
-            "1a,2b,3c");
+  EXPECT_EQ(
+      R("{% for x in xs %}{{ loop.index }}{{ x }}{{ ',' if not loop.last }}{% endfor %}", ctx),
+      "1a,2b,3c");
   EXPECT_EQ(R("{% for x in xs %}{{ loop.index0 }}{{ loop.revindex }}{{ loop.revindex0 }}"
               "{{ loop.first }}{{ loop.length }} {% endfor %}",
               ctx),
@@ -69,13 +70,15 @@ TEST(JinjaTest, ForLoop) {
               {{"d", Json::parse(R"({"z": 1, "a": 2})", nullptr, true, false)}}),
             "z=1;a=2;");  // insertion order, as Python dicts
   EXPECT_EQ(R("{% for x in xs if x != 'b' %}{{ loop.index }}{{ x }}{% endfor %}", ctx), "1a2c");
-  EXPECT_EQ(R("{% for x in xs %}{% if x == 'b' %}{% continue %}{% endif %}{{ x }}{% endfor %}", ctx),
-            "ac");
+  EXPECT_EQ(
+      R("{% for x in xs %}{% if x == 'b' %}{% continue %}{% endif %}{{ x }}{% endfor %}", ctx),
+      "ac");
   EXPECT_EQ(R("{% for x in xs %}{% if x == 'b' %}{% break %}{% endif %}{{ x }}{% endfor %}", ctx),
             "a");
   EXPECT_EQ(R("{% for c in 'hé' %}[{{ c }}]{% endfor %}{% for k in {'a': 1} %}{{ k }}{% endfor %}"),
             "[h][é]a");
-  EXPECT_EQ(R("{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% endfor %}"),
+  EXPECT_EQ(R("{% for i in range(3) %}{{ i }}{% endfor %}{% for i in range(5, 0, -2) %}{{ i }}{% "
+              "endfor %}"),
             "012531");
   // A set inside a loop does not leak out of it; a namespace carries state out.
   EXPECT_EQ(R("{% set n = 0 %}{% for x in xs %}{% set n = n + 1 %}{% endfor %}{{ n }}", ctx), "0");
@@ -109,8 +112,8 @@ TEST(JinjaTest, WhitespaceControl) {
 }
 
 TEST(JinjaTest, Tests) {
-  const Json ctx = {{"s", "x"}, {"n", 3}, {"f", 1.5}, {"l", {1}}, {"d", {{"k", 1}}},
-                    {"nil", nullptr}, {"t", true}};
+  const Json ctx = {{"s", "x"},        {"n", 3},         {"f", 1.5}, {"l", {1}},
+                    {"d", {{"k", 1}}}, {"nil", nullptr}, {"t", true}};
   EXPECT_EQ(R("{{ s is defined }}{{ missing is defined }}{{ missing is undefined }}", ctx),
             "TrueFalseTrue");
   EXPECT_EQ(R("{{ nil is none }}{{ s is none }}{{ s is string }}{{ n is string }}", ctx),
@@ -119,8 +122,10 @@ TEST(JinjaTest, Tests) {
             "TrueFalseTrueFalse");
   EXPECT_EQ(R("{{ n is number }}{{ f is number }}{{ s is number }}{{ t is boolean }}", ctx),
             "TrueTrueFalseTrue");
-  EXPECT_EQ(R("{{ l is sequence }}{{ t is true }}{{ t is false }}{{ n is integer }}{{ f is float }}", ctx),
-            "TrueTrueFalseTrueTrue");
+  EXPECT_EQ(
+      R("{{ l is sequence }}{{ t is true }}{{ t is false }}{{ n is integer }}{{ f is float }}",
+        ctx),
+      "TrueTrueFalseTrueTrue");
   EXPECT_EQ(R("{{ n is equalto 3 }}{{ n is eq(4) }}{{ n is not none }}{{ n is odd }}", ctx),
             "TrueFalseTrueTrue");
   EXPECT_EQ(R("{{ 'b' in 'abc' }}{{ 1 in l }}{{ 'k' in d }}{{ 'z' not in d }}", ctx),
@@ -130,21 +135,27 @@ TEST(JinjaTest, Tests) {
 TEST(JinjaTest, Filters) {
   const Json ctx = {{"xs", {"b", "a", "b"}},
                     {"msgs", {{{"role", "user"}, {"c", 1}}, {{"role", "tool"}, {"c", 2}}}}};
-  EXPECT_EQ(R("{{ '  x  ' | trim }}|{{ xs | length }}|{{ 'héé' | count }}|{{ xs | join('-') }}", ctx),
-            "x|3|3|b-a-b");
-  EXPECT_EQ(R("{{ missing | default('d') }}{{ '' | d('e', true) }}{{ 'x' | default('no') }}"), "dex");
-  EXPECT_EQ(R("{{ 'aB' | upper }}{{ 'aB' | lower }}{{ 'hello world' | title }}{{ 'hI' | capitalize }}"),
-            "ABabHello WorldHi");
+  EXPECT_EQ(
+      R("{{ '  x  ' | trim }}|{{ xs | length }}|{{ 'héé' | count }}|{{ xs | join('-') }}", ctx),
+      "x|3|3|b-a-b");
+  EXPECT_EQ(R("{{ missing | default('d') }}{{ '' | d('e', true) }}{{ 'x' | default('no') }}"),
+            "dex");
+  EXPECT_EQ(
+      R("{{ 'aB' | upper }}{{ 'aB' | lower }}{{ 'hello world' | title }}{{ 'hI' | capitalize }}"),
+      "ABabHello WorldHi");
   EXPECT_EQ(R("{{ xs | first }}{{ xs | last }}{{ xs | unique | list }}{{ 'ab' | list }}", ctx),
             "bb['b', 'a']['a', 'b']");
-  EXPECT_EQ(R("{{ 3 | string ~ 'x' }}{{ '42' | int + 1 }}{{ '2.5' | float }}{{ 'aXa' | replace('a', 'b') }}"),
+  EXPECT_EQ(R("{{ 3 | string ~ 'x' }}{{ '42' | int + 1 }}{{ '2.5' | float }}{{ 'aXa' | "
+              "replace('a', 'b') }}"),
             "3x432.5bXb");
   EXPECT_EQ(R("{{ msgs | map(attribute='role') | join(',') }}", ctx), "user,tool");
-  EXPECT_EQ(R("{{ msgs | selectattr('role', 'equalto', 'tool') | map(attribute='c') | list }}", ctx),
-            "[2]");
+  EXPECT_EQ(
+      R("{{ msgs | selectattr('role', 'equalto', 'tool') | map(attribute='c') | list }}", ctx),
+      "[2]");
   EXPECT_EQ(R("{{ msgs | rejectattr('role', 'eq', 'tool') | list | length }}", ctx), "1");
-  EXPECT_EQ(R("{{ [1, none, 2] | select('none') | list }}{{ [1, none, 2] | reject('none') | list }}"),
-            "[None][1, 2]");
+  EXPECT_EQ(
+      R("{{ [1, none, 2] | select('none') | list }}{{ [1, none, 2] | reject('none') | list }}"),
+      "[None][1, 2]");
   EXPECT_EQ(R("{{ {'a': 1} | items | list }}"), "[['a', 1]]");
   EXPECT_EQ(R("{{ 'a\nb' | indent(2) }}|{{ 'a\nb' | indent(2, true) }}"), "a\n  b|  a\n  b");
   EXPECT_EQ(R("{{ '<a&b>' | e }}{{ 'x' | safe }}"), "&lt;a&amp;b&gt;x");
@@ -160,20 +171,25 @@ TEST(JinjaTest, ToJsonMatchesPythonJsonDumps) {
 }
 
 TEST(JinjaTest, StringAndDictMethods) {
-  EXPECT_EQ(R("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) }}"),
-            "TrueTrueTrue");
+  EXPECT_EQ(
+      R("{{ 'abc'.startswith('ab') }}{{ 'abc'.endswith('bc') }}{{ 'abc'.startswith(('x', 'a')) }}"),
+      "TrueTrueTrue");
   EXPECT_EQ(R("{{ 'a,b,,c'.split(',') }}{{ ' a  b '.split() }}{{ 'a b c'.split(' ', 1) }}"),
             "['a', 'b', '', 'c']['a', 'b']['a', 'b c']");
   EXPECT_EQ(R("[{{ '\n x \n'.strip() }}][{{ '\nx\n'.lstrip('\n') }}][{{ 'xyy'.rstrip('y') }}]"),
             "[x][x\n][x]");
-  EXPECT_EQ(R("{{ 'aaa'.replace('a', 'b', 2) }}{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}{{ 'ab cd'.title() }}"),
+  EXPECT_EQ(R("{{ 'aaa'.replace('a', 'b', 2) }}{{ 'Ab'.upper() }}{{ 'Ab'.lower() }}{{ 'ab "
+              "cd'.title() }}"),
             "bbaABabAb Cd");
   EXPECT_EQ(R("{{ '{} and {}'.format(1, 'x') }}"), "1 and x");
-  EXPECT_EQ(R("{{ 'a</think>b'.split('</think>')[-1] }}{{ 'abc'[::-1] }}{{ 'abc'[1:] }}"), "bcbabc");
+  EXPECT_EQ(R("{{ 'a</think>b'.split('</think>')[-1] }}{{ 'abc'[::-1] }}{{ 'abc'[1:] }}"),
+            "bcbabc");
   EXPECT_EQ(R("{{ xs[::-1] }}{{ xs[1:] }}{{ xs[:-1] }}{{ xs[-1] }}", {{"xs", {1, 2, 3}}}),
             "[3, 2, 1][2, 3][1, 2]3");
   const Json d = {{"d", {{"a", 1}}}};
-  EXPECT_EQ(R("{{ d.get('a') }}{{ d.get('z') }}{{ d.get('z', 5) }}{{ d.keys() | list }}{{ d.values() | list }}", d),
+  EXPECT_EQ(R("{{ d.get('a') }}{{ d.get('z') }}{{ d.get('z', 5) }}{{ d.keys() | list }}{{ "
+              "d.values() | list }}",
+              d),
             "1None5['a'][1]");
 }
 
@@ -192,18 +208,22 @@ TEST(JinjaTest, RuntimeErrors) {
 }
 
 TEST(JinjaTest, ParseErrorsNameLineAndColumn) {
-  EXPECT_EQ(ParseError("ab\n  {% if x %}y"), "line 2, column 3: 'if' is never closed (expected 'endif')");
-  EXPECT_EQ(ParseError("{% for x in y %}"), "line 1, column 1: 'for' is never closed (expected 'endfor')");
+  EXPECT_EQ(ParseError("ab\n  {% if x %}y"),
+            "line 2, column 3: 'if' is never closed (expected 'endif')");
+  EXPECT_EQ(ParseError("{% for x in y %}"),
+            "line 1, column 1: 'for' is never closed (expected 'endfor')");
   EXPECT_EQ(ParseError("a {{ x "), "line 1, column 3: '{{' is never closed by '}}'");
   EXPECT_EQ(ParseError("\n\n{% frobnicate %}"), "line 3, column 1: unknown statement 'frobnicate'");
   EXPECT_EQ(ParseError("{% endif %}"), "line 1, column 1: unexpected 'endif'");
-  EXPECT_EQ(ParseError("{{ 1 + }}"), "line 1, column 8: expected an expression, found the end of the tag");
+  EXPECT_EQ(ParseError("{{ 1 + }}"),
+            "line 1, column 8: expected an expression, found the end of the tag");
   EXPECT_EQ(ParseError("x\n{{ a b }}"), "line 2, column 6: unexpected 'b'");
   EXPECT_EQ(ParseError("{{ 'abc }}"), "line 1, column 1: '{{' is never closed by '}}'");
   EXPECT_EQ(ParseError("{{ a ? b }}"), "line 1, column 6: unexpected character '?'");
   EXPECT_EQ(ParseError("é{{ (1 }}"), "line 1, column 8: expected ')', found the end of the tag");
   // As Jinja2 does at compile time: a template that needs a filter or test we lack fails at load.
-  EXPECT_EQ(ParseError("{{ x | nosuchfilter }}"), "line 1, column 8: unknown filter 'nosuchfilter'");
+  EXPECT_EQ(ParseError("{{ x | nosuchfilter }}"),
+            "line 1, column 8: unknown filter 'nosuchfilter'");
   EXPECT_EQ(ParseError("{{ x is nosuchtest }}"), "line 1, column 9: unknown test 'nosuchtest'");
   EXPECT_EQ(ParseError("{% raw %}x"), "line 1, column 1: 'raw' is never closed by 'endraw'");
   EXPECT_THAT(ParseError("{{ " + std::string(1000, '(') + " }}"), HasSubstr("nested too deeply"));
