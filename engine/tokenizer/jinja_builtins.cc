@@ -5,6 +5,7 @@
 #include <cstring>
 #include <set>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/jinja_ast.h"
 
@@ -77,12 +78,8 @@ std::string Strip(const std::string& s, const Value& chars, bool left, bool righ
   return s.substr(b, e - b);
 }
 
-std::string AsciiCase(std::string s, bool upper) {
-  for (char& c : s) {
-    if (upper && c >= 'a' && c <= 'z') c = static_cast<char>(c - 32);
-    if (!upper && c >= 'A' && c <= 'Z') c = static_cast<char>(c + 32);
-  }
-  return s;
+std::string AsciiCase(const std::string& s, bool upper) {
+  return upper ? absl::AsciiStrToUpper(s) : absl::AsciiStrToLower(s);
 }
 
 bool IsAsciiLetter(char c) { return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z'); }
@@ -92,9 +89,10 @@ std::string Title(const std::string& s) {
   bool in_word = false;
   for (char& c : out) {
     if (IsAsciiLetter(c)) {
-      c = in_word ? AsciiCase(std::string(1, c), false)[0] : AsciiCase(std::string(1, c), true)[0];
+      c = in_word ? absl::ascii_tolower(c) : absl::ascii_toupper(c);
       in_word = true;
     } else {
+      // Non-ASCII bytes (é, ß) count as letters of the word, as Python counts cased letters.
       in_word = (static_cast<unsigned char>(c) & 0x80) != 0 && in_word;
     }
   }
@@ -103,7 +101,7 @@ std::string Title(const std::string& s) {
 
 std::string Capitalize(const std::string& s) {
   std::string out = AsciiCase(s, false);
-  if (!out.empty()) out[0] = AsciiCase(out.substr(0, 1), true)[0];
+  if (!out.empty()) out[0] = absl::ascii_toupper(out[0]);
   return out;
 }
 

@@ -45,18 +45,14 @@ Value Value::Item(const Json& key) const {
     return it == node_->end() ? Value() : Ref(root_, &*it);
   }
   if ((node_->is_array() || node_->is_string()) && key.is_number_integer()) {
-    const int64_t size = node_->is_array()
-                             ? static_cast<int64_t>(node_->size())
-                             : static_cast<int64_t>(node_->get_ref<const std::string&>().size());
+    // Python indexing: negative counts from the end; strings index by character.
+    std::vector<Value> chars = node_->is_string() ? Iterate() : std::vector<Value>();
+    const int64_t n = static_cast<int64_t>(node_->is_array() ? node_->size() : chars.size());
     int64_t i = key.get<int64_t>();
-    if (i < 0) i += size;
-    if (i < 0 || i >= size) return Value();
+    if (i < 0) i += n;
+    if (i < 0 || i >= n) return Value();
     if (node_->is_array()) return Ref(root_, &(*node_)[static_cast<size_t>(i)]);
-    // Strings index by character.
-    std::vector<Value> chars = Iterate();
-    const int64_t n = static_cast<int64_t>(chars.size());
-    i = key.get<int64_t>() < 0 ? key.get<int64_t>() + n : key.get<int64_t>();
-    return i >= 0 && i < n ? chars[static_cast<size_t>(i)] : Value();
+    return chars[static_cast<size_t>(i)];
   }
   return Value();
 }

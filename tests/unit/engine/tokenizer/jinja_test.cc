@@ -186,6 +186,7 @@ TEST(JinjaTest, StringAndDictMethods) {
             "bcbabc");
   EXPECT_EQ(R("{{ xs[::-1] }}{{ xs[1:] }}{{ xs[:-1] }}{{ xs[-1] }}", {{"xs", {1, 2, 3}}}),
             "[3, 2, 1][2, 3][1, 2]3");
+  EXPECT_EQ(R("{{ 'héllo'[1] }}{{ 'héllo'[-1] }}{{ 'café bar 1st' | title }}"), "éoCafé Bar 1St");
   const Json d = {{"d", {{"a", 1}}}};
   EXPECT_EQ(R("{{ d.get('a') }}{{ d.get('z') }}{{ d.get('z', 5) }}{{ d.keys() | list }}{{ "
               "d.values() | list }}",
