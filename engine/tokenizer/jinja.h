@@ -24,14 +24,16 @@ using TemplateJson = nlohmann::ordered_json;
 // (Jinja2 raises there). Supported: if/elif/else, for (loop.*, else, `if` filter, unpacking),
 // set (names, namespace attributes, blocks), macro, break/continue, raw, generation; the
 // expression grammar with filters, tests, slices, string/dict methods, range, namespace and
-// raise_exception. engine/tokenizer/README.md lists the filters and tests.
+// raise_exception. IsFilter and IsTest (jinja_builtins.cc) list the filters and tests; an
+// unknown one fails Parse, as Jinja2 fails at compile time.
 class JinjaTemplate {
  public:
   // InvalidArgument "line L, column C: ..." for a template that does not parse.
   static absl::StatusOr<JinjaTemplate> Parse(const std::string& source);
 
   // InvalidArgument with the message for runtime errors: raise_exception(msg), an operation on
-  // the wrong types, an unknown filter, output over 64 MiB, macro recursion deeper than 100.
+  // the wrong types, an unknown method or function, output over 64 MiB, macro recursion deeper
+  // than 100.
   // `context` must be an object; its keys are the template's global variables.
   absl::StatusOr<std::string> Render(const TemplateJson& context) const;
 
