@@ -3,6 +3,7 @@
 
 #include <algorithm>
 
+#include "absl/strings/str_cat.h"
 #include "service/proto_validate.h"
 
 namespace moe::service {
@@ -34,6 +35,64 @@ engine::StopConditions ToStopConditions(const moe::v1::GenerateRequest& r, int64
   stop.stop_token_ids.assign(r.stop().token_ids().begin(), r.stop().token_ids().end());
   stop.ignore_eos = r.stop().ignore_eos();
   return stop;
+}
+
+namespace {
+
+absl::StatusOr<engine::TemplateJson> ParseJson(const std::string& field, const std::string& text,
+                                               bool want_array) {
+  engine::TemplateJson j = engine::TemplateJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || (want_array ? !j.is_array() : !j.is_object())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, want_array ? ": is not a JSON array" : ": is not a JSON object"));
+  }
+  return j;
+}
+
+}  // namespace
+
+absl::StatusOr<ChatTemplateInput> ToChatTemplateInput(const moe::v1::ChatMessages& chat) {
+  using engine::TemplateJson;
+  ChatTemplateInput in{TemplateJson::array(), nullptr, TemplateJson::object()};
+  for (int i = 0; i < chat.messages_size(); ++i) {
+    const moe::v1::ChatMessage& m = chat.messages(i);
+    TemplateJson msg = {{"role", m.role()}, {"content", m.content()}};
+    if (!m.reasoning_content().empty()) msg["reasoning_content"] = m.reasoning_content();
+    if (m.tool_calls_size() > 0) {
+      TemplateJson calls = TemplateJson::array();
+      for (int k = 0; k < m.tool_calls_size(); ++k) {
+        const moe::v1::ToolCall& call = m.tool_calls(k);
+        TemplateJson arguments = TemplateJson::object();
+        if (!call.arguments().empty()) {
+          absl::StatusOr<TemplateJson> parsed =
+              ParseJson(absl::StrCat("chat.messages[", i, "].tool_calls[", k, "].arguments"),
+                        call.arguments(), false);
+          if (!parsed.ok()) return parsed.status();
+          arguments = *std::move(parsed);
+        }
+        calls.push_back(
+            {{"id", call.id()},
+             {"type", "function"},
+             {"function", {{"name", call.name()}, {"arguments", std::move(arguments)}}}});
+      }
+      msg["tool_calls"] = std::move(calls);
+    }
+    if (!m.tool_call_id().empty()) msg["tool_call_id"] = m.tool_call_id();
+    if (!m.name().empty()) msg["name"] = m.name();
+    in.messages.push_back(std::move(msg));
+  }
+  if (!chat.tools_json().empty()) {
+    absl::StatusOr<TemplateJson> tools = ParseJson("chat.tools_json", chat.tools_json(), true);
+    if (!tools.ok()) return tools.status();
+    in.tools = *std::move(tools);
+  }
+  if (!chat.template_kwargs_json().empty()) {
+    absl::StatusOr<TemplateJson> kwargs =
+        ParseJson("chat.template_kwargs_json", chat.template_kwargs_json(), false);
+    if (!kwargs.ok()) return kwargs.status();
+    in.kwargs = *std::move(kwargs);
+  }
+  return in;
 }
 
 }  // namespace moe::service

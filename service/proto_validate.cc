@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/wire_format_lite.h"
+#include "nlohmann/json.hpp"
 
 namespace moe::service {
 namespace {
@@ -74,17 +75,43 @@ absl::Status ValidateText(const std::string& text) {
   return absl::OkStatus();
 }
 
+// OK when `text` parses as a JSON array (want_array) or object; else the reason, naming `field`.
+absl::Status CheckJson(const std::string& field, const std::string& text, bool want_array) {
+  const nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded()) return Bad(field, "is not valid JSON");
+  if (want_array ? !j.is_array() : !j.is_object()) {
+    return Bad(field, want_array ? "is not a JSON array" : "is not a JSON object");
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateChat(const moe::v1::ChatMessages& chat) {
   const auto& msgs = chat.messages();
   if (msgs.empty()) return Bad("chat.messages", "at least one message is required");
   for (int i = 0; i < msgs.size(); ++i) {
-    if (msgs[i].role().empty()) {
-      return Bad(absl::StrCat("chat.messages[", i, "].role"), "is empty");
-    }
-    // A user turn with nothing in it asks nothing (system and assistant turns may be empty).
+    const std::string at = absl::StrCat("chat.messages[", i, "]");
+    if (msgs[i].role().empty()) return Bad(at + ".role", "is empty");
+    // A user turn with nothing in it asks nothing (system, assistant and tool turns may be empty).
     if (msgs[i].role() == "user" && msgs[i].content().empty()) {
-      return Bad(absl::StrCat("chat.messages[", i, "].content"), "a user turn is empty");
+      return Bad(at + ".content", "a user turn is empty");
     }
+    for (int k = 0; k < msgs[i].tool_calls_size(); ++k) {
+      const moe::v1::ToolCall& call = msgs[i].tool_calls(k);
+      const std::string call_at = absl::StrCat(at, ".tool_calls[", k, "]");
+      if (call.name().empty()) return Bad(call_at + ".name", "is required");
+      if (!call.arguments().empty()) {
+        absl::Status st = CheckJson(call_at + ".arguments", call.arguments(), false);
+        if (!st.ok()) return st;
+      }
+    }
+  }
+  if (!chat.tools_json().empty()) {
+    absl::Status st = CheckJson("chat.tools_json", chat.tools_json(), true);
+    if (!st.ok()) return st;
+  }
+  if (!chat.template_kwargs_json().empty()) {
+    absl::Status st = CheckJson("chat.template_kwargs_json", chat.template_kwargs_json(), false);
+    if (!st.ok()) return st;
   }
   return absl::OkStatus();
 }

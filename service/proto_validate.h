@@ -32,7 +32,8 @@ absl::Status ValidateGenerateRequest(const moe::v1::GenerateRequest& request,
                                      const ModelLimits& limits);
 
 // The shared fields of TokenizeRequest, checked as ValidateGenerateRequest checks them: model,
-// a non-empty text, chat messages with a role and no empty user turn.
+// a non-empty text, chat messages with a role and no empty user turn, tool calls with a name and
+// JSON-object arguments, tools_json a JSON array and template_kwargs_json a JSON object.
 absl::Status ValidateTokenizeRequest(const moe::v1::TokenizeRequest& request);
 
 // For bytes that failed to parse as a `message`: the path of the first string field (at any

@@ -8,6 +8,7 @@
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/normalize.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/unicode.h"
@@ -163,16 +164,11 @@ absl::StatusOr<std::string> TrainTokenizerJson(absl::string_view corpus, int voc
 }
 
 std::string ChatMlTokenizerConfigJson(absl::string_view eos_token, absl::string_view pad_token) {
-  constexpr const char* kTemplate =
-      "{%- for message in messages %}"
-      "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
-      "{%- endfor %}"
-      "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
   ordered_json config = {{"add_bos_token", false},
                          {"bos_token", nullptr},
                          {"eos_token", std::string(eos_token)},
                          {"pad_token", std::string(pad_token)},
-                         {"chat_template", kTemplate},
+                         {"chat_template", std::string(ChatMlTemplate())},
                          {"clean_up_tokenization_spaces", false},
                          {"tokenizer_class", "PreTrainedTokenizerFast"}};
   // dump() throws only on invalid UTF-8; replace such bytes rather than fail.

@@ -1,113 +1,56 @@
-// ChatML rendering: the fixed structure every Qwen template produces for plain conversations.
+// ChatTemplate: the render context transformers builds, around JinjaTemplate.
 #include "engine/tokenizer/chat_template.h"
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/strip.h"
 
 namespace moe::engine {
-namespace {
 
-constexpr absl::string_view kQwen25DefaultSystem =
-    "You are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
-
-void AppendTurn(absl::string_view role, absl::string_view content, std::string* out) {
-  absl::StrAppend(out, "<|im_start|>", role, "\n", content, "<|im_end|>\n");
+absl::string_view ChatMlTemplate() {
+  return "{%- for message in messages %}"
+         "{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' "
+         "}}"
+         "{%- endfor %}"
+         "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
 }
 
-absl::string_view StripLeft(absl::string_view s) {
-  while (absl::ConsumePrefix(&s, "\n")) {
-  }
-  return s;
-}
-absl::string_view StripRight(absl::string_view s) {
-  while (absl::ConsumeSuffix(&s, "\n")) {
-  }
-  return s;
-}
-
-// Index of the last user message that is a real query (not a wrapped tool response), as Qwen3's
-// template computes `ns.last_query_index`; messages.size() - 1 when there is none.
-size_t LastQueryIndex(absl::Span<const ChatMessage> messages) {
-  for (size_t i = messages.size(); i-- > 0;) {
-    const std::string& c = messages[i].content;
-    bool tool_response =
-        absl::StartsWith(c, "<tool_response>") && absl::EndsWith(c, "</tool_response>");
-    if (messages[i].role == "user" && !tool_response) return i;
-  }
-  return messages.empty() ? 0 : messages.size() - 1;
+absl::StatusOr<ChatTemplate> ChatTemplate::Compile(std::string source, std::string bos_token,
+                                                   std::string eos_token) {
+  absl::StatusOr<JinjaTemplate> t = JinjaTemplate::Parse(source);
+  if (!t.ok()) return t.status();
+  ChatTemplate chat(*std::move(t));
+  chat.source_ = std::move(source);
+  chat.bos_token_ = std::move(bos_token);
+  chat.eos_token_ = std::move(eos_token);
+  return chat;
 }
 
-// Qwen3's assistant turn: reasoning before "</think>" is dropped from history, and the turns
-// after the last query keep an (empty) <think> block when last or when they had reasoning.
-void AppendQwen3Assistant(absl::string_view content, bool after_query, bool last,
-                          std::string* out) {
-  absl::string_view reasoning;
-  if (size_t end = content.find("</think>"); end != absl::string_view::npos) {
-    absl::string_view before = StripRight(content.substr(0, end));
-    size_t start = before.rfind("<think>");
-    reasoning = StripLeft(start == absl::string_view::npos ? before : before.substr(start + 7));
-    content = StripLeft(content.substr(content.rfind("</think>") + 8));
-  }
-  if (after_query && (last || !reasoning.empty())) {
-    absl::StrAppend(out, "<|im_start|>assistant\n<think>\n", StripLeft(StripRight(reasoning)),
-                    "\n</think>\n\n", StripLeft(content), "<|im_end|>\n");
-  } else {
-    AppendTurn("assistant", content, out);
-  }
-}
-
-}  // namespace
-
-absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
-                                       absl::Span<const ChatMessage> messages,
-                                       const ChatOptions& options) {
-  if (!absl::StrContains(chat_template, "<|im_start|>")) {
-    return absl::UnimplementedError(
-        "chat template is not ChatML (no <|im_start|>); only ChatML templates are rendered");
-  }
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const std::string& role = messages[i].role;
-    if (role == "tool") {
-      return absl::UnimplementedError(
-          absl::StrCat("messages[", i, "]: role 'tool' is not rendered by this ChatML subset"));
-    }
-    if (role != "system" && role != "user" && role != "assistant") {
-      return absl::InvalidArgumentError(absl::StrCat("messages[", i, "]: role '", role,
-                                                     "' is not one of system, user, assistant"));
+absl::StatusOr<std::string> ChatTemplate::Render(const TemplateJson& messages,
+                                                 const TemplateJson& tools,
+                                                 const TemplateJson& extra,
+                                                 bool add_generation_prompt) const {
+  TemplateJson context = TemplateJson::object();
+  context["messages"] = messages;
+  if (!tools.is_null()) context["tools"] = tools;
+  context["add_generation_prompt"] = add_generation_prompt;
+  if (!bos_token_.empty()) context["bos_token"] = bos_token_;
+  if (!eos_token_.empty()) context["eos_token"] = eos_token_;
+  if (!extra.is_null()) {
+    if (!extra.is_object()) return absl::InvalidArgumentError("template variables: not an object");
+    for (auto it = extra.begin(); it != extra.end(); ++it) {
+      if (it.key() == "messages" || it.key() == "tools" || it.key() == "add_generation_prompt") {
+        return absl::InvalidArgumentError(
+            absl::StrCat("template variables: '", it.key(), "' is set by the request itself"));
+      }
+      context[it.key()] = it.value();
     }
   }
-  std::string out;
-  bool has_system = !messages.empty() && messages[0].role == "system";
-  if (!has_system && absl::StrContains(chat_template, kQwen25DefaultSystem)) {
-    AppendTurn("system", kQwen25DefaultSystem, &out);
-  }
-  // Qwen3's template is recognised by its handling of reasoning_content.
-  const bool qwen3 = absl::StrContains(chat_template, "reasoning_content");
-  const size_t last_query = LastQueryIndex(messages);
-  for (size_t i = 0; i < messages.size(); ++i) {
-    const ChatMessage& m = messages[i];
-    if (qwen3 && m.role == "assistant") {
-      AppendQwen3Assistant(m.content, i > last_query, i + 1 == messages.size(), &out);
-    } else {
-      AppendTurn(m.role, m.content, &out);
-    }
-  }
-  if (options.add_generation_prompt) {
-    out += "<|im_start|>assistant\n";
-    if (!options.enable_thinking && absl::StrContains(chat_template, "enable_thinking")) {
-      out += "<think>\n\n</think>\n\n";
-    }
-  }
-  return out;
+  return template_.Render(context);
 }
 
-absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
-                                       absl::Span<const ChatMessage> messages,
-                                       bool add_generation_prompt) {
-  ChatOptions options;
-  options.add_generation_prompt = add_generation_prompt;
-  return RenderChat(chat_template, messages, options);
+bool PromptOpensThinking(absl::string_view prompt) {
+  return absl::EndsWith(absl::StripTrailingAsciiWhitespace(prompt), "<think>");
 }
 
 }  // namespace moe::engine

@@ -1,51 +1,46 @@
-// RenderChat: messages -> prompt text for ChatML-family chat templates (Qwen), without Jinja.
+// ChatTemplate: a model's Jinja chat template, compiled once, rendering messages to prompt text.
 #pragma once
 
 #include <string>
 
 #include "absl/status/statusor.h"
-#include "absl/types/span.h"
+#include "absl/strings/string_view.h"
+#include "engine/tokenizer/jinja.h"
 
 namespace moe::engine {
 
-struct ChatMessage {
-  std::string role;  // "system", "user" or "assistant"
-  std::string content;
+// The template for checkpoints that ship none, in Jinja (rendered like any other):
+//   <|im_start|>{role}\n{content}<|im_end|>\n   per message, then <|im_start|>assistant\n
+absl::string_view ChatMlTemplate();
+
+class ChatTemplate {
+ public:
+  // Parses `source`; InvalidArgument "line L, column C: ..." when it does not parse. An empty
+  // bos/eos token is left out of the render context (as transformers leaves out a None token).
+  static absl::StatusOr<ChatTemplate> Compile(std::string source, std::string bos_token,
+                                              std::string eos_token);
+
+  // Renders with the variables transformers gives a chat template: `messages` (an array of
+  // {"role", "content", ...} objects), `tools` (only when not null), `add_generation_prompt`,
+  // `bos_token`, `eos_token`, and every key of `extra` (an object, e.g. {"enable_thinking": false};
+  // it may not set messages, tools or add_generation_prompt).
+  // InvalidArgument: a runtime error of the template (raise_exception's message, wrong types),
+  // `extra` not an object or setting a reserved name.
+  //
+  // Content is inserted verbatim: special-token text inside a message survives into the prompt.
+  absl::StatusOr<std::string> Render(const TemplateJson& messages, const TemplateJson& tools,
+                                     const TemplateJson& extra, bool add_generation_prompt) const;
+
+  const std::string& source() const { return source_; }
+
+ private:
+  explicit ChatTemplate(JinjaTemplate t) : template_(std::move(t)) {}
+  JinjaTemplate template_;
+  std::string source_, bos_token_, eos_token_;
 };
 
-struct ChatOptions {
-  // Append "<|im_start|>assistant\n" so the model answers next.
-  bool add_generation_prompt = true;
-  // false: after the generation prompt, append the empty thinking block
-  // "<think>\n\n</think>\n\n" -- only when the template itself checks `enable_thinking` (Qwen3).
-  bool enable_thinking = true;
-};
-
-// Renders `messages` the way the ChatML templates of Qwen2/2.5/3 do:
-//   <|im_start|>{role}\n{content}<|im_end|>\n      for every message, in order
-//   <|im_start|>assistant\n                          with add_generation_prompt
-//   <think>\n\n</think>\n\n                          with enable_thinking false (Qwen3 only)
-// A template is ChatML when it contains "<|im_start|>". When it has Qwen2.5's default system
-// prompt ("You are Qwen, created by Alibaba Cloud. ...") and the first message is not a system
-// message, that system message is prepended, as the template does.
-// Qwen3 (template mentions reasoning_content): assistant turns lose the "<think>...</think>"
-// reasoning their content carries, except turns after the last user query that are last or had
-// reasoning, which are written "<think>\n{reasoning}\n</think>\n\n{answer}", as Qwen3 does.
-// Not rendered (the caller must not rely on them): tools and tool calls, the "tool" role, a
-// separate reasoning_content field, any other Jinja logic.
-//
-// Content is inserted verbatim: special-token text inside a message survives into the prompt,
-// so encode untrusted content separately with allow_special = false when that matters.
-//
-// Unimplemented: a template that is not ChatML (the message says so), or a "tool" message.
-// InvalidArgument: any other role that is not system/user/assistant, naming the message index.
-absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
-                                       absl::Span<const ChatMessage> messages,
-                                       const ChatOptions& options);
-
-// Same with default options except `add_generation_prompt`.
-absl::StatusOr<std::string> RenderChat(const std::string& chat_template,
-                                       absl::Span<const ChatMessage> messages,
-                                       bool add_generation_prompt);
+// True when `prompt` ends inside an open <think> block: after trimming trailing whitespace it
+// ends with "<think>" (the template opened the model's reasoning for it).
+bool PromptOpensThinking(absl::string_view prompt);
 
 }  // namespace moe::engine

@@ -9,6 +9,7 @@
 #include "engine/tokenizer/normalize.h"
 #include "engine/tokenizer/pretokenize.h"
 #include "engine/tokenizer/unicode.h"
+#include "kernels/base/check.h"
 #include "kernels/base/status.h"
 
 namespace moe::engine {
@@ -74,6 +75,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromJson(const std::string
   std::stable_sort(
       tok->added_tokens_.begin(), tok->added_tokens_.end(),
       [](const AddedToken& a, const AddedToken& b) { return a.content.size() > b.content.size(); });
+  // The built-in template parses (a unit test renders it), so this cannot fail.
+  absl::StatusOr<ChatTemplate> chat = ChatTemplate::Compile(std::string(ChatMlTemplate()), "", "");
+  MOE_CHECK(chat.ok());
+  tok->chat_template_ = *std::move(chat);
   return tok;
 }
 

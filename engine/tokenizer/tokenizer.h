@@ -12,6 +12,7 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "absl/types/span.h"
+#include "engine/tokenizer/chat_template.h"
 #include "engine/tokenizer/tokenizer_json.h"
 
 namespace moe::engine {
@@ -28,7 +29,9 @@ class Tokenizer {
 
   // Reads <model_dir>/tokenizer.json (NotFound if absent) and, when present,
   // <model_dir>/tokenizer_config.json for chat_template, eos_token and bos_token
-  // (chat_template.jinja is read when the config has no template).
+  // (chat_template.jinja is read when the config has no template). The template is compiled
+  // here: one that does not parse fails the load (InvalidArgument naming the file, line and
+  // column). Without one, the built-in ChatMlTemplate() is used.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> LoadFromDir(const std::string& model_dir);
 
   ~Tokenizer();
@@ -59,8 +62,9 @@ class Tokenizer {
   // True for added tokens marked "special" (e.g. <|im_end|>), false otherwise and for bad ids.
   bool IsSpecial(int32_t id) const;
 
-  // From tokenizer_config.json via LoadFromDir; empty/nullopt otherwise.
-  const std::string& chat_template() const { return chat_template_; }
+  // The model's chat template (ChatMlTemplate() when it ships none, and for FromJson).
+  const ChatTemplate& chat_template() const { return *chat_template_; }
+  // From tokenizer_config.json via LoadFromDir; nullopt otherwise.
   const std::optional<std::string>& eos_token() const { return eos_token_; }
   const std::optional<std::string>& bos_token() const { return bos_token_; }
 
@@ -78,7 +82,7 @@ class Tokenizer {
   absl::flat_hash_map<std::string, int32_t> token_ids_;  // tokenizer.json spelling -> id
   std::vector<AddedToken> added_tokens_;                 // longest first
   std::array<bool, 256> added_first_byte_{};             // quick reject for MatchAddedToken
-  std::string chat_template_;
+  std::optional<ChatTemplate> chat_template_;            // always set (ChatML by default)
   std::optional<std::string> eos_token_;
   std::optional<std::string> bos_token_;
 };

@@ -38,7 +38,7 @@ std::optional<std::string> TokenString(const json& config, const char* key) {
 }
 
 // chat_template is a string, or a list of {"name", "template"} of which "default" is used.
-absl::StatusOr<std::string> ChatTemplate(const json& config) {
+absl::StatusOr<std::string> ChatTemplateSource(const json& config) {
   if (!config.contains("chat_template") || config["chat_template"].is_null()) return std::string();
   const json& t = config["chat_template"];
   if (t.is_string()) return t.get<std::string>();
@@ -61,6 +61,8 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDir(const std::str
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = FromJson(text);
   if (!tok.ok()) return base::Annotate(tok.status(), (dir / "tokenizer.json").string());
 
+  std::string chat_source;
+  std::filesystem::path chat_path;  // where chat_source came from, for errors
   const std::filesystem::path config_path = dir / "tokenizer_config.json";
   if (Exists(config_path)) {
     MOE_ASSIGN_OR_RETURN(std::string config_text, ReadFile(config_path));
@@ -69,9 +71,10 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDir(const std::str
       if (!config.is_object()) {
         return absl::InvalidArgumentError(absl::StrCat(config_path.string(), ": not an object"));
       }
-      absl::StatusOr<std::string> chat_template = ChatTemplate(config);
+      absl::StatusOr<std::string> chat_template = ChatTemplateSource(config);
       if (!chat_template.ok()) return base::Annotate(chat_template.status(), config_path.string());
-      (*tok)->chat_template_ = *std::move(chat_template);
+      chat_source = *std::move(chat_template);
+      chat_path = config_path;
       (*tok)->eos_token_ = TokenString(config, "eos_token");
       (*tok)->bos_token_ = TokenString(config, "bos_token");
     } catch (const json::exception& e) {
@@ -79,8 +82,15 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::LoadFromDir(const std::str
     }
   }
   const std::filesystem::path jinja_path = dir / "chat_template.jinja";
-  if ((*tok)->chat_template_.empty() && Exists(jinja_path)) {
-    MOE_ASSIGN_OR_RETURN((*tok)->chat_template_, ReadFile(jinja_path));
+  if (chat_source.empty() && Exists(jinja_path)) {
+    MOE_ASSIGN_OR_RETURN(chat_source, ReadFile(jinja_path));
+    chat_path = jinja_path;
+  }
+  if (!chat_source.empty()) {
+    absl::StatusOr<ChatTemplate> chat = ChatTemplate::Compile(
+        std::move(chat_source), (*tok)->bos_token_.value_or(""), (*tok)->eos_token_.value_or(""));
+    if (!chat.ok()) return base::Annotate(chat.status(), chat_path.string() + ": chat template");
+    (*tok)->chat_template_ = *std::move(chat);
   }
   return tok;
 }

@@ -28,7 +28,10 @@
 ABSL_FLAG(std::string, prompt, "", "Prompt text, tokenized as is (no chat template)");
 ABSL_FLAG(std::string, messages, "",
           "Chat messages as JSON, e.g. '[{\"role\":\"user\",\"content\":\"Hi\"}]', rendered with "
-          "the model's chat template. Used when --prompt is empty");
+          "the model's chat template. Messages go to the template as given (tool_calls, "
+          "reasoning_content, ...). Used when --prompt is empty");
+ABSL_FLAG(std::string, template_kwargs, "",
+          "Further chat template variables as a JSON object, e.g. '{\"enable_thinking\": false}'");
 ABSL_FLAG(std::string, user, "Write a short poem about the sea.",
           "A single user message, used when neither --prompt nor --messages is given");
 ABSL_FLAG(std::string, system, "", "Optional system message in front of --user");
@@ -60,18 +63,15 @@ int64_t PeakRssBytes() {
   return static_cast<int64_t>(usage.ru_maxrss) * 1024;
 }
 
-absl::StatusOr<std::vector<engine::ChatMessage>> ParseMessages(const std::string& text) {
-  std::vector<engine::ChatMessage> messages;
-  try {
-    const auto j = nlohmann::json::parse(text);
-    if (!j.is_array()) return absl::InvalidArgumentError("--messages: not a JSON array");
-    for (const auto& m : j) {
-      messages.push_back({m.at("role").get<std::string>(), m.at("content").get<std::string>()});
-    }
-  } catch (const nlohmann::json::exception& e) {
-    return absl::InvalidArgumentError(absl::StrCat("--messages: ", e.what()));
+// `text` (the value of `flag`) as JSON of the wanted kind.
+absl::StatusOr<engine::TemplateJson> ParseJsonFlag(const char* flag, const std::string& text,
+                                                   bool want_array) {
+  engine::TemplateJson j = engine::TemplateJson::parse(text, nullptr, /*allow_exceptions=*/false);
+  if (j.is_discarded() || (want_array ? !j.is_array() : !j.is_object())) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--", flag, ": not a JSON ", want_array ? "array" : "object"));
   }
-  return messages;
+  return j;
 }
 
 absl::Status Run() {
@@ -85,14 +85,23 @@ absl::Status Run() {
 
   std::string text = absl::GetFlag(FLAGS_prompt);
   if (text.empty()) {
-    std::vector<engine::ChatMessage> messages;
+    engine::TemplateJson messages = engine::TemplateJson::array();
     if (!absl::GetFlag(FLAGS_messages).empty()) {
-      MOE_ASSIGN_OR_RETURN(messages, ParseMessages(absl::GetFlag(FLAGS_messages)));
+      MOE_ASSIGN_OR_RETURN(messages,
+                           ParseJsonFlag("messages", absl::GetFlag(FLAGS_messages), true));
     } else {
-      if (!absl::GetFlag(FLAGS_system).empty()) messages.push_back({"system", absl::GetFlag(FLAGS_system)});
-      messages.push_back({"user", absl::GetFlag(FLAGS_user)});
+      if (!absl::GetFlag(FLAGS_system).empty()) {
+        messages.push_back({{"role", "system"}, {"content", absl::GetFlag(FLAGS_system)}});
+      }
+      messages.push_back({{"role", "user"}, {"content", absl::GetFlag(FLAGS_user)}});
     }
-    MOE_ASSIGN_OR_RETURN(text, engine::RenderChat(tokenizer->chat_template(), messages, true));
+    engine::TemplateJson kwargs = engine::TemplateJson::object();
+    if (!absl::GetFlag(FLAGS_template_kwargs).empty()) {
+      MOE_ASSIGN_OR_RETURN(
+          kwargs, ParseJsonFlag("template_kwargs", absl::GetFlag(FLAGS_template_kwargs), false));
+    }
+    MOE_ASSIGN_OR_RETURN(text, tokenizer->chat_template().Render(messages, nullptr, kwargs,
+                                                                 /*add_generation_prompt=*/true));
   }
   engine::Request request;
   request.id = "cli";

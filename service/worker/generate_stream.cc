@@ -43,6 +43,11 @@ void GenerateStream::Reject(const grpc::Status& status) {
   Finish(status);
 }
 
+void GenerateStream::SetPromptOpensThinking() {
+  std::lock_guard<std::mutex> lock(mu_);
+  prompt_opens_thinking_ = true;
+}
+
 void GenerateStream::OnEvent(engine::Event event) {
   const double now = base::NowSeconds();
   {
@@ -95,6 +100,10 @@ void GenerateStream::OnEvent(engine::Event event) {
 void GenerateStream::Fill(moe::v1::GenerateResponse* out) {
   out->Clear();
   out->set_request_id(ctx_.client_request_id);
+  if (prompt_opens_thinking_) {
+    out->set_prompt_opens_thinking(true);
+    prompt_opens_thinking_ = false;
+  }
   const double now = base::NowSeconds();
   for (engine::Event& e : pending_) {
     out->mutable_text()->append(e.text);

@@ -41,6 +41,8 @@ class GenerateStream final
                                                 metrics::WorkerMetrics& metrics);
   // Ends the call with `status` before any engine work (validation, draining).
   void Reject(const grpc::Status& status);
+  // Sets prompt_opens_thinking on the first response; call before the engine sees the request.
+  void SetPromptOpensThinking();
 
   void OnEvent(engine::Event event) override;  // engine thread
 
@@ -66,6 +68,7 @@ class GenerateStream final
   bool writing_ = false, finish_called_ = false, cancelled_ = false;
   bool deadline_exceeded_ = false;  // OnCancel came at or after ctx_.deadline
   bool sent_tokens_ = false;
+  bool prompt_opens_thinking_ = false;  // until the first response carries it
   double first_token_at_ = 0, last_token_at_ = 0, queue_seconds_ = 0;
   moe::internal::v1::WorkerGenerateResponse msg_;  // the message being written
 };

@@ -86,20 +86,21 @@ absl::Status WorkerService::CheckModel(const std::string& model) const {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<int32_t>> WorkerService::ChatPrompt(
-    const moe::v1::ChatMessages& chat) const {
-  std::vector<engine::ChatMessage> messages;
-  for (const moe::v1::ChatMessage& m : chat.messages()) messages.push_back({m.role(), m.content()});
-  absl::StatusOr<std::string> text =
-      engine::RenderChat(tokenizer_.chat_template(), messages, /*add_generation_prompt=*/true);
-  if (!text.ok()) return base::Annotate(text.status(), "chat");
+absl::StatusOr<std::vector<int32_t>> WorkerService::ChatPrompt(const moe::v1::ChatMessages& chat,
+                                                               bool* opens_thinking) const {
+  absl::StatusOr<ChatTemplateInput> in = ToChatTemplateInput(chat);
+  if (!in.ok()) return in.status();
+  absl::StatusOr<std::string> text = tokenizer_.chat_template().Render(
+      in->messages, in->tools, in->kwargs, /*add_generation_prompt=*/true);
+  if (!text.ok()) return base::Annotate(text.status(), "chat template");
+  if (opens_thinking != nullptr) *opens_thinking = engine::PromptOpensThinking(*text);
   absl::StatusOr<std::vector<int32_t>> ids = tokenizer_.Encode(*text);
   if (!ids.ok()) return base::Annotate(ids.status(), "chat");
   return ids;
 }
 
-absl::StatusOr<std::vector<int32_t>> WorkerService::Prompt(
-    const moe::v1::GenerateRequest& r) const {
+absl::StatusOr<std::vector<int32_t>> WorkerService::Prompt(const moe::v1::GenerateRequest& r,
+                                                           bool* opens_thinking) const {
   switch (r.input_case()) {
     case moe::v1::GenerateRequest::kText: {
       absl::StatusOr<std::vector<int32_t>> ids = tokenizer_.Encode(r.text());
@@ -108,7 +109,7 @@ absl::StatusOr<std::vector<int32_t>> WorkerService::Prompt(
       return ids;
     }
     case moe::v1::GenerateRequest::kChat:
-      return ChatPrompt(r.chat());
+      return ChatPrompt(r.chat(), opens_thinking);
     case moe::v1::GenerateRequest::kTokenIds:
       return std::vector<int32_t>(r.token_ids().ids().begin(), r.token_ids().ids().end());
     case moe::v1::GenerateRequest::INPUT_NOT_SET:
@@ -150,7 +151,8 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
   const ModelLimits limits{model_.config().vocab_size, options_.context_length};
   if (absl::Status st = ValidateGenerateRequest(r, limits); !st.ok()) return refuse(st);
   // Tokenized here, on the gRPC thread: a long prompt never delays the engine thread's steps.
-  absl::StatusOr<std::vector<int32_t>> prompt = Prompt(r);
+  bool opens_thinking = false;
+  absl::StatusOr<std::vector<int32_t>> prompt = Prompt(r, &opens_thinking);
   if (!prompt.ok()) return refuse(prompt.status());
   const int64_t n = static_cast<int64_t>(prompt->size());
   if (n >= options_.context_length) {
@@ -159,6 +161,7 @@ grpc::ServerWriteReactor<moe::internal::v1::WorkerGenerateResponse>* WorkerServi
                      " tokens; the context length is ", options_.context_length)));
   }
 
+  if (opens_thinking) stream->SetPromptOpensThinking();
   engine::Request er;
   er.id = sctx.engine_id;
   er.prompt = std::move(*prompt);

@@ -69,9 +69,12 @@ class WorkerService final : public moe::internal::v1::Worker::CallbackService {
 
  private:
   // Text (tokenized as is), chat (rendered with the chat template) or ids -> prompt ids.
-  // InvalidArgument names the field.
-  absl::StatusOr<std::vector<int32_t>> Prompt(const moe::v1::GenerateRequest& request) const;
-  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const moe::v1::ChatMessages& chat) const;
+  // InvalidArgument names the field. *opens_thinking (may be null) is set for a chat whose
+  // rendered prompt ends inside an open <think> block (engine::PromptOpensThinking).
+  absl::StatusOr<std::vector<int32_t>> Prompt(const moe::v1::GenerateRequest& request,
+                                              bool* opens_thinking) const;
+  absl::StatusOr<std::vector<int32_t>> ChatPrompt(const moe::v1::ChatMessages& chat,
+                                                  bool* opens_thinking = nullptr) const;
   absl::Status CheckModel(const std::string& model) const;
 
   const WorkerOptions options_;

@@ -1,5 +1,7 @@
-// Fuzz target: engine::RenderChat. Input, split at NUL bytes: the chat template, then
-// (role, content) pairs. Rendered text must contain every message's content verbatim.
+// Fuzz target: engine::ChatTemplate (the Jinja engine). Input, split at NUL bytes: the chat
+// template source, then (role, content) pairs; the last byte's bits pick add_generation_prompt
+// and enable_thinking. Any template must parse or fail with a status, and render or fail with a
+// status, never crash. The built-in ChatML template must keep every content verbatim.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -12,19 +14,27 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   std::vector<std::string> parts = fuzz::SplitInput(data, size, 17);
   while (!parts.empty() && parts.back().empty()) parts.pop_back();
   if (parts.empty()) return 0;
-  std::vector<engine::ChatMessage> messages;
-  for (size_t i = 1; i + 1 < parts.size(); i += 2) messages.push_back({parts[i], parts[i + 1]});
+  engine::TemplateJson messages = engine::TemplateJson::array();
+  for (size_t i = 1; i + 1 < parts.size(); i += 2) {
+    // Template data is UTF-8 (the request's proto3 strings are); skip what JSON cannot hold.
+    try {
+      engine::TemplateJson(parts[i + 1]).dump();
+      engine::TemplateJson(parts[i]).dump();
+    } catch (const engine::TemplateJson::exception&) {
+      return 0;
+    }
+    messages.push_back({{"role", parts[i]}, {"content", parts[i + 1]}});
+  }
   const uint8_t flags = size > 0 ? data[size - 1] : 0;
-  engine::ChatOptions options;
-  options.add_generation_prompt = flags & 1;
-  options.enable_thinking = flags & 2;
-  auto text = engine::RenderChat(parts[0], messages, options);
-  if (!text.ok()) return 0;
-  const bool qwen3 = parts[0].find("reasoning_content") != std::string::npos;
-  for (const engine::ChatMessage& m : messages) {
-    // Qwen3 strips <think> blocks from assistant turns; every other content appears verbatim.
-    if (qwen3 && m.role == "assistant") continue;
-    MOE_FUZZ_CHECK(text->find(m.content) != std::string::npos);
+  const engine::TemplateJson extra = {{"enable_thinking", (flags & 2) != 0}};
+  for (const std::string& source : {parts[0], std::string(engine::ChatMlTemplate())}) {
+    auto chat = engine::ChatTemplate::Compile(source, "<s>", "</s>");
+    if (!chat.ok()) continue;
+    auto text = chat->Render(messages, nullptr, extra, flags & 1);
+    if (!text.ok() || source != engine::ChatMlTemplate()) continue;
+    for (const auto& m : messages) {
+      MOE_FUZZ_CHECK(text->find(m["content"].get<std::string>()) != std::string::npos);
+    }
   }
   return 0;
 }

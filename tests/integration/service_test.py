@@ -134,6 +134,27 @@ class ServiceTest(unittest.TestCase):
                 self.assertEqual(len(lp.top), 3)
         self.assertEqual(n_ids, n_lp)
 
+    def test_chat_tools_and_tool_turns_render_with_the_template(self):
+        # The default model's ChatML template (Jinja, as any checkpoint's) renders every turn,
+        # tool calls and tool results included; its prompt opens no <think> block.
+        pb = self.pb
+        chat = pb.ChatMessages(
+            messages=[pb.ChatMessage(role="user", content="Weather?"),
+                      pb.ChatMessage(role="assistant", tool_calls=[pb.ToolCall(
+                          id="c1", name="get_weather", arguments='{"city": "Paris"}')]),
+                      pb.ChatMessage(role="tool", content="sunny", tool_call_id="c1")],
+            tools_json='[{"type": "function", "function": {"name": "get_weather"}}]',
+            template_kwargs_json='{"enable_thinking": false}')
+        ids = self.stub.Tokenize(pb.TokenizeRequest(model=MODEL_NAME, chat=chat), timeout=30)
+        text = self.stub.Detokenize(pb.DetokenizeRequest(model=MODEL_NAME,
+                                                         token_ids=ids.token_ids), timeout=30)
+        self.assertEqual(text.text, "<|im_start|>user\nWeather?<|im_end|>\n"
+                                    "<|im_start|>assistant\n<|im_end|>\n"
+                                    "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>assistant\n")
+        req = pb.GenerateRequest(model=MODEL_NAME, chat=chat, max_tokens=2)
+        first = next(iter(self.stub.Generate(req, timeout=30)))
+        self.assertFalse(first.prompt_opens_thinking)
+
     def test_session_reports_cached_prompt_tokens(self):
         first, _, last = generate(self.stub, self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),
                                   max_tokens=6, session_id="conv-1",
@@ -240,6 +261,11 @@ class ServiceTest(unittest.TestCase):
         self.gen_error(INVALID, ["text", "empty"], text="")
         self.gen_error(INVALID, ["token_ids", "empty"], token_ids=pb.TokenIds())
         self.gen_error(INVALID, ["chat.messages"], chat=pb.ChatMessages())
+        user = pb.ChatMessage(role="user", content="hi")
+        self.gen_error(INVALID, ["chat.tools_json", "not a JSON array"],
+                       chat=pb.ChatMessages(messages=[user], tools_json="{}"))
+        self.gen_error(INVALID, ["chat.template_kwargs_json", "not valid JSON"],
+                       chat=pb.ChatMessages(messages=[user], template_kwargs_json="{"))
         self.gen_error(INVALID, ["max_tokens", "at least 1"], token_ids=ids, max_tokens=0)
         self.gen_error(INVALID, ["max_tokens", "context length"], token_ids=ids,
                        max_tokens=4_000_000_000)

@@ -158,7 +158,7 @@ TEST(Qwen3ReferenceTest, ConfigAndSpecials) {
   EXPECT_TRUE(tok->IsSpecial(151645));
   EXPECT_FALSE(tok->IsSpecial(151667));  // <think> is added but not special
   EXPECT_EQ(tok->eos_token(), "<|im_end|>");
-  EXPECT_NE(tok->chat_template().find("enable_thinking"), std::string::npos);
+  EXPECT_NE(tok->chat_template().source().find("enable_thinking"), std::string::npos);
 }
 
 }  // namespace

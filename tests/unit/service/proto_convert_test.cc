@@ -244,6 +244,76 @@ TEST(StatusConvert, DeadlinePassedAllowsGrpcClockSlack) {
   EXPECT_FALSE(DeadlinePassed(std::chrono::system_clock::time_point::max(), now));
 }
 
+// Tool calls need a name and JSON-object arguments; tools and template variables are JSON of the
+// right kind. Tool and assistant turns may be empty.
+TEST(ValidateChat, ToolCallsToolsAndTemplateVariables) {
+  moe::v1::TokenizeRequest r;
+  r.set_model("m");
+  moe::v1::ChatMessages* chat = r.mutable_chat();
+  auto* user = chat->add_messages();
+  user->set_role("user");
+  user->set_content("weather?");
+  auto* assistant = chat->add_messages();
+  assistant->set_role("assistant");
+  moe::v1::ToolCall* call = assistant->add_tool_calls();
+  auto* tool = chat->add_messages();
+  tool->set_role("tool");
+  tool->set_tool_call_id("c1");
+  ExpectInvalidTokenize(r, "chat.messages[1].tool_calls[0].name: is required");
+  call->set_name("get_weather");
+  EXPECT_TRUE(ValidateTokenizeRequest(r).ok());  // empty arguments mean {}
+  call->set_arguments("{\"city\": ");
+  ExpectInvalidTokenize(r, "chat.messages[1].tool_calls[0].arguments: is not valid JSON");
+  call->set_arguments("[1]");
+  ExpectInvalidTokenize(r, "chat.messages[1].tool_calls[0].arguments: is not a JSON object");
+  call->set_arguments("{\"city\": \"Paris\"}");
+  chat->set_tools_json("{\"type\": \"function\"}");
+  ExpectInvalidTokenize(r, "chat.tools_json: is not a JSON array");
+  chat->set_tools_json("[{\"type\": \"function\", \"function\": {\"name\": \"get_weather\"}}]");
+  chat->set_template_kwargs_json("nope");
+  ExpectInvalidTokenize(r, "chat.template_kwargs_json: is not valid JSON");
+  chat->set_template_kwargs_json("[]");
+  ExpectInvalidTokenize(r, "chat.template_kwargs_json: is not a JSON object");
+  chat->set_template_kwargs_json("{\"enable_thinking\": false}");
+  EXPECT_TRUE(ValidateTokenizeRequest(r).ok());
+}
+
+// Messages reach the template as vLLM and transformers present them.
+TEST(ToChatTemplateInput, PresentsMessagesAsTransformersDoes) {
+  moe::v1::ChatMessages chat;
+  auto* user = chat.add_messages();
+  user->set_role("user");
+  user->set_content("weather?");
+  auto* assistant = chat.add_messages();
+  assistant->set_role("assistant");
+  assistant->set_reasoning_content("need a tool");
+  moe::v1::ToolCall* call = assistant->add_tool_calls();
+  call->set_id("c1");
+  call->set_name("get_weather");
+  call->set_arguments("{\"z\": 1, \"a\": [true]}");
+  moe::v1::ToolCall* bare = assistant->add_tool_calls();
+  bare->set_name("now");
+  auto* tool = chat.add_messages();
+  tool->set_role("tool");
+  tool->set_content("sunny");
+  tool->set_tool_call_id("c1");
+  tool->set_name("get_weather");
+  chat.set_template_kwargs_json("{\"enable_thinking\": false}");
+  absl::StatusOr<ChatTemplateInput> in = ToChatTemplateInput(chat);
+  ASSERT_TRUE(in.ok()) << in.status();
+  EXPECT_EQ(
+      in->messages.dump(),
+      R"([{"role":"user","content":"weather?"},)"
+      R"({"role":"assistant","content":"","reasoning_content":"need a tool","tool_calls":[)"
+      R"({"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"z":1,"a":[true]}}},)"
+      R"({"id":"","type":"function","function":{"name":"now","arguments":{}}}]},)"
+      R"({"role":"tool","content":"sunny","tool_call_id":"c1","name":"get_weather"}])");
+  EXPECT_TRUE(in->tools.is_null());
+  EXPECT_EQ(in->kwargs.dump(), R"({"enable_thinking":false})");
+  chat.set_tools_json("{}");
+  EXPECT_EQ(ToChatTemplateInput(chat).status().message(), "chat.tools_json: is not a JSON array");
+}
+
 TEST(StatusConvert, CodesMapOneToOne) {
   for (int c = 0; c <= 16; ++c) {
     const absl::Status st(static_cast<absl::StatusCode>(c), c == 0 ? "" : "why");

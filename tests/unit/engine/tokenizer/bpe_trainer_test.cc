@@ -68,7 +68,7 @@ TEST(BpeTrainerTest, LoadFromDirReadsTheChatMlConfig) {
   std::ofstream(dir / "tokenizer_config.json") << ChatMlTokenizerConfigJson();
   absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir.string());
   ASSERT_TRUE(tok.ok()) << tok.status();
-  EXPECT_THAT((*tok)->chat_template(), ::testing::HasSubstr("<|im_start|>"));
+  EXPECT_THAT((*tok)->chat_template().source(), ::testing::HasSubstr("<|im_start|>"));
   EXPECT_EQ((*tok)->eos_token(), "<|im_end|>");
   EXPECT_EQ((*tok)->bos_token(), std::nullopt);
   EXPECT_TRUE((*tok)->TokenId("<|im_end|>").has_value());
@@ -78,6 +78,41 @@ TEST(BpeTrainerTest, LoadFromDirReadsTheChatMlConfig) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(Tokenizer::LoadFromDir((dir / "missing").string()).status().code(),
             absl::StatusCode::kNotFound);
+}
+
+// The template is compiled at load: the built-in model's ChatML renders, a template that does not
+// parse fails the load with file, line and column, and chat_template.jinja is read when the config
+// has none.
+TEST(BpeTrainerTest, LoadFromDirCompilesTheChatTemplate) {
+  std::filesystem::path dir =
+      std::filesystem::path(::testing::TempDir()) / "bpe_trainer_test_template";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / "tokenizer.json") << *TrainTokenizerJson(DefaultCorpus(), 300, kSpecials);
+  std::ofstream(dir / "tokenizer_config.json") << ChatMlTokenizerConfigJson();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tok = Tokenizer::LoadFromDir(dir.string());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  const TemplateJson messages = {{{"role", "user"}, {"content", "Hi"}}};
+  EXPECT_EQ(*(*tok)->chat_template().Render(messages, nullptr, nullptr, true),
+            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+
+  std::ofstream(dir / "tokenizer_config.json")
+      << R"({"eos_token": "<|im_end|>", "chat_template": "{% for m in messages %}\n{{ m.content }"})";
+  absl::Status st = Tokenizer::LoadFromDir(dir.string()).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(st.message(),
+              ::testing::HasSubstr(
+                  "tokenizer_config.json: chat template: line 2, column 1: '{{' is never closed"));
+
+  std::ofstream(dir / "tokenizer_config.json") << R"({"eos_token": "<|im_end|>"})";
+  std::ofstream(dir / "chat_template.jinja") << "{{ eos_token }}{{ messages | length }}";
+  tok = Tokenizer::LoadFromDir(dir.string());
+  ASSERT_TRUE(tok.ok()) << tok.status();
+  EXPECT_EQ(*(*tok)->chat_template().Render(messages, nullptr, nullptr, true), "<|im_end|>1");
+
+  // A tokenizer made from tokenizer.json alone has the built-in ChatML template.
+  auto bare = Tokenizer::FromJson(*TrainTokenizerJson(DefaultCorpus(), 300, kSpecials));
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ((*bare)->chat_template().source(), ChatMlTemplate());
 }
 
 }  // namespace

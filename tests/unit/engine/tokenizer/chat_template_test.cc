@@ -1,5 +1,6 @@
-// Tests of RenderChat (engine/tokenizer/chat_template.h). Expected strings were rendered from the
-// real Qwen3 template with Python jinja2 3.1.
+// Tests of ChatTemplate (engine/tokenizer/chat_template.h): the render context and the built-in
+// ChatML template. Real model templates are compared with @huggingface/jinja in
+// tests/chat_template_js/.
 #include "engine/tokenizer/chat_template.h"
 
 #include <gmock/gmock.h>
@@ -9,68 +10,62 @@ namespace moe::engine {
 namespace {
 
 using ::testing::HasSubstr;
+using Json = TemplateJson;
 
-// Stand-ins carrying the markers RenderChat keys on; the Jinja bodies are not interpreted.
-const std::string kChatMl = "{% for m in messages %}<|im_start|>...{% endfor %}";
-const std::string kQwen3 =
-    "<|im_start|> ... reasoning_content ... enable_thinking is defined and enable_thinking is "
-    "false";
-const std::string kQwen25 =
-    "<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.";
+const Json kMessages = Json::parse(R"([{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "Hi"}])");
 
-TEST(RenderChatTest, ChatMl) {
-  std::vector<ChatMessage> msgs = {{"system", "Be brief."}, {"user", "Hi"}};
-  EXPECT_EQ(*RenderChat(kChatMl, msgs, true),
+TEST(ChatTemplateTest, BuiltInChatMl) {
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Compile(std::string(ChatMlTemplate()), "", "");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(*t->Render(kMessages, nullptr, Json::object(), true),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
             "<|im_start|>assistant\n");
-  EXPECT_EQ(*RenderChat(kChatMl, msgs, false),
+  EXPECT_EQ(*t->Render(kMessages, nullptr, Json::object(), false),
             "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n");
-  EXPECT_EQ(*RenderChat(kChatMl, {}, true), "<|im_start|>assistant\n");
+  EXPECT_EQ(*t->Render(Json::array(), nullptr, Json::object(), true), "<|im_start|>assistant\n");
 }
 
-TEST(RenderChatTest, EnableThinkingFalseOnlyWhereTheTemplateHasIt) {
-  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
-  ChatOptions no_think;
-  no_think.enable_thinking = false;
-  EXPECT_EQ(*RenderChat(kQwen3, msgs, no_think),
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n");
-  EXPECT_EQ(*RenderChat(kChatMl, msgs, no_think),
-            "<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
+TEST(ChatTemplateTest, ContextHasTokensToolsAndExtraVariables) {
+  const std::string source =
+      "{{ bos_token }}|{{ eos_token }}|{{ tools is defined }}|{{ tools | tojson if tools }}|"
+      "{{ enable_thinking }}|{{ add_generation_prompt }}|{{ messages | length }}";
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Compile(source, "<s>", "</s>");
+  ASSERT_TRUE(t.ok()) << t.status();
+  const Json tools = Json::parse(R"([{"type": "function", "function": {"name": "f"}}])");
+  EXPECT_EQ(*t->Render(kMessages, tools, {{"enable_thinking", false}}, true),
+            R"(<s>|</s>|True|[{"type": "function", "function": {"name": "f"}}]|False|True|2)");
+  EXPECT_EQ(*t->Render(kMessages, nullptr, Json::object(), false), "<s>|</s>|False|||False|2");
+  // A missing token (Qwen3 has no BOS) is undefined, as transformers leaves out a None token.
+  absl::StatusOr<ChatTemplate> no_bos =
+      ChatTemplate::Compile("{{ bos_token is defined }}", "", "e");
+  EXPECT_EQ(*no_bos->Render(kMessages, nullptr, nullptr, true), "False");
 }
 
-TEST(RenderChatTest, Qwen3StripsReasoningFromHistory) {
-  std::vector<ChatMessage> msgs = {{"user", "Q1"},
-                                   {"assistant", "<think>\nr1\n</think>\n\nA1"},
-                                   {"user", "Q2"},
-                                   {"assistant", "A2"}};
-  EXPECT_EQ(*RenderChat(kQwen3, msgs, false),
-            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\nA1<|im_end|>\n"
-            "<|im_start|>user\nQ2<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA2"
-            "<|im_end|>\n");
-  std::vector<ChatMessage> after = {
-      {"user", "Q1"}, {"assistant", "<think>\nr1\n</think>\n\nA1"}, {"assistant", "A2"}};
-  EXPECT_EQ(*RenderChat(kQwen3, after, false),
-            "<|im_start|>user\nQ1<|im_end|>\n<|im_start|>assistant\n<think>\nr1\n</think>\n\nA1"
-            "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\nA2<|im_end|>\n");
+TEST(ChatTemplateTest, ErrorsAreInvalidArgument) {
+  absl::StatusOr<ChatTemplate> bad = ChatTemplate::Compile("{% if x %}", "", "");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(bad.status().message(), HasSubstr("line 1, column 1"));
+  absl::StatusOr<ChatTemplate> t = ChatTemplate::Compile(
+      "{% if messages[0].role != 'user' %}{{ raise_exception('first must be user') }}{% endif %}",
+      "", "");
+  ASSERT_TRUE(t.ok());
+  absl::StatusOr<std::string> out = t->Render(kMessages, nullptr, nullptr, true);
+  EXPECT_EQ(out.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(out.status().message(), "first must be user");
+  EXPECT_THAT(t->Render(kMessages, nullptr, {{"messages", 1}}, true).status().message(),
+              HasSubstr("'messages' is set by the request"));
+  EXPECT_THAT(t->Render(kMessages, nullptr, Json::array(), true).status().message(),
+              HasSubstr("not an object"));
 }
 
-TEST(RenderChatTest, Qwen25DefaultSystemPrompt) {
-  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
-  EXPECT_EQ(*RenderChat(kQwen25, msgs, true),
-            "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful "
-            "assistant.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n");
-}
-
-TEST(RenderChatTest, Errors) {
-  std::vector<ChatMessage> msgs = {{"user", "Hi"}};
-  absl::StatusOr<std::string> r = RenderChat("{{ bos_token }}[INST] ...", msgs, true);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
-  EXPECT_THAT(r.status().message(), HasSubstr("ChatML"));
-  r = RenderChat(kChatMl, std::vector<ChatMessage>{{"user", "a"}, {"robot", "b"}}, true);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_THAT(r.status().message(), HasSubstr("messages[1]"));
-  r = RenderChat(kChatMl, std::vector<ChatMessage>{{"tool", "{}"}}, true);
-  EXPECT_EQ(r.status().code(), absl::StatusCode::kUnimplemented);
+TEST(ChatTemplateTest, PromptOpensThinking) {
+  EXPECT_TRUE(PromptOpensThinking("<|im_start|>assistant\n<think>\n"));
+  EXPECT_TRUE(PromptOpensThinking("<|im_start|>assistant\n<think>"));
+  EXPECT_TRUE(PromptOpensThinking("x<think>  \n\n"));
+  EXPECT_FALSE(PromptOpensThinking("<|im_start|>assistant\n<think>\n\n</think>\n\n"));
+  EXPECT_FALSE(PromptOpensThinking("<|im_start|>assistant\n"));
+  EXPECT_FALSE(PromptOpensThinking(""));
 }
 
 }  // namespace
