@@ -121,8 +121,9 @@ std::string PythonFloat(double d) {
     if (sci[i] != '.') digits.push_back(sci[i]);
   }
   if (exp < -4 || exp >= 16) {
-    std::string mantissa = digits.substr(0, 1);
-    if (digits.size() > 1) mantissa += "." + digits.substr(1);
+    // StrCat rather than `"." + string`: GCC 12 at -O3 misreads the latter (-Wrestrict).
+    const std::string mantissa =
+        digits.size() > 1 ? absl::StrCat(digits.substr(0, 1), ".", digits.substr(1)) : digits;
     return absl::StrCat(sign, mantissa, "e", exp < 0 ? "-" : "+", exp < 10 && exp > -10 ? "0" : "",
                         std::abs(exp));
   }
