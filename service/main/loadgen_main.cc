@@ -279,14 +279,15 @@ int Run() {
   }
   std::this_thread::sleep_for(std::chrono::milliseconds(
       static_cast<int64_t>(absl::GetFlag(FLAGS_duration_seconds) * 1000)));
-  // Time is up: no new calls, and the ones in flight are cut.
+  // Time is up: no new calls, and the ones in flight are cut. The rates are over the time until
+  // now: a cut call's connection closing (an HTTP stream notices at its next chunk) is not work.
+  const double elapsed = base::NowSeconds() - start;
   for (Slot& slot : slots) {
     std::lock_guard<std::mutex> lock(slot.mu);
     slot.stopped = true;
     if (slot.ctx != nullptr) slot.ctx->TryCancel();
   }
   for (auto& t : threads) t.join();
-  const double elapsed = base::NowSeconds() - start;
 
   Samples all;
   for (Samples& s : samples) {
