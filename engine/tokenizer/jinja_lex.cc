@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/tokenizer/jinja_ast.h"
+#include "engine/tokenizer/unicode.h"
 
 namespace moe::engine::jinja {
 namespace {
@@ -206,25 +207,8 @@ std::vector<Piece> SplitTemplate(const std::string& source) {
 
 namespace {
 
-// Python string escapes, as Jinja2 decodes string literals ("unicode-escape").
-void AppendUtf8(uint32_t cp, std::string* out) {
-  if (cp < 0x80) {
-    out->push_back(static_cast<char>(cp));
-  } else if (cp < 0x800) {
-    out->push_back(static_cast<char>(0xC0 | (cp >> 6)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else if (cp < 0x10000) {
-    out->push_back(static_cast<char>(0xE0 | (cp >> 12)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  } else {
-    out->push_back(static_cast<char>(0xF0 | (cp >> 18)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 12) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | ((cp >> 6) & 0x3F)));
-    out->push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-  }
-}
-
+// Python string escapes, as Jinja2 decodes string literals ("unicode-escape"); code points are
+// written with the tokenizer's AppendUtf8 (unicode.h).
 bool ReadHex(const std::string& s, size_t at, int digits, uint32_t* cp) {
   if (at + digits > s.size()) return false;
   *cp = 0;
