@@ -64,7 +64,9 @@ std::vector<std::string> ScriptPieces(const std::string& script) {
     std::string piece;
     do {
       ++end;
-      while (end < script.size() && (static_cast<unsigned char>(script[end]) & 0xC0) == 0x80) ++end;
+      while (end < script.size() && (static_cast<unsigned char>(script[end]) & 0xC0) == 0x80) {
+        ++end;  // a UTF-8 continuation byte: the character goes on
+      }
       piece = script.substr(start, end - start);
     } while (end < script.size() && (piece.size() < 4 || seen.count(piece)));
     if (seen.count(piece)) {  // the tail repeats an earlier piece: glue it to the previous one
@@ -85,7 +87,9 @@ absl::StatusOr<std::string> AddPieceTokens(const std::string& tokenizer_json,
   json root = json::parse(tokenizer_json, nullptr, /*allow_exceptions=*/false);
   if (root.is_discarded()) return absl::InternalError("trained tokenizer.json does not parse");
   int64_t next_id = static_cast<int64_t>(root["model"]["vocab"].size());
-  for (const json& t : root["added_tokens"]) next_id = std::max<int64_t>(next_id, t["id"].get<int64_t>() + 1);
+  for (const json& t : root["added_tokens"]) {
+    next_id = std::max<int64_t>(next_id, t["id"].get<int64_t>() + 1);
+  }
   for (const std::string& piece : pieces) {
     root["added_tokens"].push_back({{"id", next_id++},
                                     {"content", piece},
@@ -108,14 +112,15 @@ absl::Status ScriptWeights(const Tokenizer& tokenizer, const std::vector<std::st
                            int64_t H, const std::vector<store::TensorToWrite>& tensors,
                            std::vector<std::vector<uint16_t>>& storage) {
   if (static_cast<int64_t>(pieces.size()) + 1 >= H) {
-    return absl::InvalidArgumentError(absl::StrCat("script: ", pieces.size(),
-                                                   " pieces, at most ", H - 2, " fit"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("script: ", pieces.size(), " pieces, at most ", H - 2, " fit"));
   }
   std::vector<int32_t> piece_ids;
   for (const std::string& piece : pieces) {
     const std::optional<int32_t> id = tokenizer.TokenId(piece);
     if (!id || std::count(piece_ids.begin(), piece_ids.end(), *id)) {
-      return absl::InternalError(absl::StrCat("script piece '", piece, "' is not a token of its own"));
+      return absl::InternalError(
+          absl::StrCat("script piece '", piece, "' is not a token of its own"));
     }
     piece_ids.push_back(*id);
   }

@@ -64,15 +64,17 @@ absl::StatusOr<std::vector<int32_t>> ReadIds(const std::string& path) {
 }
 
 absl::Status TrainTokenizer(const std::string& text, const std::string& dir) {
-  MOE_ASSIGN_OR_RETURN(const std::string json,
-                       engine::TrainTokenizerJson(text, absl::GetFlag(FLAGS_vocab), kSpecialTokens));
+  MOE_ASSIGN_OR_RETURN(
+      const std::string json,
+      engine::TrainTokenizerJson(text, absl::GetFlag(FLAGS_vocab), kSpecialTokens));
   MOE_RETURN_IF_ERROR(WriteFile(dir + "/tokenizer.json", json));
   return WriteFile(dir + "/tokenizer_config.json",
                    engine::ChatMlTokenizerConfigJson("<|im_end|>", "<|endoftext|>"));
 }
 
 absl::Status Encode(const std::string& text, const std::string& out_path) {
-  MOE_ASSIGN_OR_RETURN(auto tokenizer, engine::Tokenizer::LoadFromDir(absl::GetFlag(FLAGS_tokenizer)));
+  MOE_ASSIGN_OR_RETURN(auto tokenizer,
+                       engine::Tokenizer::LoadFromDir(absl::GetFlag(FLAGS_tokenizer)));
   const int32_t eot = *tokenizer->TokenId("<|endoftext|>");
   std::string out;
   int64_t documents = 0, tokens = 0;
@@ -115,7 +117,8 @@ absl::Status Perplexity(const std::string& text) {
   std::vector<double> counts(vocab, 1.0);
   double total = static_cast<double>(vocab);
   if (!absl::GetFlag(FLAGS_unigram_ids).empty()) {
-    MOE_ASSIGN_OR_RETURN(const std::vector<int32_t> train, ReadIds(absl::GetFlag(FLAGS_unigram_ids)));
+    MOE_ASSIGN_OR_RETURN(const std::vector<int32_t> train,
+                         ReadIds(absl::GetFlag(FLAGS_unigram_ids)));
     for (int32_t id : train) {
       if (id >= 0 && id < vocab) counts[id] += 1, total += 1;
     }
@@ -169,7 +172,8 @@ absl::Status Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  moe::base::ParseFlags(argc, argv,
+  moe::base::ParseFlags(
+      argc, argv,
       "Training-side tool of the built-in default model (tests/default_model/README.md).\n"
       "  moe_default_model_corpus --text=pretrain.txt --train_tokenizer=DIR --vocab=4096\n"
       "  moe_default_model_corpus --text=chat.txt --tokenizer=DIR --encode=chat.bin\n"

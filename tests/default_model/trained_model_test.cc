@@ -2,13 +2,14 @@
 // (WriteTrainedModel) are the committed ones, and the engine's greedy answers to the three fixed
 // chat prompts are transformers' (tests/golden/fixtures/trained_default/expected.json, made by
 // train.py), readable text: valid UTF-8, no replacement character, no special token.
+#include "engine/trained_model.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
 
 #include "engine/engine.h"
 #include "engine/tokenizer/unicode.h"
-#include "engine/trained_model.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 #include "tests/testing/temp_dir.h"
@@ -55,8 +56,8 @@ TEST(TrainedModel, GreedyAnswersAreTransformersAndReadable) {
     Request r;
     r.id = "r";
     // The chat template's rendering of one user turn (ChatML), as train.py gave transformers.
-    auto prompt = (*tokenizer)->Encode("<|im_start|>user\n" + user +
-                                       "<|im_end|>\n<|im_start|>assistant\n");
+    auto prompt =
+        (*tokenizer)->Encode("<|im_start|>user\n" + user + "<|im_end|>\n<|im_start|>assistant\n");
     ASSERT_TRUE(prompt.ok());
     r.prompt = *prompt;
     r.sampling.temperature = 0.f;

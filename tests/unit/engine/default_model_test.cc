@@ -41,9 +41,9 @@ TEST(ScriptedModel, GreedyOutputIsTheScriptForAnyPrompt) {
       "</tool_call>";
   testing::TempDir dir;
   ASSERT_TRUE(WriteScriptedModel(dir.path(), script).ok());
-  for (const std::string& prompt : std::vector<std::string>
-       {"<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n",
-        "Hello", script + " -- again?"}) {
+  for (const std::string& prompt : std::vector<std::string>{
+           "<|im_start|>user\nWhat is the weather in Paris?<|im_end|>\n<|im_start|>assistant\n",
+           "Hello", script + " -- again?"}) {
     const auto [text, finish] = Greedy(dir.path(), prompt);
     EXPECT_EQ(text, script) << "prompt: " << prompt;
     EXPECT_EQ(finish, FinishReason::kStop) << "prompt: " << prompt;
@@ -62,8 +62,7 @@ TEST(ScriptedModel, RefusesEmptyAndOverlongScripts) {
   EXPECT_EQ(WriteScriptedModel(dir.path(), "").code(), absl::StatusCode::kInvalidArgument);
   std::string long_script;
   for (int i = 0; i < 2000; ++i) long_script += std::to_string(i) + " ";  // ~2,000 pieces
-  EXPECT_EQ(WriteScriptedModel(dir.path(), long_script).code(),
-            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(WriteScriptedModel(dir.path(), long_script).code(), absl::StatusCode::kInvalidArgument);
 }
 
 }  // namespace
