@@ -551,7 +551,7 @@ Value CallMethod(const Value& obj, const std::string& name, const Args& args, bo
       }
       return Value(Json(std::move(out)));
     }
-    if (name == "format") {  // "{}" and "{0}" placeholders only
+    if (name == "format") {  // fields "{}", "{0}", "{name}"; specs and conversions refused
       std::string out;
       size_t next = 0;
       for (size_t i = 0; i < s.size(); ++i) {
@@ -566,6 +566,14 @@ Value CallMethod(const Value& obj, const std::string& name, const Args& args, bo
         const size_t close = s.find('}', i);
         if (close == std::string::npos) throw RenderError("format: unclosed '{'");
         const std::string field = s.substr(i + 1, close - i - 1);
+        if (field.find_first_of(":!.[") != std::string::npos) {
+          throw RenderError(absl::StrCat("format: field '{", field,
+                                         "}' (format specs, conversions and lookups are not "
+                                         "supported)"));
+        }
+        if (field.size() > 9 && std::all_of(field.begin(), field.end(), ::isdigit)) {
+          throw RenderError(absl::StrCat("format: field '{", field, "}' is out of range"));
+        }
         Value arg = field.empty() ? args.Get(next++, "")
                     : std::all_of(field.begin(), field.end(), ::isdigit)
                         ? args.Get(std::stoul(field), "")

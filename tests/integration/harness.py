@@ -50,6 +50,16 @@ def free_port():
         return s.getsockname()[1]
 
 
+def self_signed_cert(directory, name):
+    """A key and a certificate for localhost (one day) in `directory`: (key, cert, cert bytes)."""
+    key, cert = os.path.join(directory, name + ".key"), os.path.join(directory, name + ".crt")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
+                    "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
+                    "-keyout", key, "-out", cert], check=True, capture_output=True)
+    with open(cert, "rb") as f:
+        return key, cert, f.read()
+
+
 def http_get(url, timeout=5):
     with urllib.request.urlopen(url, timeout=timeout) as r:
         return r.read().decode()

@@ -279,13 +279,7 @@ class HttpTest(unittest.TestCase):
     def test_tls(self):
         # The gRPC listener's --tls_cert/--tls_key serve HTTPS too; plain HTTP is refused.
         import ssl
-        d = self.c.log_dir
-        key, cert = os.path.join(d, "http-tls.key"), os.path.join(d, "http-tls.crt")
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                        "-keyout", key, "-out", cert], check=True, capture_output=True)
-        with open(cert, "rb") as f:
-            root = f.read()
+        key, cert, root = harness.self_signed_cert(self.c.log_dir, "http-tls")
         port = harness.free_port()
         self.c.add_frontend([f"--http_listen=127.0.0.1:{port}", f"--tls_cert={cert}",
                              f"--tls_key={key}"], tls_root=root)

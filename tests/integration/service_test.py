@@ -368,13 +368,7 @@ class ServiceTest(unittest.TestCase):
         self.assertEqual(report["errors"], {})
 
     def test_tls(self):
-        d = self.c.log_dir
-        key, cert = os.path.join(d, "tls.key"), os.path.join(d, "tls.crt")
-        subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1",
-                        "-subj", "/CN=localhost", "-addext", "subjectAltName=DNS:localhost",
-                        "-keyout", key, "-out", cert], check=True, capture_output=True)
-        with open(cert, "rb") as f:
-            root = f.read()
+        key, cert, root = harness.self_signed_cert(self.c.log_dir, "tls")
         fe = self.c.add_frontend([f"--tls_cert={cert}", f"--tls_key={key}"], tls_root=root)
         ids, _, _ = generate(self.c.stub(fe), self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),
                              max_tokens=2)

@@ -182,6 +182,9 @@ TEST(JinjaTest, StringAndDictMethods) {
               "cd'.title() }}"),
             "bbaABabAb Cd");
   EXPECT_EQ(R("{{ '{} and {}'.format(1, 'x') }}"), "1 and x");
+  EXPECT_EQ(R("{{ '{1}{0}{{}}{n}'.format('a', 'b', n=3) }}"), "ba{}3");
+  EXPECT_THAT(R("{{ '{:>5}'.format(1) }}"), HasSubstr("format specs"));
+  EXPECT_THAT(R("{{ '{99999999999}'.format(1) }}"), HasSubstr("out of range"));
   EXPECT_EQ(R("{{ 'a</think>b'.split('</think>')[-1] }}{{ 'abc'[::-1] }}{{ 'abc'[1:] }}"),
             "bcbabc");
   EXPECT_EQ(R("{{ xs[::-1] }}{{ xs[1:] }}{{ xs[:-1] }}{{ xs[-1] }}", {{"xs", {1, 2, 3}}}),
