@@ -13,10 +13,11 @@ constexpr const char* kSpace = " \t\n\r\f\v";
 
 bool IsSpace(char c) { return c != '\0' && std::strchr(kSpace, c) != nullptr; }
 
-// Line and column of byte offsets, computed incrementally (offsets only grow).
+// Line and column of byte offsets of `s`, whose offset 0 is at `start`, computed incrementally
+// (offsets only grow).
 class Locator {
  public:
-  explicit Locator(const std::string& s) : s_(s) {}
+  explicit Locator(const std::string& s, Pos start = {}) : s_(s), pos_(start) {}
   Pos At(size_t offset) {
     for (; done_ < offset && done_ < s_.size(); ++done_) {
       const unsigned char c = s_[done_];
@@ -232,20 +233,11 @@ bool IsDigit(char c) { return c >= '0' && c <= '9'; }
 
 std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
   std::vector<Token> tokens;
-  Pos pos = start;
+  Locator loc(s, start);
   size_t i = 0;
-  auto advance = [&](size_t n) {
-    for (size_t k = 0; k < n && i < s.size(); ++k, ++i) {
-      if (s[i] == '\n') {
-        ++pos.line;
-        pos.column = 1;
-      } else if ((static_cast<unsigned char>(s[i]) & 0xC0) != 0x80) {
-        ++pos.column;
-      }
-    }
-  };
   while (true) {
-    while (i < s.size() && IsSpace(s[i])) advance(1);
+    while (i < s.size() && IsSpace(s[i])) ++i;
+    const Pos pos = loc.At(i);
     Token t{Token::Kind::kEnd, pos, {}, {}};
     if (i >= s.size()) {
       tokens.push_back(t);
@@ -257,7 +249,7 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
       while (j < s.size() && IsNameChar(s[j])) ++j;
       t.kind = Token::Kind::kName;
       t.text = s.substr(i, j - i);
-      advance(j - i);
+      i = j;
     } else if (IsDigit(c)) {
       size_t j = i;
       while (j < s.size() && (IsDigit(s[j]) || s[j] == '_')) ++j;
@@ -293,7 +285,7 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
                          absl::StrCat("number '", digits, "' is out of range"));
       }
       t.text = digits;
-      advance(j - i);
+      i = j;
     } else if (c == '\'' || c == '"') {
       t.kind = Token::Kind::kString;
       size_t j = i + 1;
@@ -351,7 +343,7 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
         }
       }
       if (j >= s.size()) throw ParseError(pos.line, pos.column, "unterminated string");
-      advance(j + 1 - i);
+      i = j + 1;
     } else {
       static const char* kOps[] = {"**", "//", "==", "!=", "<=", ">=", "+", "-", "*",
                                    "/",  "%",  "~",  "<",  ">",  "(",  ")", "[", "]",
@@ -367,7 +359,7 @@ std::vector<Token> TokenizeExpression(const std::string& s, Pos start) {
         throw ParseError(pos.line, pos.column,
                          absl::StrCat("unexpected character '", std::string(1, c), "'"));
       }
-      advance(t.text.size());
+      i += t.text.size();
     }
     tokens.push_back(std::move(t));
   }
