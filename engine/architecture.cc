@@ -48,6 +48,26 @@ std::vector<Architecture> Table() {
     a.sliding_window = SlidingWindowRule::kNone;
     t.push_back(a);
   }
+  for (const char* type : {"qwen3_5_moe_text", "qwen3_5_moe", "qwen3_next"}) {
+    Architecture a;
+    a.model_type = type;
+    a.has_shared_expert = true;
+    a.sliding_window = SlidingWindowRule::kNone;
+    a.linear_attention = LinearAttention::kSeparate;
+    a.zero_centred_norms = true;
+    a.qk_norm = QkNorm::kPerHead;
+    a.attention_output_gate = true;
+    a.default_partial_rotary_factor = 0.25;
+    if (a.model_type == "qwen3_next") {
+      a.linear_attention = LinearAttention::kGrouped;
+      a.default_norm_topk_prob = true;
+      a.reads_sparse_step = true;
+    } else {
+      a.always_renormalize = true;
+      a.text_config = a.model_type == "qwen3_5_moe";
+    }
+    t.push_back(a);
+  }
   return t;
 }
 

@@ -24,6 +24,13 @@ enum class SlidingWindowRule {
                // "sliding_attention" (without layer_types: layer >= max_window_layers)
 };
 
+// GatedDeltaNet linear attention (architectures.md §1.5.3): which input projections hold it.
+enum class LinearAttention {
+  kNone,
+  kSeparate,  // qwen3_5_moe: in_proj_qkv, in_proj_z, in_proj_b, in_proj_a
+  kGrouped,   // qwen3_next: in_proj_qkvz and in_proj_ba, grouped per key head (regrouped at load)
+};
+
 struct Architecture {
   std::string model_type;
   QkNorm qk_norm = QkNorm::kNone;
@@ -43,6 +50,18 @@ struct Architecture {
   bool default_norm_topk_prob = false;
   bool reads_sparse_step = false;      // decoder_sparse_step / mlp_only_layers are meaningful
   SlidingWindowRule sliding_window = SlidingWindowRule::kAllLayers;
+  // Hybrids: layer_types entries "linear_attention" and "full_attention" (derived, when absent,
+  // from full_attention_interval: full where (layer + 1) % interval == 0).
+  LinearAttention linear_attention = LinearAttention::kNone;
+  // Every RMSNorm but GatedDeltaNet's gated one scales by (1 + w) (the stored w is near 0).
+  bool zero_centred_norms = false;
+  // Full attention's q_proj interleaves per head hd query rows and hd gate rows; the attention
+  // output is multiplied by sigmoid(gate) before o_proj.
+  bool attention_output_gate = false;
+  // partial_rotary_factor when config.json gives none.
+  double default_partial_rotary_factor = 1.0;
+  // The text model's fields live in config.json's "text_config" (vision-language checkpoints).
+  bool text_config = false;
 };
 
 // Unimplemented names the model_type and lists those supported.

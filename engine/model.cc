@@ -29,6 +29,14 @@ bool Model::IsStoreDir(const std::string& dir) {
 
 int64_t ForwardItem::length() const { return kv != nullptr ? kv->length() : start; }
 
+int64_t Model::state_bytes() const {
+  int64_t floats = 0;
+  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
+    if (config_.IsLinearLayer(l)) floats += config_.LinearStateFloats();
+  }
+  return floats * static_cast<int64_t>(sizeof(float));
+}
+
 absl::StatusOr<std::unique_ptr<store::RoutingTraceWriter>> Model::RecordRoutingTrace(
     const std::string& path) {
   MOE_ASSIGN_OR_RETURN(auto trace, store::RoutingTraceWriter::Create(

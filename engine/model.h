@@ -36,6 +36,12 @@ struct ForwardItem {
   PagedKv* paged = nullptr;
   absl::Span<const int32_t> block_table = {};
   int64_t start = 0;
+  // The sequence's recurrent state when the model has linear-attention layers
+  // (Model::state_bytes(); layout: ModelConfig::LinearStateFloats() per linear layer, in layer
+  // order): backend memory, zeroed by its owner before the sequence's first token, advanced in
+  // place by every step. Required with `paged`; a contiguous `kv` brings its own (this is then
+  // ignored). A step that fails leaves it undefined: the owner recomputes or drops the sequence.
+  float* state = nullptr;
   int64_t length() const;  // positions already cached before this step
 };
 
@@ -61,6 +67,8 @@ class Model {
   static bool IsStoreDir(const std::string& dir);
 
   const ModelConfig& config() const { return config_; }
+  // Bytes of one sequence's recurrent state (ForwardItem::state): 0 without linear layers.
+  int64_t state_bytes() const;
   kernels::Backend& backend() const { return backend_; }
 
   // Runs every item's tokens through the model, appends their keys/values and fills `logits`

@@ -205,6 +205,64 @@ absl::Status ReadSlidingWindow(const json& cfg, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// Hybrids: layer_types from config.json, else from full_attention_interval, and the
+// GatedDeltaNet fields, each checked by name.
+absl::Status ReadHybridLayers(const json& cfg, ModelConfig* c) {
+  const int64_t L = c->num_hidden_layers;
+  if (Has(cfg, "layer_types")) {
+    MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &c->layer_types, true));
+    if (static_cast<int64_t>(c->layer_types.size()) != L) {
+      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ",
+                                                     c->layer_types.size(),
+                                                     " entries, num_hidden_layers is ", L));
+    }
+    for (size_t i = 0; i < c->layer_types.size(); ++i) {
+      const std::string& t = c->layer_types[i];
+      if (t != "linear_attention" && t != "full_attention") {
+        return absl::UnimplementedError(absl::StrCat(
+            "config.json: layer_types[", i, "] '", t,
+            "' is not supported (linear_attention, full_attention)"));
+      }
+    }
+  } else {
+    int64_t interval = 4;  // transformers' default full_attention_interval
+    MOE_RETURN_IF_ERROR(Read(cfg, "full_attention_interval", &interval, false));
+    if (interval <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: 'full_attention_interval' must be > 0, got ", interval));
+    }
+    c->layer_types.clear();
+    for (int64_t l = 0; l < L; ++l) {
+      c->layer_types.push_back((l + 1) % interval == 0 ? "full_attention" : "linear_attention");
+    }
+  }
+  struct Field {
+    const char* name;
+    int64_t* value;
+  };
+  for (const Field& f : {Field{"linear_num_key_heads", &c->linear_num_key_heads},
+                         Field{"linear_num_value_heads", &c->linear_num_value_heads},
+                         Field{"linear_key_head_dim", &c->linear_key_head_dim},
+                         Field{"linear_value_head_dim", &c->linear_value_head_dim},
+                         Field{"linear_conv_kernel_dim", &c->linear_conv_kernel_dim}}) {
+    MOE_RETURN_IF_ERROR(Read(cfg, f.name, f.value, true));
+    if (*f.value <= 0 || *f.value > (1 << 16)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: '", f.name, "' must be in [1, 65536], got ", *f.value));
+    }
+  }
+  if (c->linear_num_value_heads % c->linear_num_key_heads != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: linear_num_value_heads ", c->linear_num_value_heads,
+        " is not a multiple of linear_num_key_heads ", c->linear_num_key_heads));
+  }
+  if (c->linear_conv_kernel_dim < 2) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config.json: 'linear_conv_kernel_dim' must be >= 2, got ", c->linear_conv_kernel_dim));
+  }
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -218,6 +276,22 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 int64_t ModelConfig::SlidingWindow(int64_t layer) const {
   if (layer < 0 || layer >= static_cast<int64_t>(layer_types.size())) return 0;
   return layer_types[layer] == "sliding_attention" ? sliding_window : 0;
+}
+
+bool ModelConfig::IsLinearLayer(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(layer_types.size()) &&
+         layer_types[layer] == "linear_attention";
+}
+
+int64_t ModelConfig::LinearConvChannels() const {
+  return 2 * linear_num_key_heads * linear_key_head_dim +
+         linear_num_value_heads * linear_value_head_dim;
+}
+
+int64_t ModelConfig::LinearStateFloats() const {
+  if (arch.linear_attention == LinearAttention::kNone) return 0;
+  return LinearConvChannels() * (linear_conv_kernel_dim - 1) +
+         linear_num_value_heads * linear_key_head_dim * linear_value_head_dim;
 }
 
 bool ModelConfig::IsSparseLayer(int64_t layer) const {
@@ -235,6 +309,18 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   std::string model_type;
   MOE_RETURN_IF_ERROR(Read(cfg, "model_type", &model_type, true));
   MOE_ASSIGN_OR_RETURN(c.arch, FindArchitecture(model_type));
+  if (c.arch.text_config) {  // a vision-language checkpoint: the text model's own config
+    if (!Has(cfg, "text_config") || !cfg["text_config"].is_object()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config.json: model_type '", model_type, "' needs a 'text_config' object"));
+    }
+    json text = cfg["text_config"];
+    // Token ids and tying may sit at the top level only.
+    for (const char* key : {"eos_token_id", "bos_token_id", "tie_word_embeddings"}) {
+      if (!Has(text, key) && Has(cfg, key)) text[key] = cfg[key];
+    }
+    cfg = std::move(text);
+  }
   const Architecture& a = c.arch;
 
   MOE_RETURN_IF_ERROR(Read(cfg, "vocab_size", &c.vocab_size, true));
@@ -281,6 +367,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
     return absl::UnimplementedError(absl::StrCat("config.json: hidden_act '", c.hidden_act,
                                                  "' is not implemented (silu, swish)"));
   }
+  c.rope.partial_rotary_factor = a.default_partial_rotary_factor;
   MOE_RETURN_IF_ERROR(ReadRope(cfg, &c.rope));
   MOE_RETURN_IF_ERROR(ReadEos(cfg, &c.eos_token_ids));
   MOE_RETURN_IF_ERROR(Read(cfg, "bos_token_id", &c.bos_token_id, false));
@@ -326,7 +413,11 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsSparseLayer(l)) MOE_RETURN_IF_ERROR(positive(c.intermediate_size, "intermediate_size"));
   }
-  MOE_RETURN_IF_ERROR(ReadSlidingWindow(cfg, &c));
+  if (a.linear_attention == LinearAttention::kNone) {
+    MOE_RETURN_IF_ERROR(ReadSlidingWindow(cfg, &c));
+  } else {
+    MOE_RETURN_IF_ERROR(ReadHybridLayers(cfg, &c));
+  }
   if (c.rope.original_max_position_embeddings == 0) {
     c.rope.original_max_position_embeddings = c.max_position_embeddings;
   }

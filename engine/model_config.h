@@ -53,7 +53,14 @@ struct ModelConfig {
   // the family's SlidingWindowRule; one entry per layer, "full_attention" or
   // "sliding_attention"). Read it through SlidingWindow(layer).
   int64_t sliding_window = 0;  // 0: full attention everywhere
-  std::vector<std::string> layer_types;
+  std::vector<std::string> layer_types;  // hybrids: "linear_attention" or "full_attention"
+  // GatedDeltaNet (hybrids; architectures.md §1.5.3): NK key heads of DK, NV value heads of DV,
+  // a depthwise causal conv of width KW over the 2 NK DK + NV DV channels of q, k and v.
+  int64_t linear_num_key_heads = 0;
+  int64_t linear_num_value_heads = 0;
+  int64_t linear_key_head_dim = 0;
+  int64_t linear_value_head_dim = 0;
+  int64_t linear_conv_kernel_dim = 0;
   // The activation of every MLP and expert: "silu" (transformers' "swish" is the same function);
   // anything else is refused at load.
   std::string hidden_act = "silu";
@@ -68,6 +75,13 @@ struct ModelConfig {
   bool IsSparseLayer(int64_t layer) const;
   // The attention window of `layer` in tokens; 0: full attention.
   int64_t SlidingWindow(int64_t layer) const;
+  // True when `layer` is GatedDeltaNet linear attention (no KV; a recurrent state instead).
+  bool IsLinearLayer(int64_t layer) const;
+  // 2 NK DK + NV DV: the channels of the linear layers' conv (q | k | v).
+  int64_t LinearConvChannels() const;
+  // Floats of one sequence's state in one linear layer: the conv's last KW-1 inputs [C, KW-1],
+  // then the recurrent state [NV, DK, DV]. 0 for a model without linear layers.
+  int64_t LinearStateFloats() const;
 };
 
 // Reads dir/config.json and, if present, dir/generation_config.json.

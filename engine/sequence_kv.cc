@@ -16,22 +16,19 @@ absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig
     MOE_ASSIGN_OR_RETURN(kv->k_.emplace_back(), backend.Allocate(bytes));
     MOE_ASSIGN_OR_RETURN(kv->v_.emplace_back(), backend.Allocate(bytes));
   }
+  int64_t state_floats = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsLinearLayer(l)) state_floats += c.LinearStateFloats();
+  }
+  if (state_floats > 0) {
+    MOE_ASSIGN_OR_RETURN(kv->state_, backend.Allocate(state_floats * sizeof(float)));
+    backend.Zero(kv->state_.data(), kv->state_.bytes());
+  }
   return kv;
 }
 
 int64_t SequenceKv::BytesPerToken(const ModelConfig& c) {
   return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
-}
-
-void SequenceKv::CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend) {
-  MOE_CHECK(length_ == 0 && n <= src.length_ && n <= capacity_ && k_.size() == src.k_.size())
-      << "CopyPrefixFrom: " << n << " of " << src.length_ << " into capacity " << capacity_;
-  const size_t bytes = static_cast<size_t>(n) * (k_[0].bytes() / capacity_);
-  for (size_t l = 0; l < k_.size(); ++l) {
-    backend.CopyOnDevice(k_[l].data(), src.k_[l].data(), bytes);
-    backend.CopyOnDevice(v_[l].data(), src.v_[l].data(), bytes);
-  }
-  length_ = n;
 }
 
 void SequenceKv::Advance(int64_t n) {

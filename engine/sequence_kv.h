@@ -21,14 +21,15 @@ class SequenceKv {
                                                            int64_t capacity);
   int64_t capacity() const { return capacity_; }
   int64_t length() const { return length_; }
-  // Copies the first n positions of `src` (same model) into this empty cache.
-  void CopyPrefixFrom(const SequenceKv& src, int64_t n, kernels::Backend& backend);
   // Bytes one position takes in every layer (keys and values).
   static int64_t BytesPerToken(const ModelConfig& config);
 
   // Backend memory of `layer`: [capacity, NKV, D] keys, values.
   float* keys(int64_t layer) const { return k_[layer].f32(); }
   float* values(int64_t layer) const { return v_[layer].f32(); }
+  // The sequence's recurrent state (ForwardItem::state), zeroed at creation; null when the model
+  // has no linear-attention layers.
+  float* state() const { return state_.f32(); }
   // Counts n more positions as cached: the model calls it once a step's KV write succeeded.
   void Advance(int64_t n);
 
@@ -36,6 +37,7 @@ class SequenceKv {
   int64_t capacity_ = 0;
   int64_t length_ = 0;
   std::vector<kernels::Buffer> k_, v_;  // per layer [capacity, NKV, D]
+  kernels::Buffer state_;
 };
 
 }  // namespace moe::engine

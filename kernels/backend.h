@@ -252,6 +252,48 @@ struct PenaltyToken {
   int32_t generated = 0;
 };
 
+// GatedDeltaNet, the linear attention of qwen3_5_moe and qwen3_next (architectures.md §1.5.3).
+// A step's sequences, in row order: each is a run of consecutive token rows with its own state in
+// backend memory, updated in place (zeros at a sequence's start; the owner zeroes a new slot).
+struct LinearAttnSeq {
+  int64_t num_tokens = 0;       // rows of this sequence; they follow the previous sequence's
+  float* conv_state = nullptr;  // [C, KW-1]: the last KW-1 pre-conv inputs, oldest first
+  float* state = nullptr;       // [NV, DK, DV], fp32
+};
+
+// Depthwise causal convolution over time, no bias, then SiLU, per channel c of C:
+//   out[t, c] = silu(sum_j weight[c, j] * x[t - KW + 1 + j, c]),
+// with the inputs before a sequence's first row taken from its conv_state, which then holds the
+// sequence's last KW-1 inputs (raw x, not activated).
+struct CausalConvArgs {
+  float* out = nullptr;      // [T, C]; may not alias x
+  const float* x = nullptr;  // [T, C]
+  TensorView weight;         // [C, 1, KW] (Hugging Face's conv1d layout) or [C, KW]
+  int64_t channels = 0;      // C
+  int kernel_size = 0;       // KW >= 2
+  absl::Span<const LinearAttnSeq> seqs;  // host memory; their num_tokens sum to T
+};
+
+// The gated delta rule per value head h (key head h / (NV / NK)), in fp32:
+//   q, k L2-normalised over DK (x / sqrt(sum x^2 + 1e-6)), q scaled by DK^-0.5,
+//   beta = sigmoid(b[t, h]), g = -exp(a_log[h]) * softplus(a[t, h] + dt_bias[h]),
+//   S <- exp(g) S;  S <- S + k (beta (v - S^T k))^T;  out[t, h] = S^T q.
+// A sequence of one row takes this recurrent step; longer ones may run the chunked form
+// (architectures.md §1.6), the same function of the inputs to fp32 rounding.
+struct GatedDeltaRuleArgs {
+  float* out = nullptr;        // [T, NV * DV]
+  const float* qkv = nullptr;  // [T, 2 NK DK + NV DV]: q [NK, DK] | k [NK, DK] | v [NV, DV]
+  const float* b = nullptr;    // [T, NV]
+  const float* a = nullptr;    // [T, NV]
+  TensorView a_log;            // [NV]
+  TensorView dt_bias;          // [NV]
+  int num_k_heads = 0;         // NK
+  int num_v_heads = 0;         // NV, a multiple of NK
+  int k_head_dim = 0;          // DK
+  int v_head_dim = 0;          // DV
+  absl::Span<const LinearAttnSeq> seqs;  // host memory; their num_tokens sum to T
+};
+
 struct SampledToken {
   int32_t id = 0;
   float logprob = 0.f;
@@ -388,6 +430,14 @@ class Backend {
   virtual void Add(float* out, const float* x, int64_t n) = 0;
   // x[i] = 1 / (1 + exp(-x[i]))
   virtual void Sigmoid(float* x, int64_t n) = 0;
+  // x[i] *= sigmoid(gate[i]) (the output gate of qwen3_5_moe's full attention)
+  virtual void MulSigmoid(float* x, const float* gate, int64_t n) = 0;
+  // The gated RMSNorm of GatedDeltaNet, per row of weight.numel():
+  //   out[r] = RmsNorm(x[r]) * weight * silu(z[r]). out may alias x.
+  virtual void GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
+                            const TensorView& weight, float eps) = 0;
+  virtual void CausalConv(const CausalConvArgs& args) = 0;
+  virtual void GatedDeltaRule(const GatedDeltaRuleArgs& args) = 0;
   // Draws one token per SampleParams (see above) where the logits are: only the SampledTokens
   // cross to the host. Waits for the result.
   virtual void Sample(const SampleArgs& args) = 0;

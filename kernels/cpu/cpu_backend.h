@@ -49,6 +49,11 @@ class CpuBackend final : public Backend {
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
+  void MulSigmoid(float* x, const float* gate, int64_t n) override;
+  void GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
+                    const TensorView& weight, float eps) override;
+  void CausalConv(const CausalConvArgs& args) override;
+  void GatedDeltaRule(const GatedDeltaRuleArgs& args) override;
   void Sample(const SampleArgs& args) override;
 
  private:
