@@ -1,5 +1,6 @@
 // WriteDefaultModel: config and weights of a 4-layer, 16-expert qwen3_moe, plus its tokenizer.
 // WriteScriptedModel: the same shape, with weights set so that greedy decoding emits a script.
+// WriteHybridModel: a Qwen3.5-MoE-shaped hybrid in the vision-language layout of real checkpoints.
 #include "engine/default_model.h"
 
 #include <algorithm>
@@ -150,7 +151,7 @@ absl::Status ScriptWeights(const Tokenizer& tokenizer, const std::vector<std::st
 }
 
 absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
-                        const std::string& script) {
+                        const std::string& script, bool hybrid) {
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
@@ -194,6 +195,31 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
       {"torch_dtype", "bfloat16"},
   };
   json generation = {{"eos_token_id", {*eos, *eot}}, {"bos_token_id", *eot}};
+  // The hybrid: Qwen3.5's vision-language layout, as its real checkpoints have it (the text
+  // model's fields in text_config, its tensors under model.language_model., fused experts, a
+  // vision tower and an MTP head the engine skips).
+  const int64_t NK = 2, NV = 4, DK = 32, DV = 32, KW = 4, C = 2 * NK * DK + NV * DV;
+  if (hybrid) {
+    json text = config;
+    text["model_type"] = "qwen3_5_moe_text";
+    text["full_attention_interval"] = 2;  // layers 1 and 3 full attention, 0 and 2 linear
+    text["linear_num_key_heads"] = NK;
+    text["linear_num_value_heads"] = NV;
+    text["linear_key_head_dim"] = DK;
+    text["linear_value_head_dim"] = DV;
+    text["linear_conv_kernel_dim"] = KW;
+    text["shared_expert_intermediate_size"] = I;
+    text["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7},
+                               {"partial_rotary_factor", 0.25}};
+    for (const char* key : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
+                            "intermediate_size", "rope_theta"}) {
+      text.erase(key);
+    }
+    config = {{"architectures", {"Qwen3_5MoeForConditionalGeneration"}},
+              {"model_type", "qwen3_5_moe"},
+              {"text_config", text},
+              {"tie_word_embeddings", false}};
+  }
 
   // Weights: N(0, 0.02) projections, norms near 1, routers sharper so experts specialise.
   Gaussian rng(seed);
@@ -206,11 +232,43 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
     for (auto& v : data) v = kernels::F32ToBf16(mean + std_dev * rng.Next());
     tensors.push_back({name, kernels::DType::kBF16, std::move(shape), nullptr});
   };
-  add("model.embed_tokens.weight", {vocab, H}, 0.5f, 0.f);
+  const std::string model = hybrid ? "model.language_model." : "model.";
+  const float norm_mean = hybrid ? 0.f : 1.f;  // the hybrid's norms scale by 1 + w
+  add(model + "embed_tokens.weight", {vocab, H}, 0.5f, 0.f);
   for (int64_t l = 0; l < layers; ++l) {
-    const std::string p = absl::StrCat("model.layers.", l, ".");
-    add(p + "input_layernorm.weight", {H}, 0.05f, 1.f);
-    add(p + "post_attention_layernorm.weight", {H}, 0.05f, 1.f);
+    const std::string p = absl::StrCat(model, "layers.", l, ".");
+    add(p + "input_layernorm.weight", {H}, 0.05f, norm_mean);
+    add(p + "post_attention_layernorm.weight", {H}, 0.05f, norm_mean);
+    if (hybrid) {
+      const std::string m = p + "mlp.";
+      add(m + "gate.weight", {E, H}, 0.2f, 0.f);
+      add(m + "experts.gate_up_proj", {E, 2 * I, H}, 0.06f, 0.f);
+      add(m + "experts.down_proj", {E, H, I}, 0.06f, 0.f);
+      add(m + "shared_expert.gate_proj.weight", {I, H}, 0.06f, 0.f);
+      add(m + "shared_expert.up_proj.weight", {I, H}, 0.06f, 0.f);
+      add(m + "shared_expert.down_proj.weight", {H, I}, 0.06f, 0.f);
+      add(m + "shared_expert_gate.weight", {1, H}, 0.06f, 0.f);
+      if (l % 2 == 0) {
+        const std::string a = p + "linear_attn.";
+        add(a + "in_proj_qkv.weight", {C, H}, 0.06f, 0.f);
+        add(a + "in_proj_z.weight", {NV * DV, H}, 0.06f, 0.f);
+        add(a + "in_proj_b.weight", {NV, H}, 0.06f, 0.f);
+        add(a + "in_proj_a.weight", {NV, H}, 0.06f, 0.f);
+        add(a + "conv1d.weight", {C, 1, KW}, 0.3f, 0.f);
+        add(a + "A_log", {NV}, 0.5f, 0.7f);
+        add(a + "dt_bias", {NV}, 0.5f, 0.f);
+        add(a + "norm.weight", {DV}, 0.05f, 1.f);
+        add(a + "out_proj.weight", {H, NV * DV}, 0.06f, 0.f);
+        continue;
+      }
+      add(p + "self_attn.q_proj.weight", {2 * heads * D, H}, 0.06f, 0.f);  // query and gate
+      add(p + "self_attn.k_proj.weight", {kv_heads * D, H}, 0.06f, 0.f);
+      add(p + "self_attn.v_proj.weight", {kv_heads * D, H}, 0.06f, 0.f);
+      add(p + "self_attn.o_proj.weight", {H, heads * D}, 0.06f, 0.f);
+      add(p + "self_attn.q_norm.weight", {D}, 0.05f, 0.f);
+      add(p + "self_attn.k_norm.weight", {D}, 0.05f, 0.f);
+      continue;
+    }
     add(p + "self_attn.q_proj.weight", {heads * D, H}, 0.06f, 0.f);
     add(p + "self_attn.k_proj.weight", {kv_heads * D, H}, 0.06f, 0.f);
     add(p + "self_attn.v_proj.weight", {kv_heads * D, H}, 0.06f, 0.f);
@@ -225,8 +283,12 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
       add(x + "down_proj.weight", {H, I}, 0.06f, 0.f);
     }
   }
-  add("model.norm.weight", {H}, 0.05f, 1.f);
+  add(model + "norm.weight", {H}, 0.05f, norm_mean);
   add("lm_head.weight", {vocab, H}, 0.1f, 0.f);
+  if (hybrid) {
+    add("model.visual.patch_embed.proj.weight", {H, 8}, 0.06f, 0.f);
+    add("mtp.fc.weight", {H, 2 * H}, 0.06f, 0.f);
+  }
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
   if (!pieces.empty()) {
     MOE_RETURN_IF_ERROR(ScriptWeights(*tokenizer, pieces, H, tensors, storage));
@@ -245,12 +307,16 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
 }  // namespace
 
 absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_dim) {
-  return WriteModel(dir, seed, head_dim, /*script=*/"");
+  return WriteModel(dir, seed, head_dim, /*script=*/"", /*hybrid=*/false);
+}
+
+absl::Status WriteHybridModel(const std::string& dir, uint64_t seed) {
+  return WriteModel(dir, seed, 32, /*script=*/"", /*hybrid=*/true);
 }
 
 absl::Status WriteScriptedModel(const std::string& dir, const std::string& script) {
   if (script.empty()) return absl::InvalidArgumentError("script is empty");
-  return WriteModel(dir, 20261121, 32, script);
+  return WriteModel(dir, 20261121, 32, script, /*hybrid=*/false);
 }
 
 }  // namespace moe::engine

@@ -17,6 +17,12 @@ namespace moe::engine {
 // than the default 32 makes a variant (kv-quality uses 128 for the split TurboQuant formats).
 absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed = 20261121, int head_dim = 32);
 
+// The same shape as a Qwen3.5-MoE hybrid (layers 0 and 2 GatedDeltaNet, 1 and 3 gated full
+// attention, a shared expert), written the way real Qwen3.5 checkpoints are: a composite
+// config.json with text_config, tensors under model.language_model., fused 3-D experts, and a
+// vision-tower and an MTP tensor that the engine skips. For tests of the recurrent state.
+absl::Status WriteHybridModel(const std::string& dir, uint64_t seed = 20261127);
+
 // The same model with weights constructed so that greedy decoding emits `script` and then
 // <|im_end|>, for any prompt whose last token is not a piece of the script (tests that need a known output, e.g. a tool call). The script's pieces
 // become added tokens of the tokenizer. InvalidArgument when the script is empty or too long

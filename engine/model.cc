@@ -113,6 +113,15 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &ones_, T * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &positions_, T * sizeof(int32_t)));
+  if (c.arch.attention_output_gate) MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * q_dim * f));
+  if (state_bytes() > 0) {
+    const int64_t C = c.LinearConvChannels(), NV = c.linear_num_value_heads;
+    const int64_t out = NV * c.linear_value_head_dim;
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &lin_mixed_, 2 * T * C * f));
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &lin_z_, T * out * f));
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &lin_ba_, 2 * T * NV * f));
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &lin_out_, T * out * f));
+  }
   const std::vector<float> ones(T, 1.f);
   backend_.CopyToDevice(ones_.data(), ones.data(), T * f);
   scratch_tokens_ = T;
@@ -193,6 +202,10 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
           absl::StrCat("item ", i, ": ", item.kv->length(), " cached + ", item.tokens.size(),
                        " new tokens exceed the sequence's KV capacity ", item.kv->capacity()));
     }
+    if (state_bytes() > 0 && (item.kv != nullptr ? item.kv->state() : item.state) == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", i, ": the model has linear-attention layers and needs a state"));
+    }
     for (size_t t = 0; t < item.tokens.size(); ++t) {
       const int32_t id = item.tokens[t];
       if (id < 0 || id >= c.vocab_size) {
@@ -226,40 +239,11 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     int64_t t0 = PhaseClock();
-    kernels::RopeArgs rope;
-    rope.positions = static_cast<const int32_t*>(positions_.data());
-    rope.num_tokens = T;
-    rope.head_dim = static_cast<int>(c.head_dim);
-    rope.rotary_dim = rope_.rotary_dim;
-    rope.inv_freq = inv_freq_.f32();
-    rope.attention_factor = rope_.attention_factor;
-    // One token: one launch for q, k and v (its output row is [q | k | v]), where they stack.
-    if (T == 1 && L.qkv_proj.view.data != nullptr &&
-        (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
-      backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view,
-                      c.attention_bias ? &L.qkv_bias.view : nullptr);
-    } else {
-      backend_.MatMul(q_, h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
-      backend_.MatMul(k_, h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
-      backend_.MatMul(v_, h_.f32(), T, L.v_proj.view, c.attention_bias ? &L.v_bias.view : nullptr);
+    if (c.IsLinearLayer(l)) {
+      LinearAttentionBlock(l, batch, T);
+    } else if (absl::Status st = AttentionBlock(l, batch, T); !st.ok()) {
+      return AbandonStep(std::move(st));
     }
-    kernels::RopeArgs rope_q = rope, rope_k = rope;
-    rope_q.x = q_;
-    rope_q.num_heads = static_cast<int>(c.num_attention_heads);
-    rope_k.x = k_;
-    rope_k.num_heads = static_cast<int>(c.num_key_value_heads);
-    if (c.arch.qk_norm == QkNorm::kPerHead) {  // norm and rotation in one pass per tensor
-      backend_.HeadNormRope(rope_q, L.q_norm.view, rope_k, L.k_norm.view, c.rms_norm_eps);
-    } else {
-      if (c.arch.qk_norm == QkNorm::kWholeProj) {
-        backend_.RmsNorm(q_, q_, T, L.q_norm.view, c.rms_norm_eps);
-        backend_.RmsNorm(k_, k_, T, L.k_norm.view, c.rms_norm_eps);
-      }
-      backend_.Rope(rope_q);
-      backend_.Rope(rope_k);
-    }
-    if (absl::Status st = Attention(l, batch, T); !st.ok()) return AbandonStep(std::move(st));
-    backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
     backend_.AddRmsNorm(x_.f32(), h_.f32(), h_.f32(), T, L.post_attention_layernorm.view,
                         c.rms_norm_eps);
     times_.attention_us += PhaseClock() - t0;
@@ -307,6 +291,102 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   times_.logits_us += PhaseClock() - t0;
   moe_->ReportStepUse(times_);
   return R;
+}
+
+absl::Status Model::AttentionBlock(int64_t l, absl::Span<const ForwardItem> batch, int64_t T) {
+  const ModelConfig& c = config_;
+  const LayerWeights& L = weights_.layers[l];
+  kernels::RopeArgs rope;
+  rope.positions = static_cast<const int32_t*>(positions_.data());
+  rope.num_tokens = T;
+  rope.head_dim = static_cast<int>(c.head_dim);
+  rope.rotary_dim = rope_.rotary_dim;
+  rope.inv_freq = inv_freq_.f32();
+  rope.attention_factor = rope_.attention_factor;
+  // One token: one launch for q, k and v (its output row is [q | k | v]), where they stack.
+  if (T == 1 && L.qkv_proj.view.data != nullptr &&
+      (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
+    backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view,
+                    c.attention_bias ? &L.qkv_bias.view : nullptr);
+  } else {
+    backend_.MatMul(q_, h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
+    backend_.MatMul(k_, h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);
+    backend_.MatMul(v_, h_.f32(), T, L.v_proj.view, c.attention_bias ? &L.v_bias.view : nullptr);
+  }
+  kernels::RopeArgs rope_q = rope, rope_k = rope;
+  rope_q.x = q_;
+  rope_q.num_heads = static_cast<int>(c.num_attention_heads);
+  rope_k.x = k_;
+  rope_k.num_heads = static_cast<int>(c.num_key_value_heads);
+  if (c.arch.qk_norm == QkNorm::kPerHead) {  // norm and rotation in one pass per tensor
+    backend_.HeadNormRope(rope_q, L.q_norm.view, rope_k, L.k_norm.view, c.rms_norm_eps);
+  } else {
+    if (c.arch.qk_norm == QkNorm::kWholeProj) {
+      backend_.RmsNorm(q_, q_, T, L.q_norm.view, c.rms_norm_eps);
+      backend_.RmsNorm(k_, k_, T, L.k_norm.view, c.rms_norm_eps);
+    }
+    backend_.Rope(rope_q);
+    backend_.Rope(rope_k);
+  }
+  MOE_RETURN_IF_ERROR(Attention(l, batch, T));
+  if (c.arch.attention_output_gate) {
+    backend_.MatMul(gate_.f32(), h_.f32(), T, L.q_gate_proj.view, nullptr);
+    backend_.MulSigmoid(attn_.f32(), gate_.f32(), T * c.num_attention_heads * c.head_dim);
+  }
+  backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
+  return absl::OkStatus();
+
+}
+
+void Model::LinearAttentionBlock(int64_t l, absl::Span<const ForwardItem> batch, int64_t T) {
+  const ModelConfig& c = config_;
+  const LinearAttentionWeights& W = weights_.layers[l].linear;
+  const int64_t C = c.LinearConvChannels();
+  const int64_t NV = c.linear_num_value_heads, DV = c.linear_value_head_dim;
+  // This layer's slice of each sequence's state: conv [C, KW-1], then recurrent [NV, DK, DV].
+  int64_t offset = 0;
+  for (int64_t i = 0; i < l; ++i) {
+    if (c.IsLinearLayer(i)) offset += c.LinearStateFloats();
+  }
+  std::vector<kernels::LinearAttnSeq> seqs;
+  for (const ForwardItem& item : batch) {
+    float* state = (item.kv != nullptr ? item.kv->state() : item.state) + offset;
+    seqs.push_back({static_cast<int64_t>(item.tokens.size()), state,
+                    state + C * (c.linear_conv_kernel_dim - 1)});
+  }
+  float* mixed = lin_mixed_.f32();           // [T, C], the conv's input
+  float* conv = mixed + T * C;               // [T, C]
+  float* z = lin_z_.f32();                   // [T, NV DV]
+  float* b = lin_ba_.f32();                  // [T, NV]
+  float* a = b + T * NV;                     // [T, NV]
+  backend_.MatMul(mixed, h_.f32(), T, W.in_qkv.view, nullptr);
+  backend_.MatMul(z, h_.f32(), T, W.in_z.view, nullptr);
+  backend_.MatMul(b, h_.f32(), T, W.in_b.view, nullptr);
+  backend_.MatMul(a, h_.f32(), T, W.in_a.view, nullptr);
+  kernels::CausalConvArgs conv_args;
+  conv_args.out = conv;
+  conv_args.x = mixed;
+  conv_args.weight = W.conv.view;
+  conv_args.channels = C;
+  conv_args.kernel_size = static_cast<int>(c.linear_conv_kernel_dim);
+  conv_args.seqs = seqs;
+  backend_.CausalConv(conv_args);
+  kernels::GatedDeltaRuleArgs rule;
+  rule.out = lin_out_.f32();
+  rule.qkv = conv;
+  rule.b = b;
+  rule.a = a;
+  rule.a_log = W.a_log.view;
+  rule.dt_bias = W.dt_bias.view;
+  rule.num_k_heads = static_cast<int>(c.linear_num_key_heads);
+  rule.num_v_heads = static_cast<int>(NV);
+  rule.k_head_dim = static_cast<int>(c.linear_key_head_dim);
+  rule.v_head_dim = static_cast<int>(DV);
+  rule.seqs = seqs;
+  backend_.GatedDeltaRule(rule);
+  backend_.GatedRmsNorm(lin_out_.f32(), lin_out_.f32(), z, T * NV, W.norm.view,
+                        static_cast<float>(c.rms_norm_eps));
+  backend_.MatMul(h_.f32(), lin_out_.f32(), T, W.out_proj.view, nullptr);
 }
 
 absl::Status Model::AbandonStep(absl::Status error) {

@@ -136,6 +136,12 @@ class Model {
   absl::Status FinishStep(absl::Span<const ForwardItem> batch);
   // Returns `error` for a step that fails half-way, its work issued (Backend::EndStep).
   absl::Status AbandonStep(absl::Status error);
+  // Layer `layer`'s token mixer on h_ (the normed input), its output (before the residual add)
+  // into h_: full attention (projections, q/k norms, RoPE, the KV write and attention, the output
+  // gate, o_proj) or GatedDeltaNet (projections, causal conv, delta rule, gated norm, out_proj).
+  absl::Status AttentionBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
+  void LinearAttentionBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
+  // The KV write and attention over the cache: q_/k_/v_ -> attn_.
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   // Grows the scratch buffers to hold a step of T tokens.
   absl::Status Reserve(int64_t T);
@@ -158,6 +164,10 @@ class Model {
   // Scratch in backend memory, sized for `scratch_tokens_` tokens.
   int64_t scratch_tokens_ = 0;
   kernels::Buffer x_, h_, qkv_, attn_, mlp_out_, ones_, logits_, positions_;
+  kernels::Buffer gate_;  // [T, NH*D], attention_output_gate
+  // GatedDeltaNet: conv input and output [T, C] each, z [T, NV DV], b and a [T, NV] each, the
+  // delta rule's output [T, NV DV].
+  kernels::Buffer lin_mixed_, lin_z_, lin_ba_, lin_out_;
   // The step's q [T, NH*D], k and v [T, NKV*D], one after another in qkv_ (set per Forward): at
   // T = 1 that is exactly one row of the fused projection's output, [q | k | v].
   float* q_ = nullptr;

@@ -18,6 +18,49 @@ class Loader {
   }
   bool Has(const std::string& name) const { return checkpoint_.Has(name); }
 
+  // A new tensor made of the rows `rows` of the checkpoint's `name` (shape `shape`, rows first),
+  // in that order: the layouts that interleave two matrices' rows (gated attention's q_proj,
+  // Qwen3-Next's grouped projections) become plain matrices once, at load.
+  absl::StatusOr<kernels::DeviceTensor> GetRows(const std::string& name,
+                                                const std::vector<int64_t>& shape,
+                                                const std::vector<int64_t>& rows) {
+    MOE_ASSIGN_OR_RETURN(kernels::TensorView host, checkpoint_.Get(name, shape));
+    if (kernels::IsQuantized(host.dtype)) {
+      return absl::UnimplementedError(
+          absl::StrCat("tensor '", name, "': its rows are regrouped at load, so it cannot be quantized"));
+    }
+    const size_t row_bytes = host.bytes() / shape[0];
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(rows.size() * row_bytes));
+    for (size_t i = 0; i < rows.size(); ++i) {
+      backend_.CopyToDevice(static_cast<uint8_t*>(storage.data()) + i * row_bytes,
+                            static_cast<const uint8_t*>(host.data) + rows[i] * row_bytes, row_bytes);
+    }
+    kernels::DeviceTensor out;
+    out.view = host;
+    out.view.data = storage.data();
+    out.view.shape[0] = static_cast<int64_t>(rows.size());
+    out.storage = std::move(storage);
+    return out;
+  }
+
+  // A norm weight as used: fp32 (1 + w) for the zero-centred norms (transformers computes
+  // 1.0 + weight.float() the same way), w itself otherwise.
+  absl::StatusOr<kernels::DeviceTensor> GetNorm(const std::string& name, int64_t n,
+                                                bool zero_centred) {
+    if (!zero_centred) return Get(name, {n});
+    MOE_ASSIGN_OR_RETURN(kernels::TensorView host, checkpoint_.Get(name, {n}));
+    std::vector<float> w(n);
+    for (int64_t i = 0; i < n; ++i) w[i] = 1.f + host.at(i);
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(n * sizeof(float)));
+    backend_.CopyToDevice(storage.data(), w.data(), n * sizeof(float));
+    kernels::DeviceTensor out;
+    out.view = host;
+    out.view.dtype = kernels::DType::kF32;
+    out.view.data = storage.data();
+    out.storage = std::move(storage);
+    return out;
+  }
+
   // The tensors `names` (shapes [rows_i, cols...]) stacked along their first dim into one upload,
   // with `parts` set to views of their rows in it; an empty tensor (nothing uploaded) when their
   // dtypes differ or are quantized (a quantized matrix keeps its scales after all its codes, so
@@ -66,6 +109,80 @@ kernels::ExpertWeights Views(const kernels::DeviceTensor& gate, const kernels::D
   return kernels::ExpertWeights{gate.view, up.view, down.view};
 }
 
+// The layer's dense MLP, or its router and shared expert (sparse layers).
+absl::Status LoadMlp(const ModelConfig& c, int64_t l, Loader& load, LayerWeights* L) {
+  const int64_t H = c.hidden_size;
+  const std::string p = absl::StrCat("model.layers.", l, ".");
+  const std::string mlp = p + c.arch.moe_block + ".";
+  if (L->sparse) {
+    MOE_ASSIGN_OR_RETURN(L->router, load.Get(mlp + "gate.weight", {c.num_experts, H}));
+    if (c.arch.has_shared_expert) {
+      const int64_t I = c.shared_expert_intermediate_size;
+      MOE_ASSIGN_OR_RETURN(L->mlp_gate, load.Get(mlp + "shared_expert.gate_proj.weight", {I, H}));
+      MOE_ASSIGN_OR_RETURN(L->mlp_up, load.Get(mlp + "shared_expert.up_proj.weight", {I, H}));
+      MOE_ASSIGN_OR_RETURN(L->mlp_down, load.Get(mlp + "shared_expert.down_proj.weight", {H, I}));
+      MOE_ASSIGN_OR_RETURN(L->shared_expert_gate,
+                           load.Get(mlp + "shared_expert_gate.weight", {1, H}));
+      L->mlp = Views(L->mlp_gate, L->mlp_up, L->mlp_down);
+    }
+    return absl::OkStatus();
+  }
+  const int64_t I = c.intermediate_size;
+  const std::string dense = p + "mlp.";
+  MOE_ASSIGN_OR_RETURN(L->mlp_gate, load.Get(dense + "gate_proj.weight", {I, H}));
+  MOE_ASSIGN_OR_RETURN(L->mlp_up, load.Get(dense + "up_proj.weight", {I, H}));
+  MOE_ASSIGN_OR_RETURN(L->mlp_down, load.Get(dense + "down_proj.weight", {H, I}));
+  L->mlp = Views(L->mlp_gate, L->mlp_up, L->mlp_down);
+  return absl::OkStatus();
+}
+
+// GatedDeltaNet's tensors below `p` ("model.layers.{i}.linear_attn."), architectures.md §1.4;
+// Qwen3-Next's grouped in_proj_qkvz / in_proj_ba (§2) are regrouped into the same four matrices.
+absl::Status LoadLinearAttention(const ModelConfig& c, const std::string& p, Loader& load,
+                                 LinearAttentionWeights* W) {
+  const int64_t H = c.hidden_size, NK = c.linear_num_key_heads, NV = c.linear_num_value_heads;
+  const int64_t DK = c.linear_key_head_dim, DV = c.linear_value_head_dim, r = NV / NK;
+  const int64_t C = c.LinearConvChannels();
+  if (c.arch.linear_attention == LinearAttention::kGrouped) {
+    // in_proj_qkvz rows per key head g: q_g [DK], k_g [DK], v [r DV], z [r DV];
+    // in_proj_ba rows per key head g: b [r], a [r].
+    const int64_t group = 2 * DK + 2 * r * DV;
+    std::vector<int64_t> qkv, z, b, a;
+    for (int64_t g = 0; g < NK; ++g) {
+      for (int64_t d = 0; d < DK; ++d) qkv.push_back(g * group + d);
+    }
+    for (int64_t g = 0; g < NK; ++g) {
+      for (int64_t d = 0; d < DK; ++d) qkv.push_back(g * group + DK + d);
+    }
+    for (int64_t g = 0; g < NK; ++g) {
+      for (int64_t d = 0; d < r * DV; ++d) {
+        qkv.push_back(g * group + 2 * DK + d);
+        z.push_back(g * group + 2 * DK + r * DV + d);
+      }
+      for (int64_t j = 0; j < r; ++j) {
+        b.push_back(g * 2 * r + j);
+        a.push_back(g * 2 * r + r + j);
+      }
+    }
+    const std::vector<int64_t> qkvz_shape = {NK * group, H}, ba_shape = {2 * NV, H};
+    MOE_ASSIGN_OR_RETURN(W->in_qkv, load.GetRows(p + "in_proj_qkvz.weight", qkvz_shape, qkv));
+    MOE_ASSIGN_OR_RETURN(W->in_z, load.GetRows(p + "in_proj_qkvz.weight", qkvz_shape, z));
+    MOE_ASSIGN_OR_RETURN(W->in_b, load.GetRows(p + "in_proj_ba.weight", ba_shape, b));
+    MOE_ASSIGN_OR_RETURN(W->in_a, load.GetRows(p + "in_proj_ba.weight", ba_shape, a));
+  } else {
+    MOE_ASSIGN_OR_RETURN(W->in_qkv, load.Get(p + "in_proj_qkv.weight", {C, H}));
+    MOE_ASSIGN_OR_RETURN(W->in_z, load.Get(p + "in_proj_z.weight", {NV * DV, H}));
+    MOE_ASSIGN_OR_RETURN(W->in_b, load.Get(p + "in_proj_b.weight", {NV, H}));
+    MOE_ASSIGN_OR_RETURN(W->in_a, load.Get(p + "in_proj_a.weight", {NV, H}));
+  }
+  MOE_ASSIGN_OR_RETURN(W->conv, load.Get(p + "conv1d.weight", {C, 1, c.linear_conv_kernel_dim}));
+  MOE_ASSIGN_OR_RETURN(W->a_log, load.Get(p + "A_log", {NV}));
+  MOE_ASSIGN_OR_RETURN(W->dt_bias, load.Get(p + "dt_bias", {NV}));
+  MOE_ASSIGN_OR_RETURN(W->norm, load.Get(p + "norm.weight", {DV}));
+  MOE_ASSIGN_OR_RETURN(W->out_proj, load.Get(p + "out_proj.weight", {H, NV * DV}));
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 store::ExpertTensorNames ExpertNames(const ModelConfig& c, int64_t layer, int64_t expert) {
@@ -84,7 +201,8 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
   const int64_t q_dim = c.num_attention_heads * D, kv_dim = c.num_key_value_heads * D;
   ModelWeights w;
   MOE_ASSIGN_OR_RETURN(w.embed_tokens, load.Get("model.embed_tokens.weight", {V, H}));
-  MOE_ASSIGN_OR_RETURN(w.norm, load.Get("model.norm.weight", {H}));
+  const bool zc = c.arch.zero_centred_norms;
+  MOE_ASSIGN_OR_RETURN(w.norm, load.GetNorm("model.norm.weight", H, zc));
   if (c.tie_word_embeddings && !load.Has("lm_head.weight")) {
     MOE_ASSIGN_OR_RETURN(w.lm_head, load.Get("model.embed_tokens.weight", {V, H}));
   } else {
@@ -94,9 +212,31 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
     LayerWeights& L = w.layers.emplace_back();
     const std::string p = absl::StrCat("model.layers.", l, ".");
     const std::string attn = p + "self_attn.";
-    MOE_ASSIGN_OR_RETURN(L.input_layernorm, load.Get(p + "input_layernorm.weight", {H}));
+    MOE_ASSIGN_OR_RETURN(L.input_layernorm, load.GetNorm(p + "input_layernorm.weight", H, zc));
     MOE_ASSIGN_OR_RETURN(L.post_attention_layernorm,
-                         load.Get(p + "post_attention_layernorm.weight", {H}));
+                         load.GetNorm(p + "post_attention_layernorm.weight", H, zc));
+    L.sparse = c.IsSparseLayer(l);
+    MOE_RETURN_IF_ERROR(LoadMlp(c, l, load, &L));
+    if (c.IsLinearLayer(l)) {
+      MOE_RETURN_IF_ERROR(LoadLinearAttention(c, p + "linear_attn.", load, &L.linear));
+      continue;
+    }
+    if (c.arch.attention_output_gate) {  // q_proj rows per head: D query rows, then D gate rows
+      std::vector<int64_t> query, gate;
+      for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+        for (int64_t d = 0; d < D; ++d) {
+          query.push_back(2 * h * D + d);
+          gate.push_back(2 * h * D + D + d);
+        }
+      }
+      MOE_ASSIGN_OR_RETURN(L.q_proj, load.GetRows(attn + "q_proj.weight", {2 * q_dim, H}, query));
+      MOE_ASSIGN_OR_RETURN(L.q_gate_proj, load.GetRows(attn + "q_proj.weight", {2 * q_dim, H}, gate));
+      if (c.attention_bias) {
+        return absl::UnimplementedError(absl::StrCat(attn, "q_proj: attention_bias with the output gate"));
+      }
+      MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
+      MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
+    } else {
     MOE_ASSIGN_OR_RETURN(L.qkv_proj, load.GetStacked({attn + "q_proj.weight", attn + "k_proj.weight",
                                                       attn + "v_proj.weight"},
                                                      {{q_dim, H}, {kv_dim, H}, {kv_dim, H}},
@@ -105,6 +245,7 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
       MOE_ASSIGN_OR_RETURN(L.q_proj, load.Get(attn + "q_proj.weight", {q_dim, H}));
       MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
       MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
+    }
     }
     MOE_ASSIGN_OR_RETURN(L.o_proj, load.Get(attn + "o_proj.weight", {H, q_dim}));
     if (c.attention_bias) {
@@ -119,31 +260,11 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
       }
     }
     if (c.arch.qk_norm == QkNorm::kPerHead) {
-      MOE_ASSIGN_OR_RETURN(L.q_norm, load.Get(attn + "q_norm.weight", {D}));
-      MOE_ASSIGN_OR_RETURN(L.k_norm, load.Get(attn + "k_norm.weight", {D}));
+      MOE_ASSIGN_OR_RETURN(L.q_norm, load.GetNorm(attn + "q_norm.weight", D, zc));
+      MOE_ASSIGN_OR_RETURN(L.k_norm, load.GetNorm(attn + "k_norm.weight", D, zc));
     } else if (c.arch.qk_norm == QkNorm::kWholeProj) {
       MOE_ASSIGN_OR_RETURN(L.q_norm, load.Get(attn + "q_norm.weight", {q_dim}));
       MOE_ASSIGN_OR_RETURN(L.k_norm, load.Get(attn + "k_norm.weight", {kv_dim}));
-    }
-    L.sparse = c.IsSparseLayer(l);
-    const std::string mlp = p + c.arch.moe_block + ".";
-    if (L.sparse) {
-      MOE_ASSIGN_OR_RETURN(L.router, load.Get(mlp + "gate.weight", {c.num_experts, H}));
-      if (c.arch.has_shared_expert) {
-        const int64_t I = c.shared_expert_intermediate_size;
-        MOE_ASSIGN_OR_RETURN(L.mlp_gate, load.Get(mlp + "shared_expert.gate_proj.weight", {I, H}));
-        MOE_ASSIGN_OR_RETURN(L.mlp_up, load.Get(mlp + "shared_expert.up_proj.weight", {I, H}));
-        MOE_ASSIGN_OR_RETURN(L.mlp_down, load.Get(mlp + "shared_expert.down_proj.weight", {H, I}));
-        MOE_ASSIGN_OR_RETURN(L.shared_expert_gate, load.Get(mlp + "shared_expert_gate.weight", {1, H}));
-        L.mlp = Views(L.mlp_gate, L.mlp_up, L.mlp_down);
-      }
-    } else {
-      const int64_t I = c.intermediate_size;
-      const std::string dense = p + "mlp.";
-      MOE_ASSIGN_OR_RETURN(L.mlp_gate, load.Get(dense + "gate_proj.weight", {I, H}));
-      MOE_ASSIGN_OR_RETURN(L.mlp_up, load.Get(dense + "up_proj.weight", {I, H}));
-      MOE_ASSIGN_OR_RETURN(L.mlp_down, load.Get(dense + "down_proj.weight", {H, I}));
-      L.mlp = Views(L.mlp_gate, L.mlp_up, L.mlp_down);
     }
   }
   return w;

@@ -14,6 +14,19 @@
 
 namespace moe::engine {
 
+// GatedDeltaNet (linear-attention layers), Qwen3.5's layout (architectures.md §1.4).
+struct LinearAttentionWeights {
+  kernels::DeviceTensor in_qkv;    // [C, H], C = 2 NK DK + NV DV: q | k | v
+  kernels::DeviceTensor in_z;      // [NV DV, H]
+  kernels::DeviceTensor in_b;      // [NV, H]
+  kernels::DeviceTensor in_a;      // [NV, H]
+  kernels::DeviceTensor conv;      // [C, 1, KW]
+  kernels::DeviceTensor a_log;     // [NV]
+  kernels::DeviceTensor dt_bias;   // [NV]
+  kernels::DeviceTensor norm;      // [DV], the gated norm (plain scale)
+  kernels::DeviceTensor out_proj;  // [H, NV DV]
+};
+
 struct LayerWeights {
   kernels::DeviceTensor input_layernorm;           // [H]
   kernels::DeviceTensor post_attention_layernorm;  // [H]
@@ -24,6 +37,7 @@ struct LayerWeights {
   // own nothing. Empty otherwise (and always on the CPU backend, which reads the checkpoint in
   // place). Decoding one token takes it as one matrix-vector product.
   kernels::DeviceTensor qkv_proj, qkv_bias;
+  kernels::DeviceTensor q_gate_proj;  // [NH*D, H]: the output gate's rows of a gated q_proj
   kernels::DeviceTensor o_proj;                    // [H, NH*D]
   kernels::DeviceTensor q_norm, k_norm;            // [D] per head, or [NH*D]/[NKV*D] whole
   bool sparse = false;
@@ -32,6 +46,8 @@ struct LayerWeights {
   kernels::DeviceTensor mlp_gate, mlp_up, mlp_down;
   kernels::ExpertWeights mlp;   // views of the three above; mlp.gate.data == nullptr if absent
   kernels::DeviceTensor shared_expert_gate;  // [1, H]
+  // Linear-attention layers (ModelConfig::IsLinearLayer) have these instead of attention's.
+  LinearAttentionWeights linear;
 };
 
 // Tensor names of one expert in a Hugging Face checkpoint.
@@ -44,7 +60,8 @@ struct ModelWeights {
   std::vector<LayerWeights> layers;
 };
 
-// Loads every dense weight from `checkpoint`, checking each shape against `config`.
+// Loads every dense weight from `checkpoint`, checking each shape against `config`. Zero-centred
+// norm weights are stored as used, 1 + w in fp32.
 // NotFound / InvalidArgument name the tensor (missing, mis-shaped).
 absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& config,
                                               const store::Checkpoint& checkpoint,

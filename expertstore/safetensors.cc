@@ -13,6 +13,7 @@
 #include <fstream>
 #include <set>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/base/status.h"
@@ -169,7 +170,69 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
   return absl::OkStatus();
 }
 
+// Two Hugging Face layouts become the names every reader uses (architectures.md §0.4):
+// a vision-language checkpoint's text model ("model.language_model.X" -> "model.X"; the vision
+// tower "model.visual.*" and the multi-token-prediction head "mtp.*" are dropped), and fused 3-D
+// experts ("P.experts.gate_up_proj" [E, 2I, H] with the gate rows first, "P.experts.down_proj"
+// [E, H, I]) become views "P.experts.{e}.gate_proj.weight" [I, H], "...up_proj.weight" [I, H],
+// "...down_proj.weight" [H, I] of the same bytes.
+absl::Status Checkpoint::NormalizeNames() {
+  std::map<std::string, TensorInfo> out;
+  auto add = [&](std::string name, TensorInfo info) -> absl::Status {
+    info.name = name;
+    if (!out.emplace(std::move(name), std::move(info)).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensor '", info.name, "' appears twice (under two prefixes or layouts)"));
+    }
+    return absl::OkStatus();
+  };
+  constexpr std::string_view kText = "model.language_model.";
+  for (auto& [original, info] : tensors_) {
+    std::string name = original;
+    if (name.rfind("model.visual.", 0) == 0 || name.rfind("mtp.", 0) == 0) continue;
+    if (name.rfind(kText, 0) == 0) name = absl::StrCat("model.", name.substr(kText.size()));
+    const bool gate_up = absl::EndsWith(name, ".experts.gate_up_proj");
+    const bool down = absl::EndsWith(name, ".experts.down_proj");
+    if (!gate_up && !down) {
+      MOE_RETURN_IF_ERROR(add(std::move(name), std::move(info)));
+      continue;
+    }
+    if (info.shape.size() != 3 || kernels::IsQuantized(info.dtype) ||
+        (gate_up && info.shape[1] % 2 != 0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tensor '", original, "' in ", info.file->path(), " has shape [",
+          absl::StrJoin(info.shape, ","), "]: fused experts must be [E, 2I, H] or [E, H, I]"));
+    }
+    const std::string prefix = name.substr(0, name.rfind('.') + 1);  // "P.experts."
+    const int64_t E = info.shape[0], rows = info.shape[1], cols = info.shape[2];
+    const uint64_t expert_bytes = info.bytes / E;
+    for (int64_t e = 0; e < E; ++e) {
+      TensorInfo view = info;
+      view.offset = info.offset + e * expert_bytes;
+      if (down) {
+        view.bytes = expert_bytes;
+        view.shape = {rows, cols};
+        MOE_RETURN_IF_ERROR(add(absl::StrCat(prefix, e, ".down_proj.weight"), view));
+        continue;
+      }
+      view.bytes = expert_bytes / 2;
+      view.shape = {rows / 2, cols};
+      MOE_RETURN_IF_ERROR(add(absl::StrCat(prefix, e, ".gate_proj.weight"), view));
+      view.offset += view.bytes;
+      MOE_RETURN_IF_ERROR(add(absl::StrCat(prefix, e, ".up_proj.weight"), view));
+    }
+  }
+  tensors_ = std::move(out);
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
+  MOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, OpenFiles(dir));
+  MOE_RETURN_IF_ERROR(ckpt->NormalizeNames());
+  return ckpt;
+}
+
+absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::OpenFiles(const std::string& dir) {
   auto ckpt = std::unique_ptr<Checkpoint>(new Checkpoint());
   const fs::path index_path = fs::path(dir) / "model.safetensors.index.json";
   std::error_code ec;

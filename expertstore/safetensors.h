@@ -55,7 +55,8 @@ class Checkpoint {
   // DataLoss: a truncated file, a header whose offsets lie outside the file or do not match the
   // shape and dtype. InvalidArgument: malformed header JSON or index. Unimplemented: a dtype other
   // than F32/F16/BF16 (or U8 with our quantization metadata, above). Messages name the file and
-  // the tensor.
+  // the tensor. Names are normalised (safetensors.cc: NormalizeNames): a vision-language
+  // checkpoint's text model under "model.", fused 3-D experts as per-expert views.
   static absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::string& dir);
 
   bool Has(const std::string& name) const { return tensors_.count(name) != 0; }
@@ -66,7 +67,9 @@ class Checkpoint {
   const std::map<std::string, TensorInfo>& tensors() const { return tensors_; }
 
  private:
+  static absl::StatusOr<std::unique_ptr<Checkpoint>> OpenFiles(const std::string& dir);
   absl::Status AddFile(const std::string& path);
+  absl::Status NormalizeNames();
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
 };

@@ -170,8 +170,8 @@ void CpuBackend::CausalConv(const CausalConvArgs& a) {
 
 void CpuBackend::GatedDeltaRule(const GatedDeltaRuleArgs& a) {
   const int NK = a.num_k_heads, NV = a.num_v_heads, DK = a.k_head_dim, DV = a.v_head_dim;
-  MOE_CHECK(NK > 0 && NV % NK == 0) << "GatedDeltaRule: " << NV << " value heads, " << NK
-                                    << " key heads";
+  MOE_CHECK(NK > 0 && NV % NK == 0)
+      << "GatedDeltaRule: " << NV << " value heads, " << NK << " key heads";
   const int r = NV / NK;
   const int64_t C = 2 * NK * DK + NV * DV;
   const float q_scale = 1.f / std::sqrt(static_cast<float>(DK));

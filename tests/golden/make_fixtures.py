@@ -52,6 +52,43 @@ ARCHS = {
                              original_max_position_embeddings=16)),
 }
 
+# The hybrids (GatedDeltaNet + gated attention), architectures.md §1.8 and §2: key heads shared
+# by value heads (r = 2: division, not modulo), dk != dv, both layer types, a prompt longer than
+# one 64-token chunk of the chunked delta rule, and the decode that follows runs the recurrent form.
+HYBRID = dict(
+    num_hidden_layers=4, head_dim=32, linear_num_key_heads=2, linear_num_value_heads=4,
+    linear_key_head_dim=16, linear_value_head_dim=24, linear_conv_kernel_dim=4, num_experts=8,
+    num_experts_per_tok=2, moe_intermediate_size=32, shared_expert_intermediate_size=48,
+    max_position_embeddings=512,
+    rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25),
+    prompt_len=80)
+ARCHS["qwen3_5_moe"] = dict(
+    HYBRID, cls="Qwen3_5MoeTextConfig",
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"])
+ARCHS["qwen3_next"] = dict(
+    HYBRID, cls="Qwen3NextConfig", intermediate_size=96, norm_topk_prob=True,
+    decoder_sparse_step=1, mlp_only_layers=[1],
+    layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
+
+
+def perturb_hybrid_(model, gen):
+    """architectures.md §0.6: zero-centred norms ~ N(0, 0.1) (their scale is 1 + w), the gated
+    norm 1 + N(0, 0.1), A_log ~ U(log 0.5, log 8), dt_bias ~ N(0, 1), the conv large enough to
+    matter: a term the engine skips changes the logits."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("linear_attn.norm.weight"):
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif "norm" in name:
+                p.copy_(0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("A_log"):
+                lo, hi = torch.log(torch.tensor(0.5)), torch.log(torch.tensor(8.0))
+                p.copy_(lo + (hi - lo) * torch.rand(p.shape, generator=gen))
+            elif name.endswith("dt_bias"):
+                p.copy_(torch.randn(p.shape, generator=gen))
+            elif "conv1d" in name:
+                p.copy_(0.4 * torch.randn(p.shape, generator=gen))
+
 
 def perturb_(model, gen):
     """Random weights everywhere, norms included, so that a weight we ignore changes the logits."""
@@ -69,7 +106,8 @@ def perturb_(model, gen):
 
 def make(arch, spec, out_dir, seed):
     cfg_kwargs = dict(COMMON)
-    cfg_kwargs.update({k: v for k, v in spec.items() if k != "cls"})
+    cfg_kwargs.update({k: v for k, v in spec.items() if k not in ("cls", "prompt_len")})
+    prompt_len = spec.get("prompt_len", PROMPT_LEN)
     config = getattr(transformers, spec["cls"])(**cfg_kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
@@ -77,21 +115,28 @@ def make(arch, spec, out_dir, seed):
     model.eval()
     gen = torch.Generator().manual_seed(seed)
     perturb_(model, gen)
-    prompt = torch.randint(3, VOCAB, (1, PROMPT_LEN), generator=gen)
+    if "linear_num_key_heads" in spec:
+        perturb_hybrid_(model, gen)
+    prompt = torch.randint(3, VOCAB, (1, prompt_len), generator=gen)
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False,
                              eos_token_id=None, pad_token_id=0, min_new_tokens=NEW_TOKENS)
         full = out[0]
         logits = model(full.unsqueeze(0)).logits[0].float()  # [L, V]
     top2 = logits.topk(2, dim=-1).values
-    min_gap = (top2[:, 0] - top2[:, 1])[PROMPT_LEN - 1:].min().item()
+    min_gap = (top2[:, 0] - top2[:, 1])[prompt_len - 1:].min().item()
     d = os.path.join(out_dir, arch)
     os.makedirs(d, exist_ok=True)
     model.save_pretrained(d, safe_serialization=True)
+    from safetensors import safe_open
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f, \
+            open(os.path.join(d, "tensors.txt"), "w") as out:
+        for key in sorted(f.keys()):  # what save_pretrained wrote (architectures.md §7.1)
+            out.write(f"{key} {list(f.get_slice(key).get_shape())}\n")
     save_file({"logits": logits.contiguous()}, os.path.join(d, "expected_logits.safetensors"))
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump({"prompt_ids": prompt[0].tolist(),
-                   "greedy_ids": full[PROMPT_LEN:].tolist(),
+                   "greedy_ids": full[prompt_len:].tolist(),
                    "min_greedy_logit_gap": min_gap,
                    "seed": seed,
                    "transformers": transformers.__version__,
@@ -102,8 +147,17 @@ def make(arch, spec, out_dir, seed):
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--out", required=True)
+    ap.add_argument("--only", nargs="*", help="make only these architectures")
     args = ap.parse_args()
+    for mod in ("fla", "causal_conv1d"):  # hub kernels would replace the torch reference
+        try:
+            __import__(mod)
+            print(f"{mod}: importable (its kernels may replace the torch code)")
+        except ImportError:
+            print(f"{mod}: not installed (the torch reference runs)")
     for arch, spec in ARCHS.items():
+        if args.only and arch not in args.only:
+            continue
         # A greedy continuation is only a fair test if no step is a near-tie.
         for seed in range(1, 50):
             gap = make(arch, spec, args.out, seed)

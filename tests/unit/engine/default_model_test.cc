@@ -1,8 +1,10 @@
 // The built-in models: the scripted model's greedy output is its script for any prompt that does
-// not end on a piece of it, and it ends on <|im_end|>; a script that cannot fit is refused.
+// not end on a piece of it, and it ends on <|im_end|>; a script that cannot fit is refused. The
+// hybrid test model loads from the vision-language layout of real Qwen3.5 checkpoints.
 #include "engine/default_model.h"
 
 #include "engine/engine.h"
+#include "expertstore/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
 
@@ -33,6 +35,64 @@ std::pair<std::string, FinishReason> Greedy(const std::string& dir, const std::s
     }
   }
   return {text, finish};
+}
+
+// The composite config's text_config is read, full_attention_interval gives the layer types, the
+// text model's tensors are found under model.language_model., the fused experts are split into
+// per-expert views of the same bytes (gate rows first), and the vision tower and MTP head are
+// skipped; a prompt fed whole or token by token gives the same last logits.
+TEST(HybridModel, LoadsFromTheVisionLanguageLayout) {
+  testing::TempDir dir;
+  ASSERT_TRUE(WriteHybridModel(dir.path()).ok());
+  auto config = LoadModelConfig(dir.path());
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->arch.model_type, "qwen3_5_moe");
+  EXPECT_EQ(config->layer_types, (std::vector<std::string>{"linear_attention", "full_attention",
+                                                           "linear_attention", "full_attention"}));
+  EXPECT_DOUBLE_EQ(config->rope.partial_rotary_factor, 0.25);
+
+  auto ckpt = store::Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  for (const auto& [name, info] : (*ckpt)->tensors()) {
+    EXPECT_EQ(name.find("language_model"), std::string::npos) << name;
+    EXPECT_NE(name.rfind("mtp.", 0), 0u) << name;
+    EXPECT_NE(name.rfind("model.visual.", 0), 0u) << name;
+  }
+  // Expert 5 of layer 2: gate = rows [5 * 2I, 5 * 2I + I) of gate_up_proj, up the next I rows.
+  const int64_t I = config->moe_intermediate_size, H = config->hidden_size;
+  auto gate = (*ckpt)->Get("model.layers.2.mlp.experts.5.gate_proj.weight", {I, H});
+  auto up = (*ckpt)->Get("model.layers.2.mlp.experts.5.up_proj.weight", {I, H});
+  auto down = (*ckpt)->Get("model.layers.2.mlp.experts.5.down_proj.weight", {H, I});
+  auto down0 = (*ckpt)->Get("model.layers.2.mlp.experts.0.down_proj.weight", {H, I});
+  ASSERT_TRUE(gate.ok() && up.ok() && down.ok() && down0.ok()) << gate.status() << up.status();
+  EXPECT_EQ(static_cast<const uint8_t*>(up->data) - static_cast<const uint8_t*>(gate->data),
+            I * H * 2);
+  EXPECT_EQ(static_cast<const uint8_t*>(down->data) - static_cast<const uint8_t*>(down0->data),
+            5 * H * I * 2);
+
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  auto model = Model::Load(dir.path(), **backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_GT((*model)->state_bytes(), 0);
+  const std::vector<int32_t> prompt = {5, 77, 300, 41, 9, 600, 64, 8, 15, 16, 23, 42};
+  auto whole_kv = SequenceKv::Create((*model)->config(), **backend, 16);
+  auto step_kv = SequenceKv::Create((*model)->config(), **backend, 16);
+  ASSERT_TRUE(whole_kv.ok() && step_kv.ok());
+  std::vector<float> whole, step;
+  const ForwardItem all{prompt, whole_kv->get()};
+  const absl::Status st = (*model)->Forward({&all, 1}, false, &whole);
+  ASSERT_TRUE(st.ok()) << st;
+  for (size_t t = 0; t < prompt.size(); ++t) {
+    const ForwardItem one{absl::MakeConstSpan(prompt).subspan(t, 1), step_kv->get()};
+    ASSERT_TRUE((*model)->Forward({&one, 1}, false, &step).ok());
+  }
+  ASSERT_EQ(whole.size(), step.size());
+  float max_abs = 0, max_err = 0;
+  for (size_t i = 0; i < whole.size(); ++i) {
+    max_abs = std::max(max_abs, std::abs(whole[i]));
+    max_err = std::max(max_err, std::abs(whole[i] - step[i]));
+  }
+  EXPECT_LT(max_err, 1e-4f * max_abs);
 }
 
 TEST(ScriptedModel, GreedyOutputIsTheScriptForAnyPrompt) {
