@@ -1,0 +1,314 @@
+// GatedDeltaNet on the GPU (backend.h: MulSigmoid, GatedRmsNorm, CausalConv, GatedDeltaRule); the
+// CPU reference is cpu/linear_attention.cc.
+//
+// The per-sequence spans (host memory) are staged once per call as a small device table
+// (StageHostArgs, so a recorded step copies it from the step graph's arena and stays
+// replayable). Every kernel reads the sequences from that table: nothing here synchronises.
+//
+// GatedDeltaRule runs the recurrent step for every token, prefill included: one block per
+// (sequence, value head, 32 columns of S), the block's S columns held in registers across the
+// sequence's tokens, so S is read once and written once per call. backend.h allows this: the
+// chunked form of the CPU reference is the same function to fp32 rounding. (A chunked GPU form
+// for long prompts is future work.)
+#include <algorithm>
+#include <vector>
+
+#include "kernels/cuda/common.cuh"
+#include "kernels/cuda/cuda_backend.h"
+
+namespace moe::kernels::cuda {
+namespace {
+
+constexpr int kThreads = 256;
+
+// One sequence of the call as the kernels read it (device memory).
+struct SeqDev {
+  int64_t row = 0;  // first token row
+  int64_t num_tokens = 0;
+  float* state = nullptr;  // conv_state (CausalConv) or state (GatedDeltaRule)
+};
+
+// A weight element of a dense dtype (the dtype is uniform across the grid: no divergence).
+__device__ __forceinline__ float LoadW(const void* p, DType t, int64_t i) {
+  switch (t) {
+    case DType::kBF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    case DType::kF16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
+  }
+}
+
+__device__ __forceinline__ float SigmoidOf(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float Silu(float x) { return x / (1.f + expf(-x)); }
+// torch.nn.functional.softplus (beta 1, threshold 20), as the CPU reference
+__device__ __forceinline__ float Softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+void CheckDense(const TensorView& w, const char* op) {
+  MOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16 || w.dtype == DType::kF16)
+      << op << ": unsupported weight dtype " << DTypeName(w.dtype);
+}
+
+__global__ void MulSigmoidKernel(float* x, const float* gate, int64_t n) {
+  WaitForPriorKernel();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    x[i] *= SigmoidOf(gate[i]);
+  }
+}
+
+// out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight * silu(z[r]), one block per row. Each thread
+// reads and writes the same elements, so out may alias x.
+__global__ void GatedRmsNormKernel(float* out, const float* x, const float* z, int64_t n,
+                                   const void* weight, DType wt, float eps) {
+  WaitForPriorKernel();
+  const float* xr = x + blockIdx.x * n;
+  const float* zr = z + blockIdx.x * n;
+  float* outr = out + blockIdx.x * n;
+  float sum = 0.f;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) sum = fmaf(xr[i], xr[i], sum);
+  sum = BlockSum(sum);
+  const float inv = 1.f / sqrtf(sum / static_cast<float>(n) + eps);
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) {
+    outr[i] = xr[i] * inv * LoadW(weight, wt, i) * Silu(zr[i]);
+  }
+}
+
+constexpr int kMaxConvWidth = 8;
+
+// One thread per (sequence, channel) walking the sequence's tokens; grid (channel blocks, seqs).
+// The window is win[kMaxConvWidth - KW ..): the KW - 1 previous inputs, oldest first, then the
+// current one; constant indices keep it in registers for any KW <= kMaxConvWidth.
+__global__ void CausalConvKernel(float* out, const float* x, const void* weight, DType wt,
+                                 int64_t C, int KW, const SeqDev* seqs) {
+  WaitForPriorKernel();
+  const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (c >= C) return;
+  const SeqDev s = seqs[blockIdx.y];
+  constexpr int kM = kMaxConvWidth;
+  const int first = kM - KW;  // window slot of weight 0
+  float w[kM], win[kM];
+#pragma unroll
+  for (int i = 0; i < kM; ++i) {
+    w[i] = i >= first ? LoadW(weight, wt, c * KW + (i - first)) : 0.f;
+    win[i] = i >= first && i < kM - 1 ? s.state[c * (KW - 1) + (i - first)] : 0.f;
+  }
+  for (int64_t t = 0; t < s.num_tokens; ++t) {
+    const int64_t at = (s.row + t) * C + c;
+    win[kM - 1] = x[at];
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < kM; ++i) {
+      if (i >= first) acc += w[i] * win[i];  // the CPU's order: weight 0 first
+    }
+    out[at] = Silu(acc);
+#pragma unroll
+    for (int i = 0; i < kM - 1; ++i) win[i] = win[i + 1];
+  }
+#pragma unroll
+  for (int i = 0; i < kM - 1; ++i) {
+    if (i >= first) s.state[c * (KW - 1) + (i - first)] = win[i];
+  }
+}
+
+// The recurrent delta rule. Block (column tile, value head h, sequence): lane l of warp w owns
+// column j = 32 * blockIdx.x + l of S [DK, DV] at rows w, w + 8, w + 16, ... (kDrRows at most,
+// registers), so each warp's loads and stores of S are one 128-byte row segment.
+constexpr int kDrCols = 32;
+constexpr int kDrWarps = kThreads / kWarp;  // 8
+constexpr int kMaxHeadDim = 256;
+constexpr int kDrRows = kMaxHeadDim / kDrWarps;  // 32
+
+struct DeltaRuleParams {
+  float* out;
+  const float* qkv;
+  const float* b;
+  const float* a;
+  const void* a_log;
+  const void* dt_bias;
+  int32_t a_log_type, dt_bias_type;  // DType (int32_t: no padding in the graph signature)
+  int NK, NV, DK, DV;
+  const SeqDev* seqs;
+};
+
+__global__ __launch_bounds__(kThreads) void DeltaRuleRecurrentKernel(DeltaRuleParams p) {
+  WaitForPriorKernel();
+  __shared__ float qs[kMaxHeadDim], ks[kMaxHeadDim];
+  __shared__ float red[kDrWarps][kDrCols];
+  const SeqDev s = p.seqs[blockIdx.z];
+  const int h = blockIdx.y, kh = h / (p.NV / p.NK);
+  const int DK = p.DK, DV = p.DV;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int j = blockIdx.x * kDrCols + lane;
+  const bool has_col = j < DV;
+  const int64_t C = 2 * static_cast<int64_t>(p.NK) * DK + static_cast<int64_t>(p.NV) * DV;
+  float* S = s.state + static_cast<int64_t>(h) * DK * DV;
+
+  float sreg[kDrRows];
+#pragma unroll
+  for (int r = 0; r < kDrRows; ++r) {
+    const int i = warp + kDrWarps * r;
+    sreg[r] = has_col && i < DK ? S[static_cast<int64_t>(i) * DV + j] : 0.f;
+  }
+  const float neg_a = -expf(LoadW(p.a_log, static_cast<DType>(p.a_log_type), h));
+  const float dt = LoadW(p.dt_bias, static_cast<DType>(p.dt_bias_type), h);
+  const float q_scale = 1.f / sqrtf(static_cast<float>(DK));
+
+  for (int64_t t = 0; t < s.num_tokens; ++t) {
+    const int64_t row = s.row + t;
+    const float* x = p.qkv + row * C;
+    // q, k of key head kh, L2-normalised (DK <= blockDim: one element a thread).
+    const int d = threadIdx.x;
+    const float qv = d < DK ? x[kh * DK + d] : 0.f;
+    const float kv = d < DK ? x[static_cast<int64_t>(p.NK) * DK + kh * DK + d] : 0.f;
+    const float qsum = BlockSum(qv * qv);
+    const float ksum = BlockSum(kv * kv);
+    if (d < DK) {
+      qs[d] = qv * (1.f / sqrtf(qsum + 1e-6f) * q_scale);
+      ks[d] = kv * (1.f / sqrtf(ksum + 1e-6f));
+    }
+    const float beta = SigmoidOf(p.b[row * p.NV + h]);
+    const float decay = expf(neg_a * Softplus(p.a[row * p.NV + h] + dt));
+    __syncthreads();
+    // S <- decay S;  e = beta (v - S^T k)
+    float part = 0.f;
+#pragma unroll
+    for (int r = 0; r < kDrRows; ++r) {
+      const int i = warp + kDrWarps * r;
+      if (i < DK) {
+        sreg[r] *= decay;
+        part = fmaf(sreg[r], ks[i], part);
+      }
+    }
+    red[warp][lane] = part;
+    __syncthreads();
+    float e = 0.f;
+#pragma unroll
+    for (int w = 0; w < kDrWarps; ++w) e += red[w][lane];
+    const float v = has_col ? x[2 * static_cast<int64_t>(p.NK) * DK + h * DV + j] : 0.f;
+    e = beta * (v - e);
+    __syncthreads();  // every warp has read red
+    // S <- S + k e^T;  out = S^T q
+    part = 0.f;
+#pragma unroll
+    for (int r = 0; r < kDrRows; ++r) {
+      const int i = warp + kDrWarps * r;
+      if (i < DK) {
+        sreg[r] = fmaf(ks[i], e, sreg[r]);
+        part = fmaf(sreg[r], qs[i], part);
+      }
+    }
+    red[warp][lane] = part;
+    __syncthreads();
+    if (warp == 0 && has_col) {
+      float o = 0.f;
+#pragma unroll
+      for (int w = 0; w < kDrWarps; ++w) o += red[w][lane];
+      p.out[row * p.NV * DV + h * DV + j] = o;
+    }
+    __syncthreads();  // red, qs and ks are rewritten by the next token
+  }
+#pragma unroll
+  for (int r = 0; r < kDrRows; ++r) {
+    const int i = warp + kDrWarps * r;
+    if (has_col && i < DK) S[static_cast<int64_t>(i) * DV + j] = sreg[r];
+  }
+}
+
+// The call's sequences as SeqDev rows (host), `state` picking the conv or the recurrent state;
+// checks that their tokens are T = rows.
+template <typename Pick>
+std::vector<SeqDev> SeqTable(absl::Span<const LinearAttnSeq> seqs, Pick state) {
+  std::vector<SeqDev> table;
+  table.reserve(seqs.size());
+  int64_t row = 0;
+  for (const LinearAttnSeq& s : seqs) {
+    MOE_CHECK(s.num_tokens >= 0) << "linear attention: sequence of " << s.num_tokens << " tokens";
+    table.push_back(SeqDev{row, s.num_tokens, state(s)});
+    row += s.num_tokens;
+  }
+  return table;
+}
+
+}  // namespace
+}  // namespace moe::kernels::cuda
+
+namespace moe::kernels {
+
+void CudaBackend::MulSigmoid(float* x, const float* gate, int64_t n) {
+  if (n == 0) return;
+  const unsigned grid = static_cast<unsigned>(
+      std::clamp<int64_t>(cuda::CeilDiv(n, cuda::kThreads), 1, int64_t{num_sms_} * 16));
+  cuda::Launch(cuda::MulSigmoidKernel, grid, cuda::kThreads, 0, stream_, x, gate, n);
+}
+
+void CudaBackend::GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
+                               const TensorView& weight, float eps) {
+  const int64_t n = weight.numel();
+  MOE_CHECK(n > 0 && rows >= 0 && rows <= 0x7fffffff)
+      << "GatedRmsNorm: rows " << rows << " n " << n;
+  cuda::CheckDense(weight, "GatedRmsNorm");
+  if (rows == 0) return;
+  // Rows of GatedDeltaNet are one value head (DV 128): a small block keeps every thread busy.
+  const int threads = static_cast<int>(std::clamp<int64_t>((n + 31) / 32 * 32, 32, 256));
+  cuda::Launch(cuda::GatedRmsNormKernel, dim3(static_cast<unsigned>(rows)), threads, 0, stream_,
+               out, x, z, n, weight.data, weight.dtype, eps);
+}
+
+void CudaBackend::CausalConv(const CausalConvArgs& a) {
+  const int64_t C = a.channels;
+  const int KW = a.kernel_size;
+  MOE_CHECK(KW >= 2 && KW <= cuda::kMaxConvWidth && a.weight.numel() == C * KW)
+      << "CausalConv: weight of " << a.weight.numel() << " for " << C << " channels of width " << KW
+      << " (the GPU takes widths 2.." << cuda::kMaxConvWidth << ")";
+  cuda::CheckDense(a.weight, "CausalConv");
+  MOE_CHECK(a.seqs.size() <= 65535) << "CausalConv: " << a.seqs.size() << " sequences";
+  if (a.seqs.empty() || C == 0) return;
+  const std::vector<cuda::SeqDev> table =
+      cuda::SeqTable(a.seqs, [](const LinearAttnSeq& s) { return s.conv_state; });
+  const auto* dev = static_cast<const cuda::SeqDev*>(
+      StageHostArgs(linear_seqs_, table.data(), table.size() * sizeof(cuda::SeqDev)));
+  const dim3 grid(static_cast<unsigned>(cuda::CeilDiv(C, cuda::kThreads)),
+                  static_cast<unsigned>(table.size()));
+  cuda::Launch(cuda::CausalConvKernel, grid, cuda::kThreads, 0, stream_, a.out, a.x, a.weight.data,
+               a.weight.dtype, C, KW, dev);
+}
+
+void CudaBackend::GatedDeltaRule(const GatedDeltaRuleArgs& a) {
+  const int NK = a.num_k_heads, NV = a.num_v_heads, DK = a.k_head_dim, DV = a.v_head_dim;
+  MOE_CHECK(NK > 0 && NV % NK == 0 && NV <= 65535)
+      << "GatedDeltaRule: " << NV << " value heads, " << NK << " key heads";
+  MOE_CHECK(DK > 0 && DK <= cuda::kMaxHeadDim && DV > 0 && DV <= cuda::kMaxHeadDim)
+      << "GatedDeltaRule: head dims " << DK << ", " << DV << " (the GPU takes 1.."
+      << cuda::kMaxHeadDim << ")";
+  MOE_CHECK(a.a_log.numel() == NV && a.dt_bias.numel() == NV)
+      << "GatedDeltaRule: a_log of " << a.a_log.numel() << ", dt_bias of " << a.dt_bias.numel()
+      << " for " << NV << " value heads";
+  cuda::CheckDense(a.a_log, "GatedDeltaRule a_log");
+  cuda::CheckDense(a.dt_bias, "GatedDeltaRule dt_bias");
+  MOE_CHECK(a.seqs.size() <= 65535) << "GatedDeltaRule: " << a.seqs.size() << " sequences";
+  if (a.seqs.empty()) return;
+  const std::vector<cuda::SeqDev> table =
+      cuda::SeqTable(a.seqs, [](const LinearAttnSeq& s) { return s.state; });
+  cuda::DeltaRuleParams p{};
+  p.out = a.out;
+  p.qkv = a.qkv;
+  p.b = a.b;
+  p.a = a.a;
+  p.a_log = a.a_log.data;
+  p.dt_bias = a.dt_bias.data;
+  p.a_log_type = static_cast<int32_t>(a.a_log.dtype);
+  p.dt_bias_type = static_cast<int32_t>(a.dt_bias.dtype);
+  p.NK = NK;
+  p.NV = NV;
+  p.DK = DK;
+  p.DV = DV;
+  p.seqs = static_cast<const cuda::SeqDev*>(
+      StageHostArgs(linear_seqs_, table.data(), table.size() * sizeof(cuda::SeqDev)));
+  const dim3 grid(static_cast<unsigned>(cuda::CeilDiv(DV, cuda::kDrCols)),
+                  static_cast<unsigned>(NV), static_cast<unsigned>(table.size()));
+  cuda::Launch(cuda::DeltaRuleRecurrentKernel, grid, cuda::kThreads, 0, stream_, p);
+}
+
+}  // namespace moe::kernels
