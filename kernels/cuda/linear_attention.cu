@@ -11,6 +11,8 @@
 // chunked form of the CPU reference is the same function to fp32 rounding. (A chunked GPU form
 // for long prompts is future work.)
 #include <algorithm>
+#include <cstdlib>
+#include <string_view>
 #include <vector>
 
 #include "kernels/cuda/common.cuh"
@@ -216,6 +218,99 @@ __global__ __launch_bounds__(kThreads) void DeltaRuleRecurrentKernel(DeltaRulePa
   }
 }
 
+// The recurrent delta rule, warp by warp: warp w of block (column tile, value head h, sequence)
+// owns 8 columns of S [DK, DV]; lane l holds column 32 * blockIdx.x + 8 w + l % 8 at rows
+// l / 8, l / 8 + 4, ... (registers). A warp's load of S is 4 rows x 32 bytes (full sectors);
+// the sums over DK are 4 lanes' partials joined by shuffles, so the token loop has no block-wide
+// barrier: each warp normalises q and k itself into its own shared slice.
+constexpr int kWarpCols = 8;
+constexpr int kRowGroups = kWarp / kWarpCols;  // 4
+constexpr int kWarpsPerBlock = 4;
+constexpr int kTileCols = kWarpCols * kWarpsPerBlock;  // 32 columns a block
+constexpr int kWarpRows = kMaxHeadDim / kRowGroups;    // 64 rows a lane at most
+
+__global__ __launch_bounds__(kWarp* kWarpsPerBlock) void DeltaRuleWarpKernel(DeltaRuleParams p) {
+  WaitForPriorKernel();
+  __shared__ float qk[kWarpsPerBlock][2][kMaxHeadDim];  // per warp: normalised q, then k
+  const SeqDev s = p.seqs[blockIdx.z];
+  const int h = blockIdx.y, kh = h / (p.NV / p.NK);
+  const int DK = p.DK, DV = p.DV;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int rg = lane / kWarpCols;
+  const int j = blockIdx.x * kTileCols + warp * kWarpCols + lane % kWarpCols;
+  if (blockIdx.x * kTileCols + warp * kWarpCols >= DV) return;  // no barrier below: may leave
+  const bool has_col = j < DV;
+  const int64_t C = 2 * static_cast<int64_t>(p.NK) * DK + static_cast<int64_t>(p.NV) * DV;
+  float* S = s.state + static_cast<int64_t>(h) * DK * DV;
+  float* qs = qk[warp][0];
+  float* ks = qk[warp][1];
+
+  float sreg[kWarpRows];
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) {
+    const int i = rg + kRowGroups * r;
+    sreg[r] = has_col && i < DK ? S[static_cast<int64_t>(i) * DV + j] : 0.f;
+  }
+  const float neg_a = -expf(LoadW(p.a_log, static_cast<DType>(p.a_log_type), h));
+  const float dt = LoadW(p.dt_bias, static_cast<DType>(p.dt_bias_type), h);
+  const float q_scale = 1.f / sqrtf(static_cast<float>(DK));
+
+  for (int64_t t = 0; t < s.num_tokens; ++t) {
+    const int64_t row = s.row + t;
+    const float* x = p.qkv + row * C;
+    const float* xq = x + kh * DK;
+    const float* xk = x + static_cast<int64_t>(p.NK) * DK + kh * DK;
+    float qsum = 0.f, ksum = 0.f;
+    for (int d = lane; d < DK; d += kWarp) {
+      const float qv = xq[d], kv = xk[d];
+      qs[d] = qv;
+      ks[d] = kv;
+      qsum = fmaf(qv, qv, qsum);
+      ksum = fmaf(kv, kv, ksum);
+    }
+    qsum = WarpSum(qsum);
+    ksum = WarpSum(ksum);
+    const float qn = 1.f / sqrtf(qsum + 1e-6f) * q_scale, kn = 1.f / sqrtf(ksum + 1e-6f);
+    const float v = has_col ? x[2 * static_cast<int64_t>(p.NK) * DK + h * DV + j] : 0.f;
+    const float beta = SigmoidOf(p.b[row * p.NV + h]);
+    const float decay = expf(neg_a * Softplus(p.a[row * p.NV + h] + dt));
+    __syncwarp();
+    // S <- decay S;  e = beta (v - S^T k)   (k normalised: kn applied to the sum)
+    float part = 0.f;
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) {
+      const int i = rg + kRowGroups * r;
+      if (i < DK) {
+        sreg[r] *= decay;
+        part = fmaf(sreg[r], ks[i], part);
+      }
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 8);
+    part += __shfl_xor_sync(0xffffffffu, part, 16);
+    const float e = beta * (v - part * kn);
+    // S <- S + k e^T;  out = S^T q
+    const float ek = e * kn;
+    part = 0.f;
+#pragma unroll
+    for (int r = 0; r < kWarpRows; ++r) {
+      const int i = rg + kRowGroups * r;
+      if (i < DK) {
+        sreg[r] = fmaf(ks[i], ek, sreg[r]);
+        part = fmaf(sreg[r], qs[i], part);
+      }
+    }
+    part += __shfl_xor_sync(0xffffffffu, part, 8);
+    part += __shfl_xor_sync(0xffffffffu, part, 16);
+    if (rg == 0 && has_col) p.out[row * p.NV * DV + h * DV + j] = part * qn;
+    __syncwarp();  // qs and ks are rewritten by the next token
+  }
+#pragma unroll
+  for (int r = 0; r < kWarpRows; ++r) {
+    const int i = rg + kRowGroups * r;
+    if (has_col && i < DK) S[static_cast<int64_t>(i) * DV + j] = sreg[r];
+  }
+}
+
 // The call's sequences as SeqDev rows (host), `state` picking the conv or the recurrent state;
 // checks that their tokens are T = rows.
 template <typename Pick>
@@ -306,9 +401,19 @@ void CudaBackend::GatedDeltaRule(const GatedDeltaRuleArgs& a) {
   p.DV = DV;
   p.seqs = static_cast<const cuda::SeqDev*>(
       StageHostArgs(linear_seqs_, table.data(), table.size() * sizeof(cuda::SeqDev)));
-  const dim3 grid(static_cast<unsigned>(cuda::CeilDiv(DV, cuda::kDrCols)),
+  const dim3 grid(static_cast<unsigned>(cuda::CeilDiv(DV, cuda::kTileCols)),
                   static_cast<unsigned>(NV), static_cast<unsigned>(table.size()));
-  cuda::Launch(cuda::DeltaRuleRecurrentKernel, grid, cuda::kThreads, 0, stream_, p);
+  // MOE_GDN_KERNEL=block: the block-reduction kernel (A/B measurement against the warp one).
+  static const bool block_kernel = [] {
+    const char* v = std::getenv("MOE_GDN_KERNEL");
+    return v != nullptr && std::string_view(v) == "block";
+  }();
+  if (block_kernel) {
+    cuda::Launch(cuda::DeltaRuleRecurrentKernel, grid, cuda::kThreads, 0, stream_, p);
+  } else {
+    cuda::Launch(cuda::DeltaRuleWarpKernel, grid, cuda::kWarp * cuda::kWarpsPerBlock, 0, stream_,
+                 p);
+  }
 }
 
 }  // namespace moe::kernels
