@@ -95,7 +95,7 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Token
   const ModelConfig& c = model.config();
   KvCacheOptions o;
   o.format = format;
-  o.num_layers = static_cast<int>(c.num_hidden_layers);
+  o.num_layers = static_cast<int>(c.NumKvLayers());
   o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
   o.head_dim = static_cast<int>(c.head_dim);
   o.block_size = options.block_size;

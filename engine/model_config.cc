@@ -283,6 +283,19 @@ bool ModelConfig::IsLinearLayer(int64_t layer) const {
          layer_types[layer] == "linear_attention";
 }
 
+int64_t ModelConfig::NumKvLayers() const {
+  int64_t n = 0;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += IsLinearLayer(l) ? 0 : 1;
+  return n;
+}
+
+int64_t ModelConfig::KvLayerIndex(int64_t layer) const {
+  if (IsLinearLayer(layer)) return -1;
+  int64_t index = 0;
+  for (int64_t l = 0; l < layer; ++l) index += IsLinearLayer(l) ? 0 : 1;
+  return index;
+}
+
 int64_t ModelConfig::LinearConvChannels() const {
   return 2 * linear_num_key_heads * linear_key_head_dim +
          linear_num_value_heads * linear_value_head_dim;

@@ -77,6 +77,10 @@ struct ModelConfig {
   int64_t SlidingWindow(int64_t layer) const;
   // True when `layer` is GatedDeltaNet linear attention (no KV; a recurrent state instead).
   bool IsLinearLayer(int64_t layer) const;
+  // Layers that keep keys and values (all but the linear ones), and `layer`'s index among them
+  // (-1 for a linear layer): the paged cache and SequenceKv hold only those.
+  int64_t NumKvLayers() const;
+  int64_t KvLayerIndex(int64_t layer) const;
   // 2 NK DK + NV DV: the channels of the linear layers' conv (q | k | v).
   int64_t LinearConvChannels() const;
   // Floats of one sequence's state in one linear layer: the conv's last KW-1 inputs [C, KW-1],

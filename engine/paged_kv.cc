@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "kernels/base/check.h"
 #include "kernels/base/status.h"
 
 namespace moe::engine {
@@ -16,9 +17,10 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
   // Every cache format has CUDA kernels (kernels/cuda/paged_kv_write.cu, paged_attention.cu).
   MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
   MOE_ASSIGN_OR_RETURN(KvStorage storage,
-                       KvStorage::Create(format, static_cast<int>(c.num_hidden_layers), NKV, D,
+                       KvStorage::Create(format, static_cast<int>(c.NumKvLayers()), NKV, D,
                                          block_size, num_blocks));
   auto kv = std::unique_ptr<PagedKv>(new PagedKv(storage));
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) kv->kv_layer_.push_back(c.KvLayerIndex(l));
   kv->format_ = format;
   kv->block_size_ = block_size;
   kv->num_blocks_ = num_blocks;
@@ -30,7 +32,7 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
   const bool split = format == kernels::KvFormat::kTq3p5 || format == kernels::KvFormat::kTq2p5;
   if (!split) {
     for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-      MOE_RETURN_IF_ERROR(kv->EnsureCodecs(l, nullptr, nullptr, 0));
+      if (kv->kv_layer_[l] >= 0) MOE_RETURN_IF_ERROR(kv->EnsureCodecs(l, nullptr, nullptr, 0));
     }
   }
   return kv;
@@ -69,8 +71,10 @@ absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v
 
 kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
   kernels::PagedKvLayer kv;
+  MOE_CHECK(kv_layer_[layer] >= 0) << "PagedKv::Layer: layer " << layer << " keeps no KV";
   kv.layer_base = static_cast<uint8_t*>(buffer_.data()) +
-                  storage_.TileOffset(static_cast<int>(layer), 0, 0, kernels::KvRole::kKey);
+                  storage_.TileOffset(static_cast<int>(kv_layer_[layer]), 0, 0,
+                                      kernels::KvRole::kKey);
   kv.block_stride = storage_.block_bytes();
   kv.tile_bytes = storage_.tile_bytes();
   kv.block_size = block_size_;

@@ -15,7 +15,8 @@
 namespace moe::engine {
 
 // The paged KV cache's storage: one backend buffer laid out by KvStorage
-// ([layer][block][kv_head][K, V] tiles in `format`) and a KvCodec per (layer, kv-head, K|V).
+// ([layer][block][kv_head][K, V] tiles in `format`, for the layers that keep KV: a hybrid's
+// linear-attention layers have none) and a KvCodec per (layer, kv-head, K|V).
 // Block indices come from the block manager (engine/kv_cache.h). The split formats (tq3.5,
 // tq2.5) pick their outlier channels per (layer, kv-head, K|V) from the first step that writes
 // the layer (its keys/values, post-RoPE), as the spec says; the other formats' codecs are made
@@ -53,6 +54,7 @@ class PagedKv {
   int head_dim_ = 0;
   KvStorage storage_;
   kernels::Buffer buffer_;
+  std::vector<int64_t> kv_layer_;  // per model layer: its slot in the storage, -1: none (linear)
   // Per layer: [NKV][2] codecs (empty until made) and their pointers for the backend.
   std::vector<std::vector<kernels::KvCodec>> codecs_;
   std::vector<std::vector<const kernels::KvCodec*>> codec_ptrs_;

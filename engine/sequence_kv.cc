@@ -13,8 +13,11 @@ absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig
   kv->capacity_ = capacity;
   const size_t bytes = static_cast<size_t>(capacity * c.num_key_value_heads * c.head_dim) * 4;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    MOE_ASSIGN_OR_RETURN(kv->k_.emplace_back(), backend.Allocate(bytes));
-    MOE_ASSIGN_OR_RETURN(kv->v_.emplace_back(), backend.Allocate(bytes));
+    kv->k_.emplace_back();
+    kv->v_.emplace_back();
+    if (c.IsLinearLayer(l)) continue;  // no KV: a recurrent state instead
+    MOE_ASSIGN_OR_RETURN(kv->k_.back(), backend.Allocate(bytes));
+    MOE_ASSIGN_OR_RETURN(kv->v_.back(), backend.Allocate(bytes));
   }
   int64_t state_floats = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
@@ -28,7 +31,8 @@ absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig
 }
 
 int64_t SequenceKv::BytesPerToken(const ModelConfig& c) {
-  return 2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * static_cast<int64_t>(sizeof(float));
+  return 2 * c.NumKvLayers() * c.num_key_value_heads * c.head_dim *
+         static_cast<int64_t>(sizeof(float));
 }
 
 void SequenceKv::Advance(int64_t n) {

@@ -1,6 +1,8 @@
 // LoadDenseWeights / LoadExpertsFromCheckpoint: names from the architecture, shapes from config.
 #include "engine/weights.h"
 
+#include <cstring>
+
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
 
@@ -30,11 +32,13 @@ class Loader {
           absl::StrCat("tensor '", name, "': its rows are regrouped at load, so it cannot be quantized"));
     }
     const size_t row_bytes = host.bytes() / shape[0];
-    MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(rows.size() * row_bytes));
+    std::vector<uint8_t> gathered(rows.size() * row_bytes);  // one copy to the device, not one a row
     for (size_t i = 0; i < rows.size(); ++i) {
-      backend_.CopyToDevice(static_cast<uint8_t*>(storage.data()) + i * row_bytes,
-                            static_cast<const uint8_t*>(host.data) + rows[i] * row_bytes, row_bytes);
+      std::memcpy(gathered.data() + i * row_bytes,
+                  static_cast<const uint8_t*>(host.data) + rows[i] * row_bytes, row_bytes);
     }
+    MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(gathered.size()));
+    backend_.CopyToDevice(storage.data(), gathered.data(), gathered.size());
     kernels::DeviceTensor out;
     out.view = host;
     out.view.data = storage.data();

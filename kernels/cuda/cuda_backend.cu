@@ -73,7 +73,7 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &routed_plan_,
                      &staged_experts_,
-                     &kv_slots_, &kv_tables_, &kv_seqs_}) {
+                     &kv_slots_, &kv_tables_, &kv_seqs_, &linear_seqs_}) {
     cudaFree(s->data);
   }
   cudaFree(verdicts_);

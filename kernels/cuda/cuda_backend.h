@@ -95,6 +95,12 @@ class CudaBackend final : public Backend {
   absl::Status TakeRoutingError() override;
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
+  // GatedDeltaNet (linear_attention.cu).
+  void MulSigmoid(float* x, const float* gate, int64_t n) override;
+  void GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
+                    const TensorView& weight, float eps) override;
+  void CausalConv(const CausalConvArgs& args) override;  // kernel_size <= 8
+  void GatedDeltaRule(const GatedDeltaRuleArgs& args) override;  // head dims <= 256
   void Sample(const SampleArgs& args) override;  // sample.cu
 
  private:
@@ -176,6 +182,8 @@ class CudaBackend final : public Backend {
   Scratch kv_slots_;
   Scratch kv_tables_;
   Scratch kv_seqs_;
+  // CausalConv's and GatedDeltaRule's sequence table (row, tokens, state pointer), staged per call.
+  Scratch linear_seqs_;
   // ExpertFfnRouted's rows: routed pair y is token y / top_k; made once per top_k.
   Scratch routed_rows_;
   // ExpertFfnRouted with experts in host memory: the pointer table [3][E] the launches read,

@@ -1,8 +1,12 @@
 // Long file (~1,000 lines) on purpose: one tool and its flags; synthetic model, runs and report.
 // moe-bench: the whole forward pass (engine::Model::Forward) on a synthetic model with the shape of
 // Qwen3-30B-A3B: 48 layers, hidden 2048, 32 query / 4 KV heads of 128, 128 experts, top-8, expert
-// width 768, vocabulary 151936. Dense weights bf16 (random), experts int4 group 64 (random codes,
-// scales and offsets).
+// width 768, vocabulary 151936 (--shape=qwen3.5-35b-a3b: the hybrid, 40 layers of which every
+// fourth is gated full attention (16 / 2 heads of 256) and the others GatedDeltaNet (16 key / 32
+// value heads of 128), 256 experts top-8 of width 512 and a shared expert, vocabulary 248320;
+// --shape=qwen3.5-397b-a17b: its layer shape, hidden 4096, 512 experts top-10 of 1024, reported
+// per layer, with --layers small enough to fit). Dense weights bf16 (random), experts int4 group
+// 64 (random codes, scales and offsets).
 //
 // The generator (WriteSyntheticModel) writes config.json + model.safetensors with the dense
 // weights only; the experts never touch the disk: ResidentInt4Provider (an ExpertProvider) puts
@@ -73,9 +77,12 @@
 
 ABSL_FLAG(std::string, model_dir, "/tmp/moe_bench_model", "Where the synthetic dense model goes");
 ABSL_FLAG(std::string, backend, "cuda", "cuda or cpu");
-ABSL_FLAG(int64_t, layers, 48, "Layers (Qwen3-30B-A3B: 48)");
-ABSL_FLAG(int64_t, experts, 128, "Experts per layer (128)");
-ABSL_FLAG(int64_t, vocab, 151936, "Vocabulary (151936)");
+ABSL_FLAG(std::string, shape, "qwen3-30b-a3b",
+          "Model shape: qwen3-30b-a3b, qwen3.5-35b-a3b (hybrid: GatedDeltaNet + gated "
+          "attention) or qwen3.5-397b-a17b (its layer shape; take few --layers to fit)");
+ABSL_FLAG(int64_t, layers, 0, "Layers (0: the shape's; Qwen3-30B-A3B 48, Qwen3.5-35B-A3B 40)");
+ABSL_FLAG(int64_t, experts, 0, "Experts per layer (0: the shape's)");
+ABSL_FLAG(int64_t, vocab, 0, "Vocabulary (0: the shape's)");
 ABSL_FLAG(int32_t, group, 64, "int4 group size of the experts");
 ABSL_FLAG(int64_t, context, 512, "Context of the batch-1 decode and the batched runs");
 ABSL_FLAG(std::string, prompt, "512,2048", "Prompt lengths of the time-to-first-token runs");
@@ -114,8 +121,41 @@ namespace {
 using json = nlohmann::json;
 using kernels::DType;
 
-constexpr int64_t kHidden = 2048, kHeads = 32, kKvHeads = 4, kHeadDim = 128, kTopK = 8,
-                  kExpertWidth = 768;
+// The model shapes: Qwen3-30B-A3B, and the hybrids of architectures.md §1.2 (every
+// full_attention_interval-th layer gated full attention with partial RoPE, the others
+// GatedDeltaNet; a shared expert).
+struct Shape {
+  const char* name;
+  int64_t hidden, heads, kv_heads, head_dim, top_k, expert_width, layers, experts, vocab;
+  int64_t shared_width = 0;  // the hybrids' shared expert
+  int64_t linear_k_heads = 0, linear_v_heads = 0, linear_head_dim = 0;  // 0: no linear layers
+  bool hybrid() const { return linear_k_heads > 0; }
+};
+constexpr Shape kShapes[] = {
+    {"qwen3-30b-a3b", 2048, 32, 4, 128, 8, 768, 48, 128, 151936},
+    {"qwen3.5-35b-a3b", 2048, 16, 2, 256, 8, 512, 40, 256, 248320, 512, 16, 32, 128},
+    {"qwen3.5-397b-a17b", 4096, 32, 2, 256, 10, 1024, 60, 512, 248320, 1024, 16, 64, 128},
+};
+const Shape* FindShape(const std::string& name) {
+  for (const Shape& shape : kShapes) {
+    if (name == shape.name) return &shape;
+  }
+  return nullptr;
+}
+// The --shape in use (checked by CheckFlags), and its sizes unless the flags override them.
+const Shape& BenchShape() { return *FindShape(absl::GetFlag(FLAGS_shape)); }
+int64_t Layers() {
+  const int64_t n = absl::GetFlag(FLAGS_layers);
+  return n > 0 ? n : BenchShape().layers;
+}
+int64_t Experts() {
+  const int64_t n = absl::GetFlag(FLAGS_experts);
+  return n > 0 ? n : BenchShape().experts;
+}
+int64_t Vocab() {
+  const int64_t n = absl::GetFlag(FLAGS_vocab);
+  return n > 0 ? n : BenchShape().vocab;
+}
 
 double Seconds(std::chrono::steady_clock::time_point a, std::chrono::steady_clock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
@@ -137,20 +177,21 @@ struct Rng {
 absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t experts,
                                  int64_t vocab) {
   std::filesystem::create_directories(dir);
-  const int64_t H = kHidden, q_dim = kHeads * kHeadDim, kv_dim = kKvHeads * kHeadDim;
+  const Shape& S = BenchShape();
+  const int64_t H = S.hidden, D = S.head_dim, q_dim = S.heads * D, kv_dim = S.kv_heads * D;
   json config = {
       {"architectures", {"Qwen3MoeForCausalLM"}},
       {"model_type", "qwen3_moe"},
       {"vocab_size", vocab},
       {"hidden_size", H},
       {"num_hidden_layers", layers},
-      {"num_attention_heads", kHeads},
-      {"num_key_value_heads", kKvHeads},
-      {"head_dim", kHeadDim},
+      {"num_attention_heads", S.heads},
+      {"num_key_value_heads", S.kv_heads},
+      {"head_dim", D},
       {"intermediate_size", 6144},
-      {"moe_intermediate_size", kExpertWidth},
+      {"moe_intermediate_size", S.expert_width},
       {"num_experts", experts},
-      {"num_experts_per_tok", kTopK},
+      {"num_experts_per_tok", S.top_k},
       {"norm_topk_prob", true},
       {"decoder_sparse_step", 1},
       {"mlp_only_layers", json::array()},
@@ -163,6 +204,22 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
       {"eos_token_id", 1},
       {"torch_dtype", "bfloat16"},
   };
+  const int64_t NK = S.linear_k_heads, NV = S.linear_v_heads, DL = S.linear_head_dim;
+  const int64_t C = 2 * NK * DL + NV * DL;
+  if (S.hybrid()) {
+    config["architectures"] = {"Qwen3_5MoeForCausalLM"};
+    config["model_type"] = "qwen3_5_moe_text";
+    config["full_attention_interval"] = 4;
+    config["linear_num_key_heads"] = NK;
+    config["linear_num_value_heads"] = NV;
+    config["linear_key_head_dim"] = DL;
+    config["linear_value_head_dim"] = DL;
+    config["linear_conv_kernel_dim"] = 4;
+    config["shared_expert_intermediate_size"] = S.shared_width;
+    config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7},
+                                 {"partial_rotary_factor", 0.25}};
+    config["max_position_embeddings"] = 262144;
+  }
   Rng rng{0x9e3779b97f4a7c15ull};
   std::vector<std::vector<uint16_t>> storage;
   std::vector<store::TensorToWrite> tensors;
@@ -174,20 +231,43 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
     for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng.Uniform() - 1.f));
     tensors.push_back({name, DType::kBF16, std::move(shape), nullptr});
   };
+  // The hybrids' norms scale by 1 + w: w near 0 there.
+  const float norm = S.hybrid() ? 0.f : 1.f;
   add("model.embed_tokens.weight", {vocab, H}, 0.5f, 0.f);
   for (int64_t l = 0; l < layers; ++l) {
     const std::string p = absl::StrCat("model.layers.", l, ".");
-    add(p + "input_layernorm.weight", {H}, 0.05f, 1.f);
-    add(p + "post_attention_layernorm.weight", {H}, 0.05f, 1.f);
-    add(p + "self_attn.q_proj.weight", {q_dim, H}, 0.035f, 0.f);
+    add(p + "input_layernorm.weight", {H}, 0.05f, norm);
+    add(p + "post_attention_layernorm.weight", {H}, 0.05f, norm);
+    add(p + "mlp.gate.weight", {experts, H}, 0.3f, 0.f);  // sharp enough to spread the routing
+    if (S.hybrid()) {
+      const int64_t SI = S.shared_width;
+      add(p + "mlp.shared_expert.gate_proj.weight", {SI, H}, 0.035f, 0.f);
+      add(p + "mlp.shared_expert.up_proj.weight", {SI, H}, 0.035f, 0.f);
+      add(p + "mlp.shared_expert.down_proj.weight", {H, SI}, 0.035f, 0.f);
+      add(p + "mlp.shared_expert_gate.weight", {1, H}, 0.035f, 0.f);
+    }
+    if (S.hybrid() && (l + 1) % 4 != 0) {
+      const std::string a = p + "linear_attn.";
+      add(a + "in_proj_qkv.weight", {C, H}, 0.035f, 0.f);
+      add(a + "in_proj_z.weight", {NV * DL, H}, 0.035f, 0.f);
+      add(a + "in_proj_b.weight", {NV, H}, 0.035f, 0.f);
+      add(a + "in_proj_a.weight", {NV, H}, 0.035f, 0.f);
+      add(a + "conv1d.weight", {C, 1, 4}, 0.3f, 0.f);
+      add(a + "A_log", {NV}, 0.5f, 0.7f);
+      add(a + "dt_bias", {NV}, 0.5f, 0.f);
+      add(a + "norm.weight", {DL}, 0.05f, 1.f);
+      add(a + "out_proj.weight", {H, NV * DL}, 0.035f, 0.f);
+      continue;
+    }
+    // The hybrids' q_proj holds each head's query and output gate.
+    add(p + "self_attn.q_proj.weight", {(S.hybrid() ? 2 : 1) * q_dim, H}, 0.035f, 0.f);
     add(p + "self_attn.k_proj.weight", {kv_dim, H}, 0.035f, 0.f);
     add(p + "self_attn.v_proj.weight", {kv_dim, H}, 0.035f, 0.f);
     add(p + "self_attn.o_proj.weight", {H, q_dim}, 0.035f, 0.f);
-    add(p + "self_attn.q_norm.weight", {kHeadDim}, 0.05f, 1.f);
-    add(p + "self_attn.k_norm.weight", {kHeadDim}, 0.05f, 1.f);
-    add(p + "mlp.gate.weight", {experts, H}, 0.3f, 0.f);  // sharp enough to spread the routing
+    add(p + "self_attn.q_norm.weight", {D}, 0.05f, norm);
+    add(p + "self_attn.k_norm.weight", {D}, 0.05f, norm);
   }
-  add("model.norm.weight", {H}, 0.05f, 1.f);
+  add("model.norm.weight", {H}, 0.05f, norm);
   add("lm_head.weight", {vocab, H}, 0.035f, 0.f);
   for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
   MOE_RETURN_IF_ERROR(
@@ -207,7 +287,7 @@ struct ExpertTemplates {
 };
 
 ExpertTemplates MakeTemplates(int32_t group) {
-  const int64_t H = kHidden, I = kExpertWidth;
+  const int64_t H = BenchShape().hidden, I = BenchShape().expert_width;
   ExpertTemplates t;
   t.gate_bytes = kernels::QuantizedBytes(DType::kQ4, I, H, group);
   t.down_bytes = kernels::QuantizedBytes(DType::kQ4, H, I, group);
@@ -240,7 +320,8 @@ absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t lay
                                              const ExpertTemplates& t) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(std::filesystem::path(dir) / "blobs");
-  const store::BlobLayout L = store::ComputeBlobLayout(DType::kQ4, group, kHidden, kExpertWidth);
+  const store::BlobLayout L =
+      store::ComputeBlobLayout(DType::kQ4, group, BenchShape().hidden, BenchShape().expert_width);
   const std::string file = "blobs/000001.blob";
   std::ofstream out(std::filesystem::path(dir) / file, std::ios::binary);
   std::vector<uint8_t> blob(L.length);
@@ -268,8 +349,8 @@ absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t lay
       loc.checksum = store::BlobChecksum(blob.data(), L.length);
       loc.dtype = DType::kQ4;
       loc.group_size = group;
-      loc.hidden_size = kHidden;
-      loc.intermediate_size = kExpertWidth;
+      loc.hidden_size = BenchShape().hidden;
+      loc.intermediate_size = BenchShape().expert_width;
       entries.push_back(loc);
       out.write(reinterpret_cast<const char*>(blob.data()), static_cast<std::streamsize>(L.length));
       offset += L.length;
@@ -291,7 +372,7 @@ class ResidentInt4Provider final : public store::ExpertProvider {
                                                                       int64_t experts,
                                                                       int32_t group) {
     auto p = std::unique_ptr<ResidentInt4Provider>(new ResidentInt4Provider());
-    const int64_t H = kHidden, I = kExpertWidth;
+    const int64_t H = BenchShape().hidden, I = BenchShape().expert_width;
     const ExpertTemplates templates = MakeTemplates(group);
     const size_t gate = templates.gate_bytes;
     p->expert_bytes_ = 2 * gate + templates.down_bytes;
@@ -358,50 +439,18 @@ class ResidentInt4Provider final : public store::ExpertProvider {
 };
 
 // Bytes one decode token at context `ctx` must read, the fewest the step can move:
-//   per layer: q/k/v/o projections (bf16: 2 * (q_dim*H + 2*kv_dim*H + H*q_dim)) + the two norms
-//   and q/k norms (bf16, small) + the router (E*H bf16) + top-K experts (K * the int4 blob:
-//   3 * (768*2048/2 codes + 768*2048/G * 4 bytes of fp16 {s, m})) + the KV cache read
+//   per full-attention layer: q/k/v/o projections (bf16: 2 * (q_dim*H + 2*kv_dim*H + H*q_dim);
+//   the hybrids' q_proj has q_dim more rows, the output gate) + q/k norms + the KV cache read
 //   (ctx * the cache format's bytes per position and layer; bf16: 2 * NKV * D * 2);
+//   per linear (GatedDeltaNet) layer: its projections (in_proj_qkv/z/b/a, out_proj, conv: bf16)
+//   + its recurrent and conv state, read and written (fp32, StateBytesPerLayer);
+//   every layer: the two norms + the router (E*H bf16) + top-K experts (K * the int4 blob:
+//   3 * (I*H/2 codes + I*H/G * 4 bytes of fp16 {s, m})) + the shared expert (bf16) if any;
 //   once: the embedding row (H bf16), the final norm and the lm head (V*H bf16).
 // Qwen3-30B-A3B, G 64, ctx 512, bf16 cache: 48 * (37.75 + 0.52 + 21.23 + 1.05) MB + 622.3 MB =
 // 3.53 GB, so at 4.26 TB/s the roofline is ~1200 tokens/s. Activations (a few MB) are left out.
-double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
-                     double kv_bytes_per_position_layer);
-
-// The bytes a decode step of B sequences at context ctx must read, by kind: the dense weights
-// once (projections, norms, router, lm head), each expert of a layer's union once (the expected
-// union of B tokens' top-K under uniform routing, E (1 - (1 - K/E)^B), which the synthetic model's
-// random router approaches), every sequence's KV.
-struct StepBytes {
-  double dense = 0, experts = 0, kv = 0, union_per_layer = 0;
-  double total() const { return dense + experts + kv; }
-};
-StepBytes DecodeStepBytes(const engine::ModelConfig& c, size_t expert_bytes, int64_t B,
-                          int64_t ctx, double kv_bytes_per_position_layer) {
-  const double L = static_cast<double>(c.num_hidden_layers);
-  const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.num_experts_per_tok);
-  StepBytes b;
-  b.union_per_layer = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
-  b.experts = L * b.union_per_layer * static_cast<double>(expert_bytes);
-  b.kv = L * static_cast<double>(B * ctx) * kv_bytes_per_position_layer;
-  b.dense = BytesPerToken(c, expert_bytes, 0, 0) - L * K * static_cast<double>(expert_bytes);
-  return b;
-}
-
-// The matrix FLOPs of an n-token prefill: 2 per multiply-add of every projection a token runs
-// (attention, router, K experts, lm head for the last token) and causal attention's two products
-// (2 * 2 * n^2 / 2 * NH * D per layer).
-double PrefillFlops(const engine::ModelConfig& c, int64_t expert_width, int64_t n) {
-  const double H = static_cast<double>(c.hidden_size), N = static_cast<double>(n);
-  const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double per_token_layer = 2 * (q_dim * H + 2 * kv_dim * H + H * q_dim) +
-                                 2 * static_cast<double>(c.num_experts) * H +
-                                 static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H *
-                                     static_cast<double>(expert_width);
-  const double attention_layer = 2 * N * N * q_dim;
-  return static_cast<double>(c.num_hidden_layers) * (N * per_token_layer + attention_layer) +
-         2 * H * static_cast<double>(c.vocab_size);
+double StateBytesPerLayer(const engine::ModelConfig& c) {
+  return 2.0 * 4 * static_cast<double>(c.LinearStateFloats());  // read + written, fp32
 }
 
 double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
@@ -409,12 +458,73 @@ double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t 
   const double H = static_cast<double>(c.hidden_size);
   const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double per_layer = 2 * (q_dim * H + 2 * kv_dim * H + H * q_dim) + 2 * (2 * H + 2 * static_cast<double>(c.head_dim)) +
-                           2 * static_cast<double>(c.num_experts) * H +
-                           static_cast<double>(c.num_experts_per_tok) * expert_bytes +
+  const double gate = c.arch.attention_output_gate ? q_dim : 0;
+  const double attention = 2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) +
+                           2 * 2 * static_cast<double>(c.head_dim) +
                            static_cast<double>(ctx) * kv_bytes_per_position_layer;
-  return static_cast<double>(c.num_hidden_layers) * per_layer + 2 * H * 2 +
-         2 * static_cast<double>(c.vocab_size) * H;
+  const double C = static_cast<double>(c.LinearConvChannels());
+  const double v_dim = static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim);
+  const double linear = 2 * ((C + v_dim + 2 * static_cast<double>(c.linear_num_value_heads)) * H +
+                             H * v_dim + C * static_cast<double>(c.linear_conv_kernel_dim)) +
+                        StateBytesPerLayer(c);
+  const double SI = static_cast<double>(c.shared_expert_intermediate_size);
+  const double moe = 2 * 2 * H + 2 * static_cast<double>(c.num_experts) * H +
+                     static_cast<double>(c.num_experts_per_tok) * expert_bytes +
+                     (SI > 0 ? 2 * (3 * SI * H + H) : 0);
+  double total = 2 * H * 2 + 2 * static_cast<double>(c.vocab_size) * H;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    total += (c.IsLinearLayer(l) ? linear : attention) + moe;
+  }
+  return total;
+}
+
+// The bytes a decode step of B sequences at context ctx must read, by kind: the dense weights
+// once (projections, norms, router, shared expert, lm head), each expert of a layer's union once
+// (the expected union of B tokens' top-K under uniform routing, E (1 - (1 - K/E)^B), which the
+// synthetic model's random router approaches), every sequence's KV and recurrent state.
+struct StepBytes {
+  double dense = 0, experts = 0, kv = 0, union_per_layer = 0;
+  double total() const { return dense + experts + kv; }
+};
+StepBytes DecodeStepBytes(const engine::ModelConfig& c, size_t expert_bytes, int64_t B,
+                          int64_t ctx, double kv_bytes_per_position_layer) {
+  const double L = static_cast<double>(c.num_hidden_layers);
+  const double linear = L - static_cast<double>(c.NumKvLayers());
+  const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.num_experts_per_tok);
+  StepBytes b;
+  b.union_per_layer = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
+  b.experts = L * b.union_per_layer * static_cast<double>(expert_bytes);
+  b.kv = static_cast<double>(B) *
+         (static_cast<double>(c.NumKvLayers() * ctx) * kv_bytes_per_position_layer +
+          linear * StateBytesPerLayer(c));
+  b.dense = BytesPerToken(c, expert_bytes, 0, 0) - L * K * static_cast<double>(expert_bytes) -
+            linear * StateBytesPerLayer(c);
+  return b;
+}
+
+// The matrix FLOPs of an n-token prefill: 2 per multiply-add of every projection a token runs
+// (attention or GatedDeltaNet, router, K experts, the shared expert, lm head for the last token),
+// causal attention's two products (2 * 2 * n^2 / 2 * NH * D per full layer) and the delta rule's
+// (~ 3 DK x DV products a token and value head: decay-read, write, read-out).
+double PrefillFlops(const engine::ModelConfig& c, int64_t expert_width, int64_t n) {
+  const double H = static_cast<double>(c.hidden_size), N = static_cast<double>(n);
+  const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double gate = c.arch.attention_output_gate ? q_dim : 0;
+  const double moe = 2 * static_cast<double>(c.num_experts) * H +
+                     static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H *
+                         static_cast<double>(expert_width) +
+                     2 * 3 * H * static_cast<double>(c.shared_expert_intermediate_size);
+  const double attention =
+      N * (2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) + moe) + 2 * N * N * q_dim;
+  const double C = static_cast<double>(c.LinearConvChannels());
+  const double v_dim = static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim);
+  const double linear =
+      N * (2 * ((C + 2 * v_dim) * H + H * v_dim) + moe +
+           2 * 3 * static_cast<double>(c.linear_key_head_dim) * v_dim);
+  double total = 2 * H * static_cast<double>(c.vocab_size);
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) total += c.IsLinearLayer(l) ? linear : attention;
+  return total;
 }
 
 // B sequences in one paged cache (block 16), each with its own blocks for `capacity` positions,
@@ -424,14 +534,20 @@ struct PagedSeqs {
   std::unique_ptr<engine::PagedKv> kv;
   std::vector<std::vector<int32_t>> tables;
   std::vector<int64_t> lengths;
+  kernels::Buffer states;     // the hybrids: each sequence's recurrent state, zeroed
+  int64_t state_floats = 0;   // per sequence
+  float* state(size_t i) const {
+    return state_floats > 0 ? states.f32() + i * state_floats : nullptr;
+  }
   // Bytes one position takes in one layer (keys and values, all kv-heads).
   double BytesPerPositionLayer() const {
     return static_cast<double>(kv->storage().block_bytes()) / kBlockSize;
   }
 };
 
-absl::StatusOr<PagedSeqs> MakePagedSeqs(const engine::ModelConfig& c, kernels::Backend& backend,
+absl::StatusOr<PagedSeqs> MakePagedSeqs(const engine::Model& model, kernels::Backend& backend,
                                         kernels::KvFormat format, int64_t B, int64_t capacity) {
+  const engine::ModelConfig& c = model.config();
   const int64_t per_seq = (capacity + kBlockSize - 1) / kBlockSize;
   PagedSeqs s;
   MOE_ASSIGN_OR_RETURN(s.kv, engine::PagedKv::Create(c, backend, format, kBlockSize,
@@ -441,6 +557,11 @@ absl::StatusOr<PagedSeqs> MakePagedSeqs(const engine::ModelConfig& c, kernels::B
     std::iota(t.begin(), t.end(), static_cast<int32_t>(i * per_seq));
   }
   s.lengths.assign(B, 0);
+  s.state_floats = model.state_bytes() / static_cast<int64_t>(sizeof(float));
+  if (s.state_floats > 0) {
+    MOE_ASSIGN_OR_RETURN(s.states, backend.Allocate(B * model.state_bytes()));
+    backend.Zero(s.states.data(), s.states.bytes());
+  }
   return s;
 }
 
@@ -461,6 +582,7 @@ absl::Status FillRandom(kernels::Backend& backend, const engine::ModelConfig& c,
   backend.CopyToDevice(k.data(), host_k.data(), host_k.size() * sizeof(float));
   backend.CopyToDevice(v.data(), host_v.data(), host_v.size() * sizeof(float));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    if (c.IsLinearLayer(l)) continue;  // no KV (its state stays zero: speed does not depend on it)
     // The split formats pick their outlier channels from this sample, as on a first prefill.
     MOE_RETURN_IF_ERROR(s.kv->EnsureCodecs(l, host_k.data(), host_v.data(), B * chunk));
     for (int64_t p0 = 0; p0 < ctx; p0 += chunk) {
@@ -501,6 +623,7 @@ absl::Status DecodeStep(engine::Model& model, PagedSeqs& s, const std::vector<in
     item.paged = s.kv.get();
     item.block_table = s.tables[i];
     item.start = s.lengths[i];
+    item.state = s.state(i);
     items.push_back(item);
   }
   std::vector<kernels::SampledToken> sampled;
@@ -516,6 +639,7 @@ absl::Status Prefill(engine::Model& model, PagedSeqs& s, const std::vector<int32
   item.paged = s.kv.get();
   item.block_table = s.tables[0];
   item.start = s.lengths[0];
+  item.state = s.state(0);
   std::vector<kernels::SampledToken> sampled;
   MOE_RETURN_IF_ERROR(model.ForwardSample({&item, 1}, GreedyRows(1), {}, &sampled));
   s.lengths[0] += static_cast<int64_t>(prompt.size());
@@ -639,7 +763,7 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
     MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, engine::ParseCacheFormat(name));
     // Bytes per position from the cache's own layout (one block's worth, all layers).
     MOE_ASSIGN_OR_RETURN(engine::KvStorage layout,
-                         engine::KvStorage::Create(format, static_cast<int>(c.num_hidden_layers),
+                         engine::KvStorage::Create(format, static_cast<int>(c.NumKvLayers()),
                                                    static_cast<int>(c.num_key_value_heads),
                                                    static_cast<int>(c.head_dim), kBlockSize, 1));
     const double per_position = static_cast<double>(layout.total_bytes()) / kBlockSize;
@@ -656,7 +780,7 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
     for (Point& pt : points) {
       if (pt.cache > budget) continue;
       MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
-                           MakePagedSeqs(c, backend, pt.format, pt.batch, pt.ctx + steps + 2));
+                           MakePagedSeqs(model, backend, pt.format, pt.batch, pt.ctx + steps + 2));
       MOE_RETURN_IF_ERROR(FillRandom(backend, c, seqs, pt.ctx, rng));
       MOE_RETURN_IF_ERROR(DecodeStep(model, seqs, tokens(pt.batch)));  // warm-up
       const auto t0 = std::chrono::steady_clock::now();
@@ -720,6 +844,10 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
 // The flags that name formats, a backend or lists, checked before any work: a typo fails at
 // once, not after the model is generated and the runs before the one that reads it.
 absl::Status CheckFlags() {
+  if (FindShape(absl::GetFlag(FLAGS_shape)) == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--shape=", absl::GetFlag(FLAGS_shape), ": qwen3-30b-a3b, qwen3.5-35b-a3b or qwen3.5-397b-a17b"));
+  }
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cuda" && backend != "cpu") {
     return absl::InvalidArgumentError(absl::StrCat("--backend=", backend, ": cuda or cpu"));
@@ -761,7 +889,7 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
                       int64_t percent, const std::string& policy, kernels::Backend& backend,
                       kernels::KvFormat kv_format, double resident_s,
                       const std::function<std::vector<int32_t>(int64_t)>& tokens) {
-  const int64_t layers = absl::GetFlag(FLAGS_layers), experts = absl::GetFlag(FLAGS_experts);
+  const int64_t layers = Layers(), experts = Experts();
   const int64_t ctx = absl::GetFlag(FLAGS_context);
   const int64_t total = layers * experts;
   store::StoreOptions o;
@@ -778,7 +906,8 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
   const engine::ModelConfig& c = model->config();
   const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
   // Positions: the prompt, two warm-up steps and the timed ones.
-  MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, backend, kv_format, 1, ctx + ssteps + 2));
+  MOE_ASSIGN_OR_RETURN(PagedSeqs seq,
+                       MakePagedSeqs(*model, backend, kv_format, 1, ctx + ssteps + 2));
   MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
   // Every expert into the host tier (the prefill touches most, not all: a decode step that
   // reads one from disk would be timed as disk, not as the host->device traffic bounded below).
@@ -818,8 +947,8 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
 absl::Status Run() {
   MOE_RETURN_IF_ERROR(CheckFlags());
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
-  const int64_t layers = absl::GetFlag(FLAGS_layers), experts = absl::GetFlag(FLAGS_experts);
-  const int64_t vocab = absl::GetFlag(FLAGS_vocab), ctx = absl::GetFlag(FLAGS_context);
+  const int64_t layers = Layers(), experts = Experts();
+  const int64_t vocab = Vocab(), ctx = absl::GetFlag(FLAGS_context);
   const int32_t group = absl::GetFlag(FLAGS_group);
   const bool timings = absl::GetFlag(FLAGS_timings);
   const kernels::BackendKind kind =
@@ -862,7 +991,7 @@ absl::Status Run() {
               static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
               static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
               static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
-              static_cast<long long>(kExpertWidth), group, expert_bytes / 1e6,
+              static_cast<long long>(c.moe_intermediate_size), group, expert_bytes / 1e6,
               static_cast<long long>(c.vocab_size));
   std::printf("generated dense model in %.1f s, loaded model + resident experts in %.1f s\n",
               gen_s, load_s);
@@ -881,7 +1010,7 @@ absl::Status Run() {
   // ---- batch 1, context ctx ----
   const int64_t steps = absl::GetFlag(FLAGS_steps);
   MOE_ASSIGN_OR_RETURN(PagedSeqs one_seq,
-                       MakePagedSeqs(c, *backend, kv_format, 1, ctx + 2 * steps + 4));
+                       MakePagedSeqs(*model, *backend, kv_format, 1, ctx + 2 * steps + 4));
   MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(ctx)));  // warms up
   for (int i = 0; i < 2; ++i) {  // warm-up decode steps
     MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
@@ -931,13 +1060,13 @@ absl::Status Run() {
                        PositiveInts("prompt", absl::GetFlag(FLAGS_prompt)));
   const double peak_flops = absl::GetFlag(FLAGS_peak_tflops) * 1e12;
   for (const int64_t n : prompts) {
-    MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(c, *backend, kv_format, 1, n + 1));
+    MOE_ASSIGN_OR_RETURN(PagedSeqs seq, MakePagedSeqs(*model, *backend, kv_format, 1, n + 1));
     const std::vector<int32_t> prompt = tokens(n);
     const engine::PhaseTimes b0 = model->phase_times();
     t0 = std::chrono::steady_clock::now();
     MOE_RETURN_IF_ERROR(Prefill(*model, seq, prompt));
     const double s = Seconds(t0, std::chrono::steady_clock::now());
-    const double flops = PrefillFlops(c, kExpertWidth, n);
+    const double flops = PrefillFlops(c, c.moe_intermediate_size, n);
     std::printf("%-44s %12.1f\n", absl::StrCat("time to first token, ", n, "-token prompt (ms)").c_str(),
                 s * 1e3);
     std::printf("%-44s %12.0f\n", "  prefill tokens/s", static_cast<double>(n) / s);
@@ -954,13 +1083,14 @@ absl::Status Run() {
   if (!batches.empty()) {
     std::printf("\ndecode steps of B sequences at context %lld: the bytes a step must read "
                 "(expert union under uniform routing, dense weights, KV) against the measured "
-                "copy bandwidth\n%-6s %10s %9s %8s %8s %8s %8s %11s %9s\n",
+                "copy bandwidth; KV/st: the KV read and the hybrids' recurrent state read and "
+                "written\n%-6s %10s %9s %8s %8s %8s %8s %11s %9s\n",
                 static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB",
-                "dense GB", "KV GB", "roofline/s", "fraction");
+                "dense GB", "KV/st GB", "roofline/s", "fraction");
   }
   for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
-                         MakePagedSeqs(c, *backend, kv_format, B, ctx + 2 * bsteps + 4));
+                         MakePagedSeqs(*model, *backend, kv_format, B, ctx + 2 * bsteps + 4));
     MOE_RETURN_IF_ERROR(FillRandom(*backend, c, seqs, ctx, rng));
     auto step = [&]() { return DecodeStep(*model, seqs, tokens(B)); };
     MOE_RETURN_IF_ERROR(step());  // warm-up (scratch grows to B tokens)
@@ -1029,10 +1159,11 @@ absl::Status Run() {
 
 int main(int argc, char** argv) {
   moe::base::ParseFlags(argc, argv,
-      "Times the whole forward pass on a synthetic Qwen3-30B-A3B-shaped model and prints it "
-      "next to the ceiling\n(tests/bench/moe_bench.cc's opening comment says what each figure "
-      "is).\n"
-      "  moe-bench --timings --model_dir=/tmp/moe_bench_model   # on the GPU machine",
+      "Times the whole forward pass on a synthetic model of a real shape (--shape: Qwen3-30B-A3B, "
+      "the Qwen3.5 hybrids) and prints it next to the ceiling\n(tests/bench/moe_bench.cc's "
+      "opening comment says what each figure is).\n"
+      "  moe-bench --timings --model_dir=/tmp/moe_bench_model   # on the GPU machine\n"
+      "  moe-bench --shape=qwen3.5-35b-a3b --batches=64 --store_dir=",
       __FILE__);
   const absl::Status s = moe::Run();
   if (!s.ok()) {

@@ -67,21 +67,28 @@ struct Format {
   DType dtype;
   double max_rel_logit_error;  // max |out - ref| / max |ref| over every position
   double min_argmax_agreement; // teacher-forced: argmax of our logits == reference argmax
+  double hybrid_max_rel_logit_error;  // the same for qwen3_5_moe and qwen3_next
 };
 // Tolerances: f32 is the golden bound; the others were set from measured values with margin
-// (the test prints the measured ones).
+// (the test prints the measured ones). The hybrids' fixtures (80-token prompts, four routers
+// scaled up, recurrent state) turn the experts' rounding into larger logit errors: measured
+// bf16 6.2e-2, int8 1.0e-1, int4 6.1e-1 at worst over both; greedy agreement 32/32 in bf16,
+// 31/32 in int8 (qwen3_next), 23/32 in int4.
 constexpr Format kFormats[] = {
-    {"f32", DType::kF32, 1e-4, 1.0},
-    {"bf16", DType::kBF16, 3e-2, 0.95},
-    {"int8", DType::kQ8, 3e-2, 0.90},
-    {"int4", DType::kQ4, 2.5e-1, 0.60},
+    {"f32", DType::kF32, 1e-4, 1.0, 1e-4},
+    {"bf16", DType::kBF16, 3e-2, 0.95, 8e-2},
+    {"int8", DType::kQ8, 3e-2, 0.90, 1.5e-1},
+    {"int4", DType::kQ4, 2.5e-1, 0.60, 7.5e-1},
 };
 
 class GoldenStoreTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
   const std::string arch = std::get<0>(GetParam());
-  const Format& format = kFormats[std::get<1>(GetParam())];
+  Format format = kFormats[std::get<1>(GetParam())];
+  if (arch == "qwen3_5_moe" || arch == "qwen3_next") {
+    format.max_rel_logit_error = format.hybrid_max_rel_logit_error;
+  }
   const Reference ref = LoadReference(arch);
   auto ckpt = store::Checkpoint::Open(FixtureDir(arch));
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -193,7 +200,8 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
 
 INSTANTIATE_TEST_SUITE_P(
     ArchitecturesAndFormats, GoldenStoreTest,
-    ::testing::Combine(::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe"),
+    ::testing::Combine(::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
+                                         "qwen3_5_moe", "qwen3_next"),
                        ::testing::Range(0, 4)));
 
 }  // namespace

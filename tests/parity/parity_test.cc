@@ -1143,6 +1143,189 @@ INSTANTIATE_TEST_SUITE_P(Cases, ElementwiseParity,
                          ::testing::Values(int64_t{1}, int64_t{7}, int64_t{733},
                                            int64_t{1} << 20));
 
+// ---- GatedDeltaNet: MulSigmoid, GatedRmsNorm, CausalConv, GatedDeltaRule ----------------------
+// Several sequences per call with their own non-zero states; the states after the call are
+// compared as well as the outputs.
+class MulSigmoidParity : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(MulSigmoidParity, MatchesCpu) {
+  const int64_t n = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(n * 5 + 1));
+  std::vector<float> x = Random(rng, n, -10.f, 10.f);
+  const std::vector<float> gate = Random(rng, n, -10.f, 10.f);
+  DeviceArray<float> dx(x), dgate(gate);
+  Cpu().MulSigmoid(x.data(), gate.data(), n);
+  Gpu().MulSigmoid(dx.get(), dgate.get(), n);
+  ExpectClose("MulSigmoid", Name("n", n), dx.Read(), x, 1e-6);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MulSigmoidParity,
+                         ::testing::Values(int64_t{1}, int64_t{733}, int64_t{1} << 20));
+
+// out = RmsNorm(x) * weight * silu(z), into a poisoned output and in place (out == x).
+class GatedRmsNormParity : public ::testing::TestWithParam<NormCase> {};
+
+TEST_P(GatedRmsNormParity, MatchesCpu) {
+  const NormCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.rows * 17 + c.H));
+  const std::vector<float> x = Random(rng, c.rows * c.H, -3.f, 3.f);
+  const std::vector<float> z = Random(rng, c.rows * c.H, -4.f, 4.f);
+  const HostWeight w = MakeWeight(Random(rng, c.H, 0.5f, 1.5f), c.dtype, {c.H});
+  const float eps = 1e-6f;
+  std::vector<float> want(x.size());
+  Cpu().GatedRmsNorm(want.data(), x.data(), z.data(), c.rows, w.cpu, eps);
+  DeviceArray<float> dx(x), dz(z);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  Gpu().GatedRmsNorm(out.get(), dx.get(), dz.get(), c.rows, w.gpu.view, eps);
+  const std::string name = Name("rows", c.rows, "n", c.H, DTypeName(c.dtype));
+  ExpectClose("GatedRmsNorm", name, out.Read(), want, kTolF32);
+  Gpu().GatedRmsNorm(dx.get(), dx.get(), dz.get(), c.rows, w.gpu.view, eps);
+  ExpectClose("GatedRmsNorm", name + " in place", dx.Read(), want, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, GatedRmsNormParity,
+                         ::testing::Values(NormCase{1, 128, DType::kBF16},
+                                           NormCase{7 * 6, 12, DType::kF32},
+                                           NormCase{333, 128, DType::kF16},
+                                           NormCase{5, 733, DType::kF32}));
+
+// The sequences of one call: states for both backends (host for the CPU, one device array for
+// the GPU, `per_seq` floats a sequence, random and non-zero as after earlier steps).
+struct LinearSeqs {
+  std::vector<float> cpu_state;
+  DeviceArray<float> gpu_state;
+  std::vector<kernels::LinearAttnSeq> cpu, gpu;
+  int64_t T = 0;
+
+  LinearSeqs(const std::vector<int64_t>& tokens, int64_t per_seq, std::mt19937& rng, bool conv)
+      : cpu_state(Random(rng, tokens.size() * per_seq, -0.5f, 0.5f)), gpu_state(cpu_state) {
+    for (size_t i = 0; i < tokens.size(); ++i) {
+      kernels::LinearAttnSeq c{tokens[i], nullptr, nullptr}, g = c;
+      float* cs = cpu_state.data() + i * per_seq;
+      float* gs = gpu_state.get() + i * per_seq;
+      (conv ? c.conv_state : c.state) = cs;
+      (conv ? g.conv_state : g.state) = gs;
+      cpu.push_back(c);
+      gpu.push_back(g);
+      T += tokens[i];
+    }
+  }
+};
+
+std::string TokensName(const std::vector<int64_t>& tokens) {
+  std::ostringstream s;
+  s << "tokens";
+  for (size_t i = 0; i < tokens.size(); ++i) s << (i == 0 ? " " : ",") << tokens[i];
+  return s.str();
+}
+
+struct ConvCase {
+  std::vector<int64_t> tokens;
+  int64_t C;
+  int KW;
+  DType dtype;
+};
+class CausalConvParity : public ::testing::TestWithParam<ConvCase> {};
+
+TEST_P(CausalConvParity, MatchesCpuWithState) {
+  const ConvCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.C * 7 + c.KW + c.tokens.size()));
+  LinearSeqs seqs(c.tokens, c.C * (c.KW - 1), rng, /*conv=*/true);
+  const std::vector<float> x = Random(rng, seqs.T * c.C, -2.f, 2.f);
+  const HostWeight w = MakeWeight(Random(rng, c.C * c.KW), c.dtype, {c.C, 1, c.KW});
+  std::vector<float> want(x.size());
+  kernels::CausalConvArgs a;
+  a.out = want.data();
+  a.x = x.data();
+  a.weight = w.cpu;
+  a.channels = c.C;
+  a.kernel_size = c.KW;
+  a.seqs = seqs.cpu;
+  Cpu().CausalConv(a);
+  DeviceArray<float> dx(x);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  a.out = out.get();
+  a.x = dx.get();
+  a.weight = w.gpu.view;
+  a.seqs = seqs.gpu;
+  Gpu().CausalConv(a);
+  const std::string name =
+      Name(TokensName(c.tokens), "C", c.C, "KW", c.KW, DTypeName(c.dtype));
+  ExpectClose("CausalConv", name, out.Read(), want, kTolF32);
+  // The state is the last KW-1 raw inputs: copied, so exact.
+  ExpectClose("CausalConv state", name, seqs.gpu_state.Read(), seqs.cpu_state, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, CausalConvParity,
+    ::testing::Values(ConvCase{{1, 7, 64, 70, 130}, 333, 4, DType::kBF16},
+                      ConvCase{{130, 1, 70, 7, 1, 64}, 37, 3, DType::kF32},
+                      ConvCase{{1, 1, 1}, 8193, 4, DType::kF16},  // decode
+                      ConvCase{{2, 5}, 3, 8, DType::kF32},  // fewer tokens than the window
+                      ConvCase{{3}, 5, 2, DType::kF32}));
+
+struct DeltaCase {
+  std::vector<int64_t> tokens;
+  int NK, NV, DK, DV;
+  DType dtype;  // of a_log and dt_bias
+};
+class GatedDeltaRuleParity : public ::testing::TestWithParam<DeltaCase> {};
+
+TEST_P(GatedDeltaRuleParity, MatchesCpuWithState) {
+  const DeltaCase c = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(c.NK * 1000 + c.NV * 100 + c.DK + c.DV * 7 +
+                                         c.tokens.size()));
+  LinearSeqs seqs(c.tokens, int64_t{c.NV} * c.DK * c.DV, rng, /*conv=*/false);
+  const int64_t C = 2 * int64_t{c.NK} * c.DK + int64_t{c.NV} * c.DV;
+  const std::vector<float> qkv = Random(rng, seqs.T * C, -1.f, 1.f);
+  const std::vector<float> b = Random(rng, seqs.T * c.NV, -3.f, 3.f);
+  // g = -exp(a_log) softplus(a + dt_bias) in about [-1, 0): the decays of real checkpoints, and
+  // no underflow of exp(cumsum g) over a chunk of 64 in the CPU's chunked form.
+  const std::vector<float> av = Random(rng, seqs.T * c.NV, -3.f, 0.f);
+  const HostWeight a_log = MakeWeight(Random(rng, c.NV, -2.f, 0.f), c.dtype, {c.NV});
+  const HostWeight dt_bias = MakeWeight(Random(rng, c.NV, -1.f, 0.5f), c.dtype, {c.NV});
+  std::vector<float> want(seqs.T * c.NV * c.DV);
+  kernels::GatedDeltaRuleArgs a;
+  a.out = want.data();
+  a.qkv = qkv.data();
+  a.b = b.data();
+  a.a = av.data();
+  a.a_log = a_log.cpu;
+  a.dt_bias = dt_bias.cpu;
+  a.num_k_heads = c.NK;
+  a.num_v_heads = c.NV;
+  a.k_head_dim = c.DK;
+  a.v_head_dim = c.DV;
+  a.seqs = seqs.cpu;
+  Cpu().GatedDeltaRule(a);
+  DeviceArray<float> dqkv(qkv), db(b), da(av);
+  DeviceArray<float> out = PoisonedOutput(want.size());
+  a.out = out.get();
+  a.qkv = dqkv.get();
+  a.b = db.get();
+  a.a = da.get();
+  a.a_log = a_log.gpu.view;
+  a.dt_bias = dt_bias.gpu.view;
+  a.seqs = seqs.gpu;
+  Gpu().GatedDeltaRule(a);
+  const std::string name = Name(TokensName(c.tokens), "NK", c.NK, "NV", c.NV, "DK", c.DK, "DV",
+                                c.DV, DTypeName(c.dtype));
+  // The GPU runs the recurrent step for every token, the CPU the chunked form for prefill: the
+  // same function, different fp32 rounding (cpu linear_attention_test bounds the CPU's two forms
+  // to 1e-5 of each other).
+  ExpectClose("GatedDeltaRule", name, out.Read(), want, kTolF32);
+  ExpectClose("GatedDeltaRule state", name, seqs.gpu_state.Read(), seqs.cpu_state, kTolF32);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Cases, GatedDeltaRuleParity,
+    ::testing::Values(DeltaCase{{1, 7, 64, 70, 130}, 3, 6, 20, 12, DType::kF32},
+                      DeltaCase{{130, 1, 7, 1}, 3, 6, 20, 12, DType::kBF16},
+                      DeltaCase{{1, 1, 1, 1, 1}, 16, 32, 128, 128, DType::kBF16},  // decode
+                      DeltaCase{{70, 1}, 4, 8, 128, 128, DType::kF32},
+                      DeltaCase{{1, 65}, 1, 3, 256, 72, DType::kF16},
+                      DeltaCase{{3, 1}, 2, 2, 33, 256, DType::kF32}));
+
 // ---- Sample -----------------------------------------------------------------------------------
 struct SampleCase {
   int64_t V;

@@ -3,6 +3,8 @@
 // hybrid test model loads from the vision-language layout of real Qwen3.5 checkpoints.
 #include "engine/default_model.h"
 
+#include <filesystem>
+
 #include "engine/engine.h"
 #include "expertstore/safetensors.h"
 #include "gtest/gtest.h"
@@ -93,6 +95,38 @@ TEST(HybridModel, LoadsFromTheVisionLanguageLayout) {
     max_err = std::max(max_err, std::abs(whole[i] - step[i]));
   }
   EXPECT_LT(max_err, 1e-4f * max_abs);
+}
+
+// A hybrid checkpoint without a layer's A_log, or with a conv1d of the wrong shape, fails to
+// load with the tensor named.
+TEST(HybridModel, MissingOrMisshapenTensorIsNamed) {
+  testing::TempDir src;
+  ASSERT_TRUE(WriteHybridModel(src.path()).ok());
+  auto ckpt = store::Checkpoint::Open(src.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  auto rewrite = [&](const std::string& drop, const std::string& reshape) {
+    testing::TempDir dir;
+    std::vector<store::TensorToWrite> tensors;
+    for (const auto& [name, info] : (*ckpt)->tensors()) {
+      if (name == drop) continue;
+      auto view = (*ckpt)->Get(name);
+      EXPECT_TRUE(view.ok());
+      std::vector<int64_t> shape = info.shape;
+      if (name == reshape) shape = {shape[0] / 2, 1, shape[2] * 2};
+      tensors.push_back({name, info.dtype, shape, view->data});
+    }
+    EXPECT_TRUE(store::WriteSafetensors(dir.File("model.safetensors"), tensors).ok());
+    std::filesystem::copy_file(src.File("config.json"), dir.File("config.json"));
+    auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+    return Model::Load(dir.path(), **backend).status();
+  };
+  absl::Status st = rewrite("model.layers.2.linear_attn.A_log", "");
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("model.layers.2.linear_attn.A_log"), std::string::npos) << st;
+  st = rewrite("", "model.layers.0.linear_attn.conv1d.weight");
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("model.layers.0.linear_attn.conv1d.weight"), std::string::npos)
+      << st;
 }
 
 TEST(ScriptedModel, GreedyOutputIsTheScriptForAnyPrompt) {

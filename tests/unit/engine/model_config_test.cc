@@ -223,5 +223,89 @@ TEST(ModelConfigTest, ClearErrors) {
   EXPECT_EQ(LoadModelConfig("/nonexistent/dir").status().code(), absl::StatusCode::kNotFound);
 }
 
+nlohmann::json Qwen35Text() {
+  return {{"model_type", "qwen3_5_moe_text"}, {"vocab_size", 100}, {"hidden_size", 16},
+          {"num_hidden_layers", 8}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
+          {"head_dim", 8}, {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 8},
+          {"num_experts", 8}, {"num_experts_per_tok", 2}, {"max_position_embeddings", 64},
+          {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
+          {"linear_key_head_dim", 8}, {"linear_value_head_dim", 6},
+          {"linear_conv_kernel_dim", 4}};
+}
+
+// The hybrids: layer types from full_attention_interval (default 4) or layer_types, the
+// GatedDeltaNet fields, partial rotary 0.25 unless given, always-renormalised routing, the
+// composite config's text_config.
+TEST(ModelConfigTest, HybridLayersAndDefaults) {
+  auto c = ParseModelConfig(Qwen35Text().dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  for (int64_t l = 0; l < 8; ++l) EXPECT_EQ(c->IsLinearLayer(l), (l + 1) % 4 != 0) << l;
+  EXPECT_DOUBLE_EQ(c->rope.partial_rotary_factor, 0.25);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_TRUE(c->arch.zero_centred_norms);
+  EXPECT_EQ(c->LinearConvChannels(), 2 * 2 * 8 + 4 * 6);
+  EXPECT_EQ(c->LinearStateFloats(), (2 * 2 * 8 + 4 * 6) * 3 + 4 * 8 * 6);
+  for (int64_t l = 0; l < 8; ++l) EXPECT_TRUE(c->IsSparseLayer(l)) << l;
+
+  auto interval = Qwen35Text();
+  interval["full_attention_interval"] = 2;
+  interval["rope_parameters"] = {{"rope_type", "default"}, {"partial_rotary_factor", 0.5}};
+  c = ParseModelConfig(interval.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE(c->IsLinearLayer(0));
+  EXPECT_FALSE(c->IsLinearLayer(1));
+  EXPECT_DOUBLE_EQ(c->rope.partial_rotary_factor, 0.5);
+
+  const nlohmann::json composite = {{"model_type", "qwen3_5_moe"},
+                                    {"text_config", Qwen35Text()},
+                                    {"eos_token_id", 7}};
+  c = ParseModelConfig(composite.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->hidden_size, 16);
+  EXPECT_EQ(c->eos_token_ids, std::vector<int32_t>{7});  // top-level ids reach the text model
+
+  auto next = Qwen35Text();
+  next["model_type"] = "qwen3_next";
+  next["intermediate_size"] = 12;
+  next["mlp_only_layers"] = {1};
+  next["norm_topk_prob"] = false;
+  c = ParseModelConfig(next.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->arch.linear_attention, LinearAttention::kGrouped);
+  EXPECT_FALSE(c->IsSparseLayer(1));
+  EXPECT_FALSE(c->norm_topk_prob);
+}
+
+// Each hybrid config error names its field or entry.
+TEST(ModelConfigTest, HybridErrorsNameTheField) {
+  auto expect = [](const nlohmann::json& j, absl::StatusCode code, const std::string& needle) {
+    const absl::Status st = ParseModelConfig(j.dump(), "").status();
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st;
+  };
+  auto types = Qwen35Text();
+  types["layer_types"] = {"linear_attention", "full_attention", "mamba", "full_attention",
+                          "linear_attention", "full_attention", "linear_attention",
+                          "full_attention"};
+  expect(types, absl::StatusCode::kUnimplemented, "layer_types[2] 'mamba'");
+  auto count = Qwen35Text();
+  count["layer_types"] = {"linear_attention", "full_attention"};
+  expect(count, absl::StatusCode::kInvalidArgument, "layer_types has 2 entries");
+  auto heads = Qwen35Text();
+  heads["linear_num_value_heads"] = 5;
+  expect(heads, absl::StatusCode::kInvalidArgument,
+         "linear_num_value_heads 5 is not a multiple of linear_num_key_heads 2");
+  auto missing = Qwen35Text();
+  missing.erase("linear_key_head_dim");
+  expect(missing, absl::StatusCode::kInvalidArgument, "linear_key_head_dim");
+  auto width = Qwen35Text();
+  width["linear_conv_kernel_dim"] = 1;
+  expect(width, absl::StatusCode::kInvalidArgument, "linear_conv_kernel_dim");
+  auto interval = Qwen35Text();
+  interval["full_attention_interval"] = 0;
+  expect(interval, absl::StatusCode::kInvalidArgument, "full_attention_interval");
+  expect({{"model_type", "qwen3_5_moe"}}, absl::StatusCode::kInvalidArgument, "text_config");
+}
+
 }  // namespace
 }  // namespace moe::engine
