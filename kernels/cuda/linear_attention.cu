@@ -258,23 +258,26 @@ __global__ __launch_bounds__(kWarp* kWarpsPerBlock) void DeltaRuleWarpKernel(Del
 //   P = (q k^T) . D (j <= i), A = beta_i (k k^T) . D (j < i)                    [c, c]
 //   V' = (I + A)^-1 (beta (v - exp(gamma) k S))   (= U - W S: M is linear)      [c, cols]
 //   O = exp(gamma) q S + P V',  S <- exp(gamma_c) S + (exp(gamma_c - gamma) k)^T V'
-// so W [c, DK] is never formed: the forward substitution runs over the block's columns only.
-// Shared memory (floats): q, k [kChunk, DK4 + 4] (normalised; rows padded so float4 reads of
-// consecutive rows hit distinct banks), S [DK4, 32], P, A [kChunk, kChunk], V' [kChunk, 36],
-// gamma, beta, exp(gamma_c - gamma) [kChunk]: 204 KB at DK 256, 123 KB at DK 128.
+// so W [c, DK] is never formed: the forward substitution runs over the block's columns only,
+// one warp, a lane a column, V' in registers. Shared memory (floats): q, k [kChunk, DK4 + 4]
+// (normalised; rows padded so float4 reads of consecutive rows hit distinct banks),
+// S [DK4, 32], PA [kChunk, 68] (P on and below the diagonal, A^T above it: row j of A^T is
+// what the substitution reads after finishing row j), V' [kChunk, 36], gamma, beta,
+// exp(gamma_c - gamma) [kChunk]: 188 KB at DK 256, 109 KB at DK 128 (two blocks an SM).
 constexpr int kChunk = 64;  // transformers' chunk_size, as the CPU
 constexpr int kCkCols = 32;
 constexpr int kCkThreads = 256;
-constexpr int kCkWarps = kCkThreads / kWarp;            // 8
-constexpr int kCkRows = kChunk / kCkWarps;              // chunk rows a thread (warp + 8 r)
-constexpr int kVpStride = kCkCols + 4;                  // substitution lanes on distinct banks
+constexpr int kCkWarps = kCkThreads / kWarp;  // 8
+constexpr int kCkRows = kChunk / kCkWarps;    // chunk rows a thread (warp + 8 r)
+constexpr int kPaStride = kChunk + 4;         // A^T's column writes: 2-way conflicts
+constexpr int kVpStride = kCkCols + 4;
 constexpr int kSGroups = kMaxHeadDim / (4 * kCkWarps);  // float4 rows of S a thread at DK 256
 
 __host__ __device__ __forceinline__ int Round4(int x) { return (x + 3) & ~3; }
 __host__ __device__ __forceinline__ int KStride(int DK) { return Round4(DK) + 4; }
 __host__ __device__ __forceinline__ int64_t ChunkSmemFloats(int DK) {
-  return 2 * kChunk * KStride(DK) + Round4(DK) * kCkCols + 2 * kChunk * kChunk +
-         kChunk * kVpStride + 3 * kChunk;
+  return 2 * kChunk * KStride(DK) + Round4(DK) * kCkCols + kChunk * kPaStride + kChunk * kVpStride +
+         3 * kChunk;
 }
 
 __device__ __forceinline__ float Dot4(float4 a, float4 b, float acc) {
@@ -284,7 +287,11 @@ __device__ __forceinline__ float Dot4(float4 a, float4 b, float acc) {
   return fmaf(a.w, b.w, acc);
 }
 
-__global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRuleParams p) {
+__device__ __forceinline__ float Elem(float4 v, int e) {
+  return e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+}
+
+__global__ __launch_bounds__(kCkThreads, 2) void DeltaRuleChunkedKernel(DeltaRuleParams p) {
   WaitForPriorKernel();
   const SeqDev s = p.seqs[blockIdx.z];
   if (s.num_tokens <= 1) return;  // DeltaRuleWarpKernel's
@@ -293,9 +300,8 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
   float* qs = reinterpret_cast<float*>(smem4);
   float* kk = qs + kChunk * ks;
   float* Ss = kk + kChunk * ks;
-  float* Pm = Ss + dk4 * kCkCols;
-  float* Am = Pm + kChunk * kChunk;
-  float* Vp = Am + kChunk * kChunk;
+  float* PA = Ss + dk4 * kCkCols;
+  float* Vp = PA + kChunk * kPaStride;
   float* gam = Vp + kChunk * kVpStride;
   float* bet = gam + kChunk;
   float* ek = bet + kChunk;
@@ -304,6 +310,8 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
   const int col0 = blockIdx.x * kCkCols, j = col0 + lane;
   const bool has_col = j < DV;
   const int64_t C = 2 * static_cast<int64_t>(p.NK) * DK + static_cast<int64_t>(p.NV) * DV;
+  const int64_t q_off = kh * DK, k_off = static_cast<int64_t>(p.NK) * DK + kh * DK;
+  const int64_t v_off = 2 * static_cast<int64_t>(p.NK) * DK + h * DV + j;
   float* S = s.state + static_cast<int64_t>(h) * DK * DV;
   for (int e = tid; e < dk4 * kCkCols; e += kCkThreads) {
     const int d = e / kCkCols, cl = col0 + e % kCkCols;
@@ -315,31 +323,23 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
 
   for (int64_t c0 = 0; c0 < s.num_tokens; c0 += kChunk) {
     const int c = static_cast<int>(Min64(kChunk, s.num_tokens - c0));
-    // q, k rows, L2-normalised (q scaled by DK^-0.5), a warp a row; rows past c are zero and
-    // their g is 0 (gamma stays gamma_c: every exp below stays finite).
-    for (int t = warp; t < kChunk; t += kCkWarps) {
-      float* qr = qs + t * ks;
-      float* kr = kk + t * ks;
-      float qn = 0.f, kn = 0.f;
-      if (t < c) {
-        const float* x = p.qkv + (s.row + c0 + t) * C;
-        const float* xq = x + kh * DK;
-        const float* xk = x + static_cast<int64_t>(p.NK) * DK + kh * DK;
-        float qsum = 0.f, ksum = 0.f;
-        for (int d = lane; d < DK; d += kWarp) {
-          const float qv = xq[d], kv = xk[d];
-          qr[d] = qv;
-          kr[d] = kv;
-          qsum = fmaf(qv, qv, qsum);
-          ksum = fmaf(kv, kv, ksum);
-        }
-        qn = 1.f / sqrtf(WarpSum(qsum) + 1e-6f) * q_scale;
-        kn = 1.f / sqrtf(WarpSum(ksum) + 1e-6f);
+    const float* xc = p.qkv + (s.row + c0) * C;
+    // Raw q, k (rows warp + 8 r; all of a thread's loads in flight together), v of this
+    // thread's rows and column (into V'), g and beta. Rows past c are zero and their g is 0 (gamma
+    // stays gamma_c: every exp below stays finite).
+    for (int d = lane; d < dk4; d += kWarp) {
+#pragma unroll
+      for (int r = 0; r < kCkRows; ++r) {
+        const int t = warp + kCkWarps * r;
+        const bool in = t < c && d < DK;
+        qs[t * ks + d] = in ? xc[t * C + q_off + d] : 0.f;
+        kk[t * ks + d] = in ? xc[t * C + k_off + d] : 0.f;
       }
-      for (int d = lane; d < dk4; d += kWarp) {  // the same lanes' elements as above
-        qr[d] = d < DK && t < c ? qr[d] * qn : 0.f;
-        kr[d] = d < DK && t < c ? kr[d] * kn : 0.f;
-      }
+    }
+#pragma unroll
+    for (int r = 0; r < kCkRows; ++r) {
+      const int i = warp + kCkWarps * r;
+      Vp[i * kVpStride + lane] = has_col && i < c ? xc[i * C + v_off] : 0.f;
     }
     if (tid < kChunk) {
       float g = 0.f, beta = 0.f;
@@ -352,9 +352,41 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
       bet[tid] = beta;
     }
     __syncthreads();
-    if (tid == 0) {  // the CPU's order of the cumulative sum
+    if (tid == 0) {  // gamma = cumsum(g) in the CPU's order
+      float gv[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) gv[i] = gam[i];
       float acc = 0.f;
-      for (int i = 0; i < kChunk; ++i) gam[i] = acc += gam[i];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) gam[i] = acc += gv[i];
+    }
+    // L2-normalise the rows (q also scaled by DK^-0.5): a warp's 8 rows' sums together.
+    {
+      float qsum[kCkRows], ksum[kCkRows];
+#pragma unroll
+      for (int r = 0; r < kCkRows; ++r) qsum[r] = ksum[r] = 0.f;
+      for (int d = lane; d < dk4; d += kWarp) {
+#pragma unroll
+        for (int r = 0; r < kCkRows; ++r) {
+          const int t = warp + kCkWarps * r;
+          const float qv = qs[t * ks + d], kv = kk[t * ks + d];
+          qsum[r] = fmaf(qv, qv, qsum[r]);
+          ksum[r] = fmaf(kv, kv, ksum[r]);
+        }
+      }
+#pragma unroll
+      for (int r = 0; r < kCkRows; ++r) {
+        qsum[r] = 1.f / sqrtf(WarpSum(qsum[r]) + 1e-6f) * q_scale;
+        ksum[r] = 1.f / sqrtf(WarpSum(ksum[r]) + 1e-6f);
+      }
+      for (int d = lane; d < dk4; d += kWarp) {
+#pragma unroll
+        for (int r = 0; r < kCkRows; ++r) {
+          const int t = warp + kCkWarps * r;
+          qs[t * ks + d] *= qsum[r];
+          kk[t * ks + d] *= ksum[r];
+        }
+      }
     }
     __syncthreads();
 
@@ -384,9 +416,11 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
 #pragma unroll
         for (int b = 0; b < 4; ++b) {
           const int i = ty + 16 * a, jj = tx + 16 * b;
-          const float dec = jj <= i ? expf(gam[i] - gam[jj]) : 0.f;
-          Pm[i * kChunk + jj] = pa[a][b] * dec;
-          Am[i * kChunk + jj] = jj < i ? bet[i] * aa[a][b] * dec : 0.f;
+          if (jj <= i) {
+            const float dec = expf(gam[i] - gam[jj]);
+            PA[i * kPaStride + jj] = pa[a][b] * dec;
+            if (jj < i) PA[jj * kPaStride + i] = bet[i] * aa[a][b] * dec;  // A^T
+          }
         }
       }
     }
@@ -410,35 +444,35 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
         const int i = warp + kCkWarps * r;
         const float eg = expf(gam[i]);
         o[r] = eg * aqs[r];
-        const float v =
-            has_col && i < c
-                ? p.qkv[(s.row + c0 + i) * C + 2 * static_cast<int64_t>(p.NK) * DK + h * DV + j]
-                : 0.f;
-        Vp[i * kVpStride + lane] = bet[i] * (v - eg * aks[r]);
+        Vp[i * kVpStride + lane] = bet[i] * (Vp[i * kVpStride + lane] - eg * aks[r]);
       }
       if (tid < kChunk) ek[tid] = expf(gam[kChunk - 1] - gam[tid]);
     }
     __syncthreads();
 
-    // V' = (I + A)^-1 V' by forward substitution: warp w has columns 4 w .. 4 w + 3, 8 lanes a
-    // column splitting the sum over j < i (lane-local, so a warp barrier a row).
-    {
-      const int cl = warp * 4 + lane / 8, t = lane % 8;
-      for (int i = 1; i < c; ++i) {
-        float sum = 0.f;
-        for (int jj = t; jj < i; jj += 8) {
-          sum = fmaf(Am[i * kChunk + jj], Vp[jj * kVpStride + cl], sum);
+    // V' = (I + A)^-1 V' by forward substitution, warp 0, lane = column: once row jj is final
+    // it leaves the rows below (A is zero on rows past c, so all 64 rows are safe to run).
+    if (warp == 0) {
+      float v[kChunk];
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) v[i] = Vp[i * kVpStride + lane];
+#pragma unroll
+      for (int jj = 0; jj < kChunk - 1; ++jj) {
+#pragma unroll
+        for (int i4 = (jj + 1) / 4 * 4; i4 < kChunk; i4 += 4) {
+          const float4 at = *reinterpret_cast<const float4*>(PA + jj * kPaStride + i4);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            if (i4 + e > jj) v[i4 + e] = fmaf(-Elem(at, e), v[jj], v[i4 + e]);
+          }
         }
-        sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-        sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-        if (t == 0) Vp[i * kVpStride + cl] -= sum;
-        __syncwarp();
       }
+#pragma unroll
+      for (int i = 0; i < kChunk; ++i) Vp[i * kVpStride + lane] = v[i];
     }
     __syncthreads();
 
-    // O = exp(gamma) q S + P V' (P is zero past the diagonal and past c).
+    // O = exp(gamma) q S + P V' (P: on and below the diagonal of PA; zero past c).
     {
       float acc[kCkRows];
 #pragma unroll
@@ -449,8 +483,14 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
                         Vp[(jj + 2) * kVpStride + lane], Vp[(jj + 3) * kVpStride + lane]);
 #pragma unroll
         for (int r = 0; r < kCkRows; ++r) {
-          const int i = warp + kCkWarps * r;
-          acc[r] = Dot4(*reinterpret_cast<const float4*>(Pm + i * kChunk + jj), vv, acc[r]);
+          const int i = warp + kCkWarps * r;  // warp-uniform: no divergence
+          if (jj <= i) {
+            float4 pr = *reinterpret_cast<const float4*>(PA + i * kPaStride + jj);
+            if (jj + 1 > i) pr.y = 0.f;
+            if (jj + 2 > i) pr.z = 0.f;
+            if (jj + 3 > i) pr.w = 0.f;
+            acc[r] = Dot4(pr, vv, acc[r]);
+          }
         }
       }
 #pragma unroll
@@ -468,8 +508,9 @@ __global__ __launch_bounds__(kCkThreads) void DeltaRuleChunkedKernel(DeltaRulePa
       for (int m = 0; m < kSGroups; ++m) {
         const int d0 = 4 * (warp + kCkWarps * m);
 #pragma unroll
-        for (int e = 0; e < 4; ++e)
+        for (int e = 0; e < 4; ++e) {
           sa[m][e] = d0 < dk4 ? decay * Ss[(d0 + e) * kCkCols + lane] : 0.f;
+        }
       }
       for (int i = 0; i < c; ++i) {
         const float vi = ek[i] * Vp[i * kVpStride + lane];
@@ -614,11 +655,13 @@ void CudaBackend::GatedDeltaRule(const GatedDeltaRuleArgs& a) {
   }
   if (any_chunked) {
     const size_t smem = static_cast<size_t>(cuda::ChunkSmemFloats(DK)) * sizeof(float);
-    if (smem > 48 * 1024) {
-      MOE_CUDA_CHECK(cudaFuncSetAttribute(cuda::DeltaRuleChunkedKernel,
-                                          cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                          static_cast<int>(smem)));
-    }
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(cuda::DeltaRuleChunkedKernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(smem)));
+    // All of the SM's memory as shared memory: two blocks of 109 KB (DK 128) fit.
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(cuda::DeltaRuleChunkedKernel,
+                                        cudaFuncAttributePreferredSharedMemoryCarveout,
+                                        cudaSharedmemCarveoutMaxShared));
     const dim3 grid(static_cast<unsigned>(cuda::CeilDiv(DV, cuda::kCkCols)),
                     static_cast<unsigned>(NV), static_cast<unsigned>(table.size()));
     cuda::Launch(cuda::DeltaRuleChunkedKernel, grid, cuda::kCkThreads, smem, stream_, p);

@@ -1286,8 +1286,7 @@ TEST_P(GatedDeltaRuleParity, MatchesCpuWithState) {
   // By default g = -exp(a_log) softplus(a + dt_bias) in about [-1, 0): the decays of real
   // checkpoints, and no underflow of exp(cumsum g) over a chunk of 64.
   const std::vector<float> av = Random(rng, seqs.T * c.NV, -3.f, 0.f);
-  const HostWeight a_log =
-      MakeWeight(Random(rng, c.NV, c.a_log_lo, c.a_log_hi), c.dtype, {c.NV});
+  const HostWeight a_log = MakeWeight(Random(rng, c.NV, c.a_log_lo, c.a_log_hi), c.dtype, {c.NV});
   const HostWeight dt_bias = MakeWeight(Random(rng, c.NV, -1.f, 0.5f), c.dtype, {c.NV});
   std::vector<float> want(seqs.T * c.NV * c.DV);
   kernels::GatedDeltaRuleArgs a;
@@ -1336,7 +1335,8 @@ INSTANTIATE_TEST_SUITE_P(
                       DeltaCase{{129, 2}, 1, 2, 256, 72, DType::kF32},  // the largest smem
                       // one-token (recurrent) and long (chunked) sequences in one call
                       DeltaCase{{1, 200, 1, 65, 1, 2}, 2, 4, 128, 128, DType::kF32},
-                      DeltaCase{{1, 150, 64}, 2, 4, 128, 128, DType::kF32, 2.f, 3.f},  // strong
+                      DeltaCase{{300, 64, 1, 129}, 4, 16, 128, 128, DType::kBF16},  // 2 blocks/SM
+                      DeltaCase{{1, 150, 64}, 2, 4, 128, 128, DType::kF32, 2.f, 3.f},      // strong
                       DeltaCase{{1, 150, 64}, 2, 4, 128, 128, DType::kF32, -9.f, -8.f}));  // weak
 
 // ---- Sample -----------------------------------------------------------------------------------
