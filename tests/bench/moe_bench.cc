@@ -1030,6 +1030,8 @@ absl::Status Run() {
               kernels::KvFormatName(kv_format), kBlockSize, "measure", "value");
   std::printf("%-44s %12.1f\n", "decode tokens/s (batch 1, context)", tok_s);
   std::printf("%-44s %12.1f\n", "decode ms/token", 1e3 / tok_s);
+  std::printf("%-44s %12.4f\n", "decode ms per layer (ms/token / layers)",
+              1e3 / tok_s / static_cast<double>(c.num_hidden_layers));
   std::printf("%-44s %12.3f\n", "bytes a token must read (GB)", bytes / 1e9);
   std::printf("%-44s %12.1f\n", "achieved GB/s (bytes / step time)", bytes * tok_s / 1e9);
   std::printf("%-44s %11.1f%%\n", "fraction of measured d2d copy bandwidth",

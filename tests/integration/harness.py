@@ -210,11 +210,12 @@ class Cluster:
             p.stop()
 
 
-def offline_tokens(prompt_ids, max_tokens, temperature=0.0, seed=0, ignore_eos=True, top_p=1.0):
+def offline_tokens(prompt_ids, max_tokens, temperature=0.0, seed=0, ignore_eos=True, top_p=1.0,
+                   model_dir=None):
     """The offline engine's tokens for the same input (moe_offline_tokens)."""
     import json
     out = subprocess.run(
-        [OFFLINE_BIN, f"--model={MODEL_DIR}", "--prompt_ids=" + ",".join(map(str, prompt_ids)),
+        [OFFLINE_BIN, f"--model={model_dir or MODEL_DIR}", "--prompt_ids=" + ",".join(map(str, prompt_ids)),
          f"--max_tokens={max_tokens}", f"--temperature={temperature}", f"--seed={seed}",
          f"--top_p={top_p}", f"--ignore_eos={'true' if ignore_eos else 'false'}"],
         check=True, capture_output=True, text=True).stdout

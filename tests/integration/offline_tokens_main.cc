@@ -2,7 +2,8 @@
 // prints the generated token ids as JSON, so integration tests can check that the service
 // streams exactly the offline engine's tokens. --write_default_model=DIR writes the built-in
 // model and exits; --write_scripted_model=DIR --script=TEXT writes the model whose greedy output
-// is TEXT (engine::WriteScriptedModel) and exits.
+// is TEXT (engine::WriteScriptedModel) and exits; --write_hybrid_model=DIR writes the Qwen3.5-MoE
+// hybrid test model (engine::WriteHybridModel) and exits.
 #include <cstdio>
 #include <string>
 #include <vector>
@@ -20,6 +21,8 @@ ABSL_FLAG(std::string, write_default_model, "", "Write the built-in default mode
 ABSL_FLAG(std::string, write_scripted_model, "",
           "Write the built-in model whose greedy output is --script here and exit");
 ABSL_FLAG(std::string, script, "", "The text the scripted model emits");
+ABSL_FLAG(std::string, write_hybrid_model, "",
+          "Write the Qwen3.5-MoE-shaped hybrid test model here and exit");
 ABSL_FLAG(std::string, model, "", "Model directory");
 ABSL_FLAG(std::string, prompt_ids, "", "Comma-separated prompt token ids");
 ABSL_FLAG(std::string, prompt, "", "Prompt text (used when --prompt_ids is empty)");
@@ -40,6 +43,9 @@ absl::Status Run() {
   if (!absl::GetFlag(FLAGS_write_scripted_model).empty()) {
     return engine::WriteScriptedModel(absl::GetFlag(FLAGS_write_scripted_model),
                                       absl::GetFlag(FLAGS_script));
+  }
+  if (!absl::GetFlag(FLAGS_write_hybrid_model).empty()) {
+    return engine::WriteHybridModel(absl::GetFlag(FLAGS_write_hybrid_model));
   }
   const std::string dir = absl::GetFlag(FLAGS_model);
   MOE_ASSIGN_OR_RETURN(auto backend, kernels::MakeBackend(kernels::BackendKind::kCpu, {}));

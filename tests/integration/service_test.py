@@ -420,6 +420,44 @@ class ServiceTest(unittest.TestCase):
         finally:
             c2.close()
 
+    def test_hybrid_model_from_a_store(self):
+        # A Qwen3.5-MoE hybrid in the layout of real checkpoints (moe_offline_tokens
+        # --write_hybrid_model), imported by moe-import and served from the store: the tokens are
+        # the offline engine's, a session's second turn continues from its kept recurrent state
+        # and gives the tokens a cold run of the whole conversation gives, and the state's gauges
+        # reach /metrics.
+        model = os.path.join(self.c.log_dir, "hybrid")
+        store = os.path.join(self.c.log_dir, "hybrid_store")
+        subprocess.run([harness.OFFLINE_BIN, f"--write_hybrid_model={model}"], check=True,
+                       capture_output=True)
+        subprocess.run([os.path.join(harness.BUILD_DIR, "bin", "moe-import"),
+                        f"--model_dir={model}", f"--store_dir={store}"],
+                       check=True, capture_output=True)
+        c2 = harness.Cluster(workers=1, worker_args=[f"--model={store}",
+                                                     f"--model_name={MODEL_NAME}"])
+        try:
+            fe = c2.add_frontend()
+            stub = c2.stub(fe)
+            greedy = dict(sampling=self.pb.SamplingParams(temperature=0),
+                          stop=self.pb.StopParams(ignore_eos=True))
+            want = harness.offline_tokens(PROMPT, 6, model_dir=model)
+            ids, _, _ = generate(stub, self.pb, token_ids=self.pb.TokenIds(ids=PROMPT),
+                                 max_tokens=6, session_id="hybrid-1", **greedy)
+            self.assertEqual(ids, want)
+            turn2 = PROMPT + ids + [9, 10, 11]
+            ids2, _, last2 = generate(stub, self.pb, token_ids=self.pb.TokenIds(ids=turn2),
+                                      max_tokens=5, session_id="hybrid-1", **greedy)
+            self.assertGreater(last2.completion.usage.cached_prompt_tokens, len(PROMPT) - 1)
+            self.assertEqual(ids2, harness.offline_tokens(turn2, 5, model_dir=model))
+            m = c2.workers[0].metrics()
+            self.assertGreater(metric(m, "moe_state_budget_bytes"), 0)
+            self.assertGreater(metric(m, "moe_state_slots_used"), 0)  # the kept session
+            r = subprocess.run(["promtool", "check", "metrics"], input=m, text=True,
+                               capture_output=True)
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        finally:
+            c2.close()
+
     def pb_grpc(self):
         return self.c.pb_grpc
 
