@@ -461,9 +461,12 @@ std::vector<Event> Engine::Step() {
     if (!s->prefilling()) continue;
     const int64_t begin = s->kv_len;
     int64_t end = std::min<int64_t>(s->prefill_end, begin + budget);
-    // Hybrid models: a chunk never crosses a snapshot boundary, so the state there exists.
-    if (snapshot_tokens_ > 0)
-      end = std::min(end, (begin / snapshot_tokens_ + 1) * snapshot_tokens_);
+    // Hybrid models: a chunk that crosses snapshot boundaries ends at the last of them, so the
+    // state there exists (the boundaries inside it get none: snapshots come every chunk, not
+    // every boundary, and a long prompt is not cut into boundary-sized chunks).
+    if (snapshot_tokens_ > 0 && end / snapshot_tokens_ * snapshot_tokens_ > begin) {
+      end = end / snapshot_tokens_ * snapshot_tokens_;
+    }
     if (!Reserve(*s, end, planned)) break;
     plan.push_back({s, s->Tokens(begin, end), end == s->prefill_end, true, {}});
     planned.push_back(s);

@@ -25,8 +25,9 @@
 //   request waits.
 // - Snapshots (prefix reuse): the state after the first k·N blocks (N = state_snapshot_blocks)
 //   is copied to a snapshot slot keyed by the chain hash of block k·N − 1 (kv_cache.h), taken
-//   after any step that leaves a sequence exactly at such a boundary. Prefill chunks of a hybrid
-//   model never cross a boundary (they end at it), so every boundary of a prompt is reached.
+//   after any step that leaves a sequence exactly at such a boundary. A hybrid model's prefill
+//   chunk that crosses boundaries ends at the last of them, so a snapshot is taken at least
+//   every chunk (every max_batch_tokens rounded down to the boundaries, for a long prompt).
 //   A new sequence reuses KV blocks only up to the deepest boundary whose blocks are reusable
 //   and whose snapshot exists (copied into its slot), and prefills the rest. Snapshots are
 //   evicted LRU when slots are needed.
