@@ -502,7 +502,8 @@ TEST_P(GoldenTest, StepGraphsGiveTheLogitsOfDirectLaunches) {
 
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
-                                           "qwen3_5_moe", "qwen3_next", "trained_default"));
+                                           "qwen3_5_moe", "qwen3_next", "lfm2_moe",
+                                           "lfm2_moe_conv_bias", "trained_default"));
 
 }  // namespace
 }  // namespace moe::engine
