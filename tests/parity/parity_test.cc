@@ -1315,6 +1315,10 @@ struct DeltaCase {
   std::vector<int64_t> tokens;
   int NK, NV, DK, DV;
   DType dtype;  // of a_log and dt_bias
+  // a_log's range: g = -exp(a_log) softplus(a + dt_bias) is about -exp(a_log) at most, so
+  // [2, 3] decays S to nothing within a few tokens (exp(cumsum g) underflows inside a chunk)
+  // and [-9, -8] barely at all.
+  float a_log_lo = -2.f, a_log_hi = 0.f;
 };
 class GatedDeltaRuleParity : public ::testing::TestWithParam<DeltaCase> {};
 
@@ -1326,10 +1330,10 @@ TEST_P(GatedDeltaRuleParity, MatchesCpuWithState) {
   const int64_t C = 2 * int64_t{c.NK} * c.DK + int64_t{c.NV} * c.DV;
   const std::vector<float> qkv = Random(rng, seqs.T * C, -1.f, 1.f);
   const std::vector<float> b = Random(rng, seqs.T * c.NV, -3.f, 3.f);
-  // g = -exp(a_log) softplus(a + dt_bias) in about [-1, 0): the decays of real checkpoints, and
-  // no underflow of exp(cumsum g) over a chunk of 64 in the CPU's chunked form.
+  // By default g = -exp(a_log) softplus(a + dt_bias) in about [-1, 0): the decays of real
+  // checkpoints, and no underflow of exp(cumsum g) over a chunk of 64.
   const std::vector<float> av = Random(rng, seqs.T * c.NV, -3.f, 0.f);
-  const HostWeight a_log = MakeWeight(Random(rng, c.NV, -2.f, 0.f), c.dtype, {c.NV});
+  const HostWeight a_log = MakeWeight(Random(rng, c.NV, c.a_log_lo, c.a_log_hi), c.dtype, {c.NV});
   const HostWeight dt_bias = MakeWeight(Random(rng, c.NV, -1.f, 0.5f), c.dtype, {c.NV});
   std::vector<float> want(seqs.T * c.NV * c.DV);
   kernels::GatedDeltaRuleArgs a;
@@ -1356,10 +1360,10 @@ TEST_P(GatedDeltaRuleParity, MatchesCpuWithState) {
   a.seqs = seqs.gpu;
   Gpu().GatedDeltaRule(a);
   const std::string name = Name(TokensName(c.tokens), "NK", c.NK, "NV", c.NV, "DK", c.DK, "DV",
-                                c.DV, DTypeName(c.dtype));
-  // The GPU runs the recurrent step for every token, the CPU the chunked form for prefill: the
-  // same function, different fp32 rounding (cpu linear_attention_test bounds the CPU's two forms
-  // to 1e-5 of each other).
+                                c.DV, DTypeName(c.dtype), "a_log", c.a_log_lo);
+  // Both run the recurrent step for one-token sequences and the chunked form for longer ones;
+  // the GPU forms V' as (I + A)^-1 (beta (v - exp(gamma) k S)) rather than U - W S and splits
+  // its sums differently: the same function, different fp32 rounding.
   ExpectClose("GatedDeltaRule", name, out.Read(), want, kTolF32);
   ExpectClose("GatedDeltaRule state", name, seqs.gpu_state.Read(), seqs.cpu_state, kTolF32);
 }
@@ -1371,7 +1375,16 @@ INSTANTIATE_TEST_SUITE_P(
                       DeltaCase{{1, 1, 1, 1, 1}, 16, 32, 128, 128, DType::kBF16},  // decode
                       DeltaCase{{70, 1}, 4, 8, 128, 128, DType::kF32},
                       DeltaCase{{1, 65}, 1, 3, 256, 72, DType::kF16},
-                      DeltaCase{{3, 1}, 2, 2, 33, 256, DType::kF32}));
+                      DeltaCase{{3, 1}, 2, 2, 33, 256, DType::kF32},
+                      // the chunked kernel: three chunks, the last partial
+                      DeltaCase{{130}, 2, 4, 64, 64, DType::kF32},
+                      DeltaCase{{200}, 2, 4, 128, 128, DType::kBF16},
+                      DeltaCase{{129, 2}, 1, 2, 256, 72, DType::kF32},  // the largest smem
+                      // one-token (recurrent) and long (chunked) sequences in one call
+                      DeltaCase{{1, 200, 1, 65, 1, 2}, 2, 4, 128, 128, DType::kF32},
+                      DeltaCase{{300, 64, 1, 129}, 4, 16, 128, 128, DType::kBF16},  // 2 blocks/SM
+                      DeltaCase{{1, 150, 64}, 2, 4, 128, 128, DType::kF32, 2.f, 3.f},      // strong
+                      DeltaCase{{1, 150, 64}, 2, 4, 128, 128, DType::kF32, -9.f, -8.f}));  // weak
 
 // ---- Sample -----------------------------------------------------------------------------------
 struct SampleCase {
