@@ -200,13 +200,13 @@ struct RouteArgs {
   int num_experts = 0;
   int top_k = 0;
   bool renormalize = false;
+  float* weights = nullptr;       // [T, K] out, in choice order (backend memory, like logits)
+  int32_t* expert_ids = nullptr;  // [T, K] out (backend memory: copy to the host to plan experts)
+  int32_t layer = 0;              // named by Backend::TakeRoutingError
   RouteScoring scoring = RouteScoring::kSoftmax;
   const float* selection_bias = nullptr;  // [E] fp32, backend memory; null: none
   float renormalize_eps = 0.f;
   float scaling = 1.f;
-  float* weights = nullptr;       // [T, K] out, in choice order (backend memory, like logits)
-  int32_t* expert_ids = nullptr;  // [T, K] out (backend memory: copy to the host to plan experts)
-  int32_t layer = 0;              // named by Backend::TakeRoutingError
 };
 
 // RoPE in the rotate-half layout: for i < rot/2 the pair (x[i], x[i + rot/2]) is rotated by
