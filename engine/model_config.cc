@@ -287,9 +287,10 @@ absl::Status ReadConvLayers(const json& cfg, ModelConfig* c) {
   }
   c->conv_L_cache = 3;  // transformers' Lfm2MoeConfig default
   MOE_RETURN_IF_ERROR(Read(cfg, "conv_L_cache", &c->conv_L_cache, false));
-  if (c->conv_L_cache < 2 || c->conv_L_cache > 64) {
+  // 8: the widest conv the CUDA kernel holds in registers (kMaxConvWidth); LFM2 uses 3.
+  if (c->conv_L_cache < 2 || c->conv_L_cache > 8) {
     return absl::InvalidArgumentError(
-        absl::StrCat("config.json: 'conv_L_cache' must be in [2, 64], got ", c->conv_L_cache));
+        absl::StrCat("config.json: 'conv_L_cache' must be in [2, 8], got ", c->conv_L_cache));
   }
   MOE_RETURN_IF_ERROR(Read(cfg, "conv_bias", &c->conv_bias, false));
   return absl::OkStatus();

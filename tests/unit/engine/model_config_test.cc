@@ -383,6 +383,8 @@ TEST(ModelConfigTest, Lfm2ErrorsNameTheField) {
   auto width = Lfm2();
   width["conv_L_cache"] = 1;
   expect(width, absl::StatusCode::kInvalidArgument, "conv_L_cache");
+  width["conv_L_cache"] = 9;
+  expect(width, absl::StatusCode::kInvalidArgument, "'conv_L_cache' must be in [2, 8], got 9");
 }
 
 }  // namespace
