@@ -3,6 +3,7 @@
 #include "engine/engine.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "engine/kv_storage.h"
@@ -29,6 +30,9 @@ absl::Status EngineOptions::Validate() const {
   if (max_context < 0) return absl::InvalidArgumentError("max_context must be >= 0");
   if (max_sessions < 0) return absl::InvalidArgumentError("max_sessions must be >= 0");
   if (block_size <= 0) return absl::InvalidArgumentError("block_size must be > 0");
+  if (state_snapshot_blocks < 0) {
+    return absl::InvalidArgumentError("state_snapshot_blocks must be >= 0");
+  }
   return ParseCacheFormat(kv_cache_dtype).status();
 }
 
@@ -44,6 +48,8 @@ struct Engine::Sequence {
   int64_t cache_len = 0;    // positions the block table covers (>= kv_len)
   int64_t prefill_end = 0;  // prompt (+ output so far, after a preemption) to compute
   int64_t cached = 0;       // prompt tokens reused at the first admission
+  int32_t state_slot = -1;  // hybrid models: its StatePool slot while admitted
+  std::vector<uint64_t> block_hashes;  // chain hashes of its first full blocks, as computed
   bool admitted_before = false;
   std::vector<int32_t> output;
   Sampler sampler;
@@ -61,6 +67,16 @@ struct Engine::Sequence {
     std::vector<int32_t> t;
     for (int64_t i = begin; i < end; ++i) t.push_back(TokenAt(i));
     return t;
+  }
+  // The KV cache's chain hash of block b (tokens [0, (b + 1)·bs) must exist). Full blocks never
+  // change (output only grows), so the hashes are computed once.
+  uint64_t BlockHash(int64_t b, int64_t bs) {
+    while (static_cast<int64_t>(block_hashes.size()) <= b) {
+      const int64_t i = static_cast<int64_t>(block_hashes.size());
+      block_hashes.push_back(
+          ChainHash(i == 0 ? 0 : block_hashes.back(), Tokens(i * bs, (i + 1) * bs)));
+    }
+    return block_hashes[b];
   }
 };
 
@@ -83,10 +99,35 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Token
   o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
   o.head_dim = static_cast<int>(c.head_dim);
   o.block_size = options.block_size;
-  o.budget_bytes = static_cast<uint64_t>(options.kv_budget_bytes);
+  // Hybrid models: the state slots first (the rule is in engine.h), KV gets the rest.
+  const int64_t state_bytes = model.state_bytes();
+  const bool snapshots = options.prefix_reuse && options.state_snapshot_blocks > 0;
+  int64_t state_slots = 0;
+  int64_t kv_budget = options.kv_budget_bytes;
+  if (state_bytes > 0) {
+    const int64_t slot_bytes = StatePool::SlotBytes(state_bytes);
+    const int64_t want =
+        options.max_running + options.max_sessions + (snapshots ? options.max_running : 0);
+    state_slots = std::min(want, options.kv_budget_bytes / 2 / slot_bytes);
+    if (state_slots == 0) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("KV budget of ", options.kv_budget_bytes,
+                       " bytes: half of it holds no recurrent-state slot of ", slot_bytes,
+                       " bytes (the model's linear-attention layers)"));
+    }
+    kv_budget -= state_slots * slot_bytes;
+  }
+  o.budget_bytes = static_cast<uint64_t>(kv_budget);
   o.prefix_reuse = options.prefix_reuse;
   MOE_ASSIGN_OR_RETURN(KvCache cache, KvCache::Create(o));
   std::unique_ptr<Engine> engine(new Engine(model, tokenizer, options));
+  engine->kv_bytes_budget_ = kv_budget;
+  if (state_slots > 0) {
+    MOE_ASSIGN_OR_RETURN(engine->states_,
+                         StatePool::Create(model.backend(), state_bytes, state_slots));
+    if (snapshots)
+      engine->snapshot_tokens_ = int64_t{options.block_size} * options.state_snapshot_blocks;
+  }
   engine->cache_ = std::make_unique<KvCache>(std::move(cache));
   engine->bytes_per_token_ = engine->cache_->Stats().bytes_per_token;
   MOE_ASSIGN_OR_RETURN(engine->paged_,
@@ -126,8 +167,8 @@ absl::Status Engine::Add(Request request) {
     return absl::InvalidArgumentError(absl::StrCat(
         "max_tokens: prompt ", request.prompt.size(), " + max_tokens ", request.stop.max_tokens,
         " needs ", blocks * bs * bytes_per_token_, " bytes of KV (", blocks, " blocks of ", bs,
-        " tokens), more than the worker's whole KV budget of ", options_.kv_budget_bytes,
-        " bytes (", cache_->Stats().total_blocks, " blocks)"));
+        " tokens), more than the worker's whole KV budget of ", kv_bytes_budget_, " bytes (",
+        cache_->Stats().total_blocks, " blocks)"));
   }
   if (request.top_logprobs < 0 || request.top_logprobs > kernels::kMaxTopLogprobs) {
     return absl::InvalidArgumentError(
@@ -150,7 +191,40 @@ void Engine::ForgetSession(const std::string& session_id) {
   auto it = sessions_.find(session_id);
   if (it == sessions_.end()) return;
   cache_->Free(it->second.cache_id);
+  if (it->second.state_slot >= 0) states_->Release(it->second.state_slot);
   sessions_.erase(it);
+}
+
+void Engine::ReleaseState(Sequence& seq) {
+  if (seq.state_slot < 0) return;
+  states_->Release(seq.state_slot);
+  seq.state_slot = -1;
+}
+
+bool Engine::AcquireStateSlot(Sequence& seq, int32_t keep) {
+  MOE_CHECK(seq.state_slot < 0) << "sequence " << seq.req.id << " holds a state slot";
+  // As for KV blocks: a free slot, then snapshots (the one this sequence would start from
+  // last), then kept sessions give way; a waiting request is work, they are only hopes.
+  for (;;) {
+    int32_t slot = states_->Acquire(keep);
+    if (slot < 0) slot = states_->Acquire();
+    if (slot >= 0) {
+      seq.state_slot = slot;
+      return true;
+    }
+    if (!DropLruSession()) return false;
+  }
+}
+
+int64_t Engine::DeepestSnapshot(Sequence& seq, int64_t blocks, int32_t* slot) {
+  *slot = -1;
+  if (snapshot_tokens_ == 0) return 0;
+  const int64_t n = options_.state_snapshot_blocks;
+  for (int64_t k = blocks / n * n; k > 0; k -= n) {
+    *slot = states_->FindSnapshot(seq.BlockHash(k - 1, options_.block_size));
+    if (*slot >= 0) return k;
+  }
+  return 0;
 }
 
 absl::Status Engine::DropSession(const std::string& session_id) {
@@ -185,6 +259,7 @@ bool Engine::Admit(std::unique_ptr<Sequence>& seq_ptr) {
     if (kept.size() < tokens.size() && std::equal(kept.begin(), kept.end(), tokens.begin())) {
       MOE_CHECK(cache_->Rename(it->second.cache_id, id).ok());
       reused = static_cast<int64_t>(kept.size());
+      seq.state_slot = it->second.state_slot;  // the state after exactly `kept`
       sessions_.erase(it);
       seq.cache_id = id;
       seq.kv_len = seq.cache_len = reused;
@@ -197,8 +272,16 @@ bool Engine::Admit(std::unique_ptr<Sequence>& seq_ptr) {
     // chunk, so a long prompt does not hold blocks it will not write for many steps, and a block
     // is registered in the step that writes it. Kept sessions give way first: a kept session is
     // only the hope of a next turn, a waiting request is work.
+    // Hybrid models: a state slot first (keeping, if it can, the snapshot this sequence would
+    // start from), then KV reuse only up to the deepest boundary with a snapshot.
+    int32_t snapshot = -1;
+    if (states_ != nullptr) {
+      DeepestSnapshot(seq, cache_->ReusablePrefixBlocks(tokens), &snapshot);
+      if (!AcquireStateSlot(seq, snapshot)) return false;
+    }
     for (;;) {
-      const int64_t blocks = cache_->ReusablePrefixBlocks(tokens);
+      int64_t blocks = cache_->ReusablePrefixBlocks(tokens);
+      if (states_ != nullptr) blocks = DeepestSnapshot(seq, blocks, &snapshot);
       const int64_t admit_len = std::min<int64_t>(seq.prefill_end, blocks * options_.block_size + 1);
       auto admitted = cache_->Admit(id, absl::MakeConstSpan(tokens.data(), admit_len));
       if (admitted.ok()) {
@@ -206,9 +289,21 @@ bool Engine::Admit(std::unique_ptr<Sequence>& seq_ptr) {
         seq.cache_id = id;
         seq.kv_len = reused;
         seq.cache_len = admit_len;
+        if (states_ != nullptr) {
+          MOE_CHECK(reused == blocks * options_.block_size)
+              << "reused " << reused << " tokens, the snapshot is at block " << blocks;
+          if (snapshot >= 0) {
+            states_->CopyFrom(seq.state_slot, snapshot);
+          } else {
+            states_->Zero(seq.state_slot);
+          }
+        }
         break;
       }
-      if (!DropLruSession()) return false;
+      if (!DropLruSession()) {
+        ReleaseState(seq);
+        return false;
+      }
     }
   }
   if (!seq.admitted_before) {
@@ -224,6 +319,7 @@ void Engine::Preempt(size_t index) {
   running_.erase(running_.begin() + static_cast<std::ptrdiff_t>(index));
   cache_->Free(seq->cache_id);  // its written full blocks stay cached: recompute may reuse them
   seq->cache_id = 0;
+  ReleaseState(*seq);  // snapshots of its boundaries stay: recompute may start from them
   seq->kv_len = seq->cache_len = 0;
   ++preemptions_;
   waiting_.push_front(std::move(seq));
@@ -275,6 +371,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, absl::Status error, bool
       Session& s = sessions_[seq.req.session_id];
       s.tokens = seq.Tokens(0, seq.kv_len);  // the last sampled token has no K/V yet
       s.cache_id = seq.cache_id;
+      s.state_slot = std::exchange(seq.state_slot, -1);  // has consumed exactly s.tokens
       s.last_used = step_counter_;
       while (static_cast<int64_t>(sessions_.size()) > options_.max_sessions) DropLruSession();
     } else {
@@ -282,6 +379,7 @@ void Engine::Finish(Sequence& seq, FinishReason reason, absl::Status error, bool
     }
     seq.cache_id = 0;
   }
+  ReleaseState(seq);  // an error leaves it undefined: nothing continues from it
   events->push_back(std::move(e));
 }
 
@@ -362,7 +460,13 @@ std::vector<Event> Engine::Step() {
     Sequence* s = running_[i].get();
     if (!s->prefilling()) continue;
     const int64_t begin = s->kv_len;
-    const int64_t end = std::min<int64_t>(s->prefill_end, begin + budget);
+    int64_t end = std::min<int64_t>(s->prefill_end, begin + budget);
+    // Hybrid models: a chunk that crosses snapshot boundaries ends at the last of them, so the
+    // state there exists (the boundaries inside it get none: snapshots come every chunk, not
+    // every boundary, and a long prompt is not cut into boundary-sized chunks).
+    if (snapshot_tokens_ > 0 && end / snapshot_tokens_ * snapshot_tokens_ > begin) {
+      end = end / snapshot_tokens_ * snapshot_tokens_;
+    }
     if (!Reserve(*s, end, planned)) break;
     plan.push_back({s, s->Tokens(begin, end), end == s->prefill_end, true, {}});
     planned.push_back(s);
@@ -383,6 +487,7 @@ std::vector<Event> Engine::Step() {
     item.paged = paged_.get();
     item.block_table = p.table;
     item.start = p.seq->kv_len;
+    if (states_ != nullptr) item.state = states_->data(p.seq->state_slot);
     items.push_back(item);
     if (p.prefill) prefill_tokens_ += static_cast<int64_t>(p.tokens.size());
   }
@@ -409,6 +514,11 @@ std::vector<Event> Engine::Step() {
       continue;
     }
     s.kv_len += static_cast<int64_t>(plan[i].tokens.size());
+    if (snapshot_tokens_ > 0 && s.kv_len % snapshot_tokens_ == 0) {
+      // Before Emit, which may finish the sequence and give its slot away.
+      states_->TakeSnapshot(s.BlockHash(s.kv_len / options_.block_size - 1, options_.block_size),
+                            s.state_slot);
+    }
     if (!plan[i].samples) continue;
     const kernels::SampledToken& t = sampled[next_sample++];
     Emit(s, t.id, ToLogprobs(t, s.req.top_logprobs), &events);
@@ -426,7 +536,7 @@ EngineStats Engine::Stats() const {
   EngineStats s;
   s.running = static_cast<int64_t>(running_.size());
   s.waiting = static_cast<int64_t>(waiting_.size());
-  s.kv_bytes_budget = options_.kv_budget_bytes;
+  s.kv_bytes_budget = kv_bytes_budget_;
   s.kv_bytes_per_token = bytes_per_token_;
   s.sessions = static_cast<int64_t>(sessions_.size());
   s.preemptions = preemptions_;
@@ -440,6 +550,15 @@ EngineStats Engine::Stats() const {
     s.kv_blocks_cached = k.cached_blocks;
     s.kv_blocks_free = k.free_blocks;
     s.kv_evictions = k.evictions;
+  }
+  if (states_ != nullptr) {
+    const StatePoolStats p = states_->Stats();
+    s.state_bytes_budget = p.total_slots * p.slot_bytes;
+    s.state_bytes_used = (p.owned_slots + p.snapshots) * p.slot_bytes;
+    s.state_slots_total = p.total_slots;
+    s.state_slots_used = p.owned_slots;
+    s.state_snapshots = p.snapshots;
+    s.state_snapshot_hits = p.snapshot_hits;
   }
   return s;
 }

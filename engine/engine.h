@@ -6,6 +6,34 @@
 // the next turn, and when blocks run out the newest running sequence is preempted (its blocks
 // freed, requeued to recompute its prompt and output so far). One thread owns an
 // Engine (it is not thread-safe); the worker hands it requests and cancels between steps.
+//
+// Hybrid models (Model::state_bytes() > 0: GatedDeltaNet layers keep a fixed-size recurrent
+// state per sequence instead of KV) also give every running sequence a slot of a StatePool
+// (engine/state_pool.h), passed as ForwardItem::state:
+// - Budget: the slots come out of kv_budget_bytes first, KV blocks get the rest. Slots wanted:
+//   max_running + max_sessions, plus max_running snapshot slots when snapshots are on
+//   (state_snapshot_blocks > 0 and prefix_reuse); capped at half the budget
+//   (floor(kv_budget_bytes / 2 / slot_bytes)), so that at least half of it stays KV. Fewer slots
+//   than max_running limit the running batch (a request waits for a slot). Create fails
+//   (ResourceExhausted) when not one slot fits.
+// - Lifetime: a sequence takes a slot at admission (zeroed when it starts from scratch) and
+//   frees it on finish, cancel, error and preemption (restored by recomputation, as its KV). A
+//   kept session keeps its slot: a next turn whose prompt extends the session's tokens (exactly
+//   what the state has consumed) continues from it; any other turn drops it (the state cannot
+//   be truncated) and starts as a new sequence (from a snapshot, below, or from scratch). When
+//   no slot is free, the LRU snapshot is evicted, then LRU sessions are dropped, then the
+//   request waits.
+// - Snapshots (prefix reuse): the state after the first k·N blocks (N = state_snapshot_blocks)
+//   is copied to a snapshot slot keyed by the chain hash of block k·N − 1 (kv_cache.h), taken
+//   after any step that leaves a sequence exactly at such a boundary. A hybrid model's prefill
+//   chunk that crosses boundaries ends at the last of them, so a snapshot is taken at least
+//   every chunk (every max_batch_tokens rounded down to the boundaries, for a long prompt).
+//   A new sequence reuses KV blocks only up to the deepest boundary whose blocks are reusable
+//   and whose snapshot exists (copied into its slot), and prefills the rest. Snapshots are
+//   evicted LRU when slots are needed.
+// - Errors: a failed step fails its sequences (as for every model); their slots are freed, and
+//   a session continued by that step was already taken out of the kept sessions, so no state a
+//   failed step touched is continued. Snapshots are taken only after successful steps.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +50,7 @@
 #include "engine/model.h"
 #include "engine/paged_kv.h"
 #include "engine/sampler.h"
+#include "engine/state_pool.h"
 #include "engine/stop.h"
 #include "engine/tokenizer/detokenizer.h"
 #include "engine/tokenizer/tokenizer.h"
@@ -40,6 +69,10 @@ struct EngineOptions {
   std::string kv_cache_dtype = "bf16";
   int block_size = 16;               // tokens per KV block
   bool prefix_reuse = true;          // reuse cached full blocks of a shared prompt prefix
+  // Hybrid models: a state snapshot every this many full blocks (prefix reuse of a hybrid model
+  // stops at the deepest snapshot; prefill chunks end at these boundaries); 0: no snapshots (no
+  // prefix reuse for hybrid models). Ignored for models without state.
+  int state_snapshot_blocks = 4;
   absl::Status Validate() const;
 };
 
@@ -86,6 +119,12 @@ struct EngineStats {
   int64_t preemptions = 0;             // sequences preempted for KV space, cumulative
   int64_t prefill_tokens = 0;          // tokens run through prefill (recomputation included)
   int64_t cached_prompt_tokens = 0;    // prompt tokens served from the cache, cumulative
+  // Hybrid models' recurrent state (all 0 otherwise). The state budget is carved out of
+  // kv_budget_bytes: kv_bytes_budget + state_bytes_budget <= EngineOptions::kv_budget_bytes.
+  int64_t state_bytes_used = 0, state_bytes_budget = 0;  // used: owned and snapshot slots
+  int64_t state_slots_total = 0, state_slots_used = 0;   // used: running sequences and sessions
+  int64_t state_snapshots = 0;                           // snapshot slots now
+  int64_t state_snapshot_hits = 0;  // sequences started from a snapshot, cumulative
 };
 
 class Engine {
@@ -112,6 +151,8 @@ class Engine {
   EngineStats Stats() const;
   // The block manager, for tests and metrics.
   const KvCache* kv_cache() const;
+  // The state slots of a hybrid model; null for models without state.
+  const StatePool* state_pool() const { return states_.get(); }
 
  private:
   struct Sequence;
@@ -122,6 +163,13 @@ class Engine {
   bool Reserve(Sequence& seq, int64_t end, const std::vector<const Sequence*>& planned);
   void Preempt(size_t running_index);
   bool DropLruSession();
+  // Hybrid models: a state slot for `seq` (a free one, else the LRU snapshot's, else LRU
+  // sessions are dropped), ready for its cache admission; false when none can be had now.
+  bool AcquireStateSlot(Sequence& seq, int32_t keep);
+  // Hybrid models: the deepest snapshot boundary (in blocks) of `seq`'s first `blocks` blocks
+  // whose snapshot exists; its slot in *slot (-1 and 0 when none).
+  int64_t DeepestSnapshot(Sequence& seq, int64_t blocks, int32_t* slot);
+  void ReleaseState(Sequence& seq);
   void ForgetSession(const std::string& session_id);  // frees its blocks (they stay cached)
   void Finish(Sequence& seq, FinishReason reason, absl::Status error, bool flush_text,
               std::vector<Event>* events);
@@ -137,12 +185,16 @@ class Engine {
   struct Session {
     std::vector<int32_t> tokens;  // prompt + output whose K/V is in the blocks of cache_id
     int64_t cache_id = 0;
+    int32_t state_slot = -1;  // hybrid models: the state after exactly `tokens`
     int64_t last_used = 0;
   };
   std::map<std::string, Session> sessions_;
   std::unique_ptr<PagedKv> paged_;
   std::unique_ptr<KvCache> cache_;
+  std::unique_ptr<StatePool> states_;  // hybrid models only
+  int64_t snapshot_tokens_ = 0;        // hybrid with snapshots: block_size · state_snapshot_blocks
   int64_t bytes_per_token_ = 0;
+  int64_t kv_bytes_budget_ = 0;  // kv_budget_bytes less the state slots
   int64_t next_cache_id_ = 1;
   int64_t preemptions_ = 0;
   int64_t prefill_tokens_ = 0;

@@ -26,6 +26,10 @@ ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware threa
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
+ABSL_FLAG(int32_t, state_snapshot_blocks, 4,
+          "Hybrid models (linear-attention layers): keep a recurrent-state snapshot every this "
+          "many KV blocks for prefix reuse (prefill chunks end at these boundaries); 0: none, "
+          "and no prefix reuse for such models. No effect on other models");
 ABSL_FLAG(std::string, kv_budget, "auto",
           "KV cache memory for all sequences and sessions, e.g. 8GiB. auto: 1GiB on the CPU; on "
           "a GPU what is left of 90% of its free memory after the dense weights, a 2GiB "
@@ -129,6 +133,7 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const char* who) {
   }
   m.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   m.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
+  m.state_snapshot_blocks = absl::GetFlag(FLAGS_state_snapshot_blocks);
   const engine::ModelConfig& c = m.model->config();
   MOE_LOG(INFO) << who << " loaded " << m.dir << " (" << c.arch.model_type << ", "
                 << c.num_hidden_layers << " layers, " << c.num_experts << " experts) on "

@@ -25,6 +25,7 @@ struct LoadedModel {
   int64_t kv_budget = 0;
   std::string kv_cache_dtype;
   int32_t kv_block_size = 0;
+  int32_t state_snapshot_blocks = 0;
   bool gpu = false;
 };
 

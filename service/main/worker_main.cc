@@ -111,6 +111,7 @@ absl::Status Run() {
   if (eopts.max_running == 0) eopts.max_running = loaded.gpu ? 256 : 64;
   eopts.kv_cache_dtype = loaded.kv_cache_dtype;
   eopts.block_size = loaded.kv_block_size;
+  eopts.state_snapshot_blocks = loaded.state_snapshot_blocks;
   eopts.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   if (eopts.max_batch_tokens == 0) eopts.max_batch_tokens = loaded.gpu ? 2048 : 256;
   eopts.max_context = absl::GetFlag(FLAGS_max_context);
@@ -171,7 +172,9 @@ absl::Status Run() {
   const engine::Model& model_ref = *model;
   service::EngineLoop loop(eng, [&](const engine::EngineStats& s, int64_t steps) {
     metrics.SetEngine({s.running, s.waiting, s.kv_bytes_used, s.kv_bytes_budget,
-                       s.kv_bytes_per_token, s.sessions});
+                       s.kv_bytes_per_token, s.sessions, s.state_bytes_used, s.state_bytes_budget,
+                       s.state_slots_total, s.state_slots_used, s.state_snapshots,
+                       s.state_snapshot_hits});
     // Read on the engine thread, which is the only one running the model.
     metrics.SetPhaseTimes(model_ref.phase_times(), steps);
     if (store != nullptr)

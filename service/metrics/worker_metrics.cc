@@ -46,6 +46,18 @@ WorkerMetrics::WorkerMetrics(prometheus::Registry& r) {
   kv_budget_ = Gauge(r, "moe_kv_cache_budget_bytes", "KV cache budget in bytes");
   kv_per_token_ = Gauge(r, "moe_kv_cache_bytes_per_token", "KV cache bytes one token takes");
   sessions_ = Gauge(r, "moe_kv_cache_sessions", "Conversations whose KV is kept between turns");
+  state_used_ = Gauge(r, "moe_state_used_bytes",
+                      "Recurrent-state bytes held by sequences, sessions and snapshots (hybrid "
+                      "models; 0 otherwise)");
+  state_budget_ = Gauge(r, "moe_state_budget_bytes",
+                        "Recurrent-state bytes carved out of the KV cache budget (hybrid models)");
+  state_slots_ = Gauge(r, "moe_state_slots", "Recurrent-state slots (hybrid models)");
+  state_slots_used_ = Gauge(r, "moe_state_slots_used",
+                            "Recurrent-state slots held by running sequences and kept sessions");
+  state_snapshots_ =
+      Gauge(r, "moe_state_snapshots", "Recurrent-state snapshots kept for prefix reuse");
+  state_snapshot_hits_ = Counter(r, "moe_state_snapshot_hits_total",
+                                 "Sequences whose state started from a snapshot (prefix reuse)");
   serving_ = Gauge(r, "moe_worker_serving", "1 when the worker admits new requests, 0 draining");
   phase_seconds_ = &BuildCounter()
                         .Name("moe_engine_phase_seconds_total")
@@ -119,6 +131,12 @@ void WorkerMetrics::SetEngine(const EngineGauges& g) {
   kv_budget_->Set(static_cast<double>(g.kv_bytes_budget));
   kv_per_token_->Set(static_cast<double>(g.kv_bytes_per_token));
   sessions_->Set(static_cast<double>(g.sessions));
+  state_used_->Set(static_cast<double>(g.state_bytes_used));
+  state_budget_->Set(static_cast<double>(g.state_bytes_budget));
+  state_slots_->Set(static_cast<double>(g.state_slots));
+  state_slots_used_->Set(static_cast<double>(g.state_slots_used));
+  state_snapshots_->Set(static_cast<double>(g.state_snapshots));
+  AdvanceTo(*state_snapshot_hits_, static_cast<double>(g.state_snapshot_hits));
 }
 
 void WorkerMetrics::SetPhaseTimes(const engine::PhaseTimes& t, int64_t steps) {

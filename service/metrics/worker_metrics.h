@@ -24,6 +24,10 @@ struct EngineGauges {
   int64_t running = 0, waiting = 0;
   int64_t kv_bytes_used = 0, kv_bytes_budget = 0, kv_bytes_per_token = 0;
   int64_t sessions = 0;
+  // Hybrid models' recurrent-state slots (0 for other models; engine.h has the budget rule).
+  int64_t state_bytes_used = 0, state_bytes_budget = 0;
+  int64_t state_slots = 0, state_slots_used = 0;
+  int64_t state_snapshots = 0, state_snapshot_hits = 0;  // hits: cumulative
 };
 
 // The expert store's cumulative counters (expertstore/stats.h's StoreStats, copied by
@@ -78,6 +82,9 @@ class WorkerMetrics {
   prometheus::Histogram *queue_, *ttft_, *itl_, *e2e_;
   prometheus::Gauge *running_, *waiting_, *kv_used_, *kv_budget_, *kv_per_token_, *sessions_,
       *serving_;
+  prometheus::Gauge *state_used_, *state_budget_, *state_slots_, *state_slots_used_,
+      *state_snapshots_;
+  prometheus::Counter* state_snapshot_hits_;
   prometheus::Family<prometheus::Counter>* phase_seconds_;
   prometheus::Family<prometheus::Gauge>* model_info_;
   prometheus::Family<prometheus::Counter>* store_lookups_;

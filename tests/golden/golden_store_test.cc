@@ -149,7 +149,10 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
     ASSERT_TRUE((*model)->Forward({&again, 1}, true, &logits2).ok());
     double drift = 0;
     for (size_t i = 0; i < logits.size(); ++i) drift = std::max(drift, double(std::abs(logits2[i] - logits[i])));
-    EXPECT_LT(drift / max_ref, 1e-5) << "second pass drifted";
+    // CUDA's ExpertFfn accumulates with atomics (the order varies run to run); the hybrids'
+    // recurrent state carries such a difference along the sequence: up to 1.1e-4 measured on an
+    // H200 (qwen3_5_moe int4), against < 1e-5 for the others.
+    EXPECT_LT(drift / max_ref, (*model)->state_bytes() > 0 ? 5e-4 : 1e-5) << "second pass drifted";
 
     // Decode: the prompt, then the continuation one token a step (teacher-forced), each step's
     // logits against the reference row. With every expert in VRAM or the host tier the steps

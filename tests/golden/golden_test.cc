@@ -148,8 +148,11 @@ class GoldenTest : public ::testing::TestWithParam<std::string> {
   // reversed block table 7.1e-4, step graphs 2.0e-5 and 7.1e-4 in two runs, a batch of 24
   // prompts in one step 4.3e-2 (against 1.7e-4 on qwen3_moe), no greedy flip; so 200x there.
   // Against transformers it still matches at batch 1 within 4.1e-6.
+  // The hybrids' recurrent state carries a summation-order difference along the sequence: a
+  // reversed block table and step graphs 1.4e-5 on an H200 (qwen3_next), so 10x there.
   double CudaBound(double fp32_fixture_bound) const {
-    return trained_bf16_ ? 200 * fp32_fixture_bound : fp32_fixture_bound;
+    if (trained_bf16_) return 200 * fp32_fixture_bound;
+    return model_->state_bytes() > 0 ? 10 * fp32_fixture_bound : fp32_fixture_bound;
   }
 
   std::vector<int32_t> prompt_, greedy_;
@@ -208,7 +211,7 @@ TEST_P(GoldenTest, PiecewisePrefillMatchesOneShot) {
                 "against transformers\n",
                 GetParam().c_str(), static_cast<long long>(piece), vs_whole, vs_ref);
     EXPECT_LT(vs_whole, cpu ? bound : CudaBound(1e-3)) << GetParam() << " pieces of " << piece;
-    EXPECT_LT(vs_ref, cpu ? 1e-4 : CudaBound(1e-3)) << GetParam() << " pieces of " << piece;
+    EXPECT_LT(vs_ref, 1e-4) << GetParam() << " pieces of " << piece;
   }
 }
 

@@ -472,7 +472,8 @@ class ServiceTest(unittest.TestCase):
             self.assertEqual(r.returncode, 0, f"{name}: {r.stdout}{r.stderr}")
         w = "".join(x.metrics() for x in self.c.workers)
         for name in ["moe_time_to_first_token_seconds_bucket", "moe_generation_tokens_total",
-                     "moe_kv_cache_bytes_per_token", "moe_engine_phase_seconds_total",
+                     "moe_kv_cache_bytes_per_token", "moe_state_budget_bytes",
+                     "moe_engine_phase_seconds_total",
                      "moe_store_lookups_total", "moe_store_load_latency_seconds_bucket",
                      "moe_model_info"]:
             self.assertIn(name, w)

@@ -55,5 +55,26 @@ TEST(WorkerMetrics, PhaseTimesAdvanceCounters) {
   EXPECT_NE(text.find("moe_engine_steps_total 7"), std::string::npos);
 }
 
+TEST(WorkerMetrics, StateGaugesAndSnapshotHits) {
+  prometheus::Registry r;
+  WorkerMetrics m(r);
+  EngineGauges g;
+  g.state_bytes_used = 512;
+  g.state_bytes_budget = 4096;
+  g.state_slots = 16;
+  g.state_slots_used = 1;
+  g.state_snapshots = 1;
+  g.state_snapshot_hits = 3;
+  m.SetEngine(g);
+  m.SetEngine(g);  // cumulative hits: no change
+  const std::string text = Text(r);
+  EXPECT_NE(text.find("moe_state_used_bytes 512"), std::string::npos) << text;
+  EXPECT_NE(text.find("moe_state_budget_bytes 4096"), std::string::npos);
+  EXPECT_NE(text.find("moe_state_slots 16"), std::string::npos);
+  EXPECT_NE(text.find("moe_state_slots_used 1"), std::string::npos);
+  EXPECT_NE(text.find("moe_state_snapshots 1"), std::string::npos);
+  EXPECT_NE(text.find("moe_state_snapshot_hits_total 3"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace moe::service::metrics
