@@ -68,6 +68,35 @@ std::vector<Architecture> Table() {
     }
     t.push_back(a);
   }
+  {
+    Architecture a;
+    a.model_type = "lfm2_moe";
+    a.qk_norm = QkNorm::kPerHead;
+    a.moe_block = "feed_forward";
+    a.expert_gate = "w1";
+    a.expert_up = "w3";
+    a.expert_down = "w2";
+    a.num_experts_fields = {"num_experts"};
+    a.default_norm_topk_prob = true;
+    a.sliding_window = SlidingWindowRule::kNone;
+    a.short_conv = true;
+    a.sigmoid_routing = true;
+    a.default_tie_word_embeddings = true;
+    a.default_rope_theta = 1e6;
+    a.rms_norm_eps_field = "norm_eps";
+    a.reads_head_dim = false;
+    a.input_norm = "operator_norm";
+    a.post_attention_norm = "ffn_norm";
+    a.final_norm = "embedding_norm";  // after the last layer, despite its name
+    a.o_proj = "out_proj";
+    a.q_norm = "q_layernorm";
+    a.k_norm = "k_layernorm";
+    a.dense_block = "feed_forward";
+    a.dense_gate = "w1";
+    a.dense_up = "w3";
+    a.dense_down = "w2";
+    t.push_back(a);
+  }
   return t;
 }
 

@@ -62,6 +62,27 @@ struct Architecture {
   double default_partial_rotary_factor = 1.0;
   // The text model's fields live in config.json's "text_config" (vision-language checkpoints).
   bool text_config = false;
+
+  // LFM2 (architectures.md §3): layer_types entries "conv" (a gated short convolution, no KV) and
+  // "full_attention", required in config.json; the first num_dense_layers layers are dense.
+  bool short_conv = false;
+  // Routing by sigmoid: experts chosen by sigmoid(logit) + the layer's expert_bias, weighted by
+  // the unbiased sigmoid, w / (sum w + 1e-6) when norm_topk_prob, times routed_scaling_factor.
+  bool sigmoid_routing = false;
+  // Defaults and field names of config.json that differ between families.
+  bool default_tie_word_embeddings = false;
+  double default_rope_theta = 10000.0;
+  std::string rms_norm_eps_field = "rms_norm_eps";
+  bool reads_head_dim = true;  // false: head_dim is always hidden_size / num_attention_heads
+  // Tensor names below "model." / "model.layers.{i}.".
+  std::string input_norm = "input_layernorm";
+  std::string post_attention_norm = "post_attention_layernorm";
+  std::string final_norm = "norm";
+  std::string o_proj = "o_proj";
+  std::string q_norm = "q_norm", k_norm = "k_norm";
+  // Dense MLP layers: "{dense_block}.{gate,up,down}.weight".
+  std::string dense_block = "mlp";
+  std::string dense_gate = "gate_proj", dense_up = "up_proj", dense_down = "down_proj";
 };
 
 // Unimplemented names the model_type and lists those supported.

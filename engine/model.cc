@@ -30,11 +30,7 @@ bool Model::IsStoreDir(const std::string& dir) {
 int64_t ForwardItem::length() const { return kv != nullptr ? kv->length() : start; }
 
 int64_t Model::state_bytes() const {
-  int64_t floats = 0;
-  for (int64_t l = 0; l < config_.num_hidden_layers; ++l) {
-    if (config_.IsLinearLayer(l)) floats += config_.LinearStateFloats();
-  }
-  return floats * static_cast<int64_t>(sizeof(float));
+  return config_.StateOffset(config_.num_hidden_layers) * static_cast<int64_t>(sizeof(float));
 }
 
 absl::StatusOr<std::unique_ptr<store::RoutingTraceWriter>> Model::RecordRoutingTrace(
@@ -114,7 +110,8 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &logits_, T * c.vocab_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &positions_, T * sizeof(int32_t)));
   if (c.arch.attention_output_gate) MOE_RETURN_IF_ERROR(Alloc(backend_, &gate_, T * q_dim * f));
-  if (state_bytes() > 0) {
+  if (c.arch.short_conv) MOE_RETURN_IF_ERROR(Alloc(backend_, &conv_, 3 * T * c.hidden_size * f));
+  if (c.arch.linear_attention != LinearAttention::kNone) {
     const int64_t C = c.LinearConvChannels(), NV = c.linear_num_value_heads;
     const int64_t out = NV * c.linear_value_head_dim;
     MOE_RETURN_IF_ERROR(Alloc(backend_, &lin_mixed_, 2 * T * C * f));
@@ -203,8 +200,8 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
                        " new tokens exceed the sequence's KV capacity ", item.kv->capacity()));
     }
     if (state_bytes() > 0 && (item.kv != nullptr ? item.kv->state() : item.state) == nullptr) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("item ", i, ": the model has linear-attention layers and needs a state"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "item ", i, ": the model has linear-attention or conv layers and needs a state"));
     }
     for (size_t t = 0; t < item.tokens.size(); ++t) {
       const int32_t id = item.tokens[t];
@@ -241,6 +238,8 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
     int64_t t0 = PhaseClock();
     if (c.IsLinearLayer(l)) {
       LinearAttentionBlock(l, batch, T);
+    } else if (c.IsConvLayer(l)) {
+      ShortConvBlock(l, batch, T);
     } else if (absl::Status st = AttentionBlock(l, batch, T); !st.ok()) {
       return AbandonStep(std::move(st));
     }
@@ -344,10 +343,7 @@ void Model::LinearAttentionBlock(int64_t l, absl::Span<const ForwardItem> batch,
   const int64_t C = c.LinearConvChannels();
   const int64_t NV = c.linear_num_value_heads, DV = c.linear_value_head_dim;
   // This layer's slice of each sequence's state: conv [C, KW-1], then recurrent [NV, DK, DV].
-  int64_t offset = 0;
-  for (int64_t i = 0; i < l; ++i) {
-    if (c.IsLinearLayer(i)) offset += c.LinearStateFloats();
-  }
+  const int64_t offset = c.StateOffset(l);
   std::vector<kernels::LinearAttnSeq> seqs;
   for (const ForwardItem& item : batch) {
     float* state = (item.kv != nullptr ? item.kv->state() : item.state) + offset;
@@ -387,6 +383,39 @@ void Model::LinearAttentionBlock(int64_t l, absl::Span<const ForwardItem> batch,
   backend_.GatedRmsNorm(lin_out_.f32(), lin_out_.f32(), z, T * NV, W.norm.view,
                         static_cast<float>(c.rms_norm_eps));
   backend_.MatMul(h_.f32(), lin_out_.f32(), T, W.out_proj.view, nullptr);
+}
+
+void Model::ShortConvBlock(int64_t l, absl::Span<const ForwardItem> batch, int64_t T) {
+  const ModelConfig& c = config_;
+  const ShortConvWeights& W = weights_.layers[l].conv;
+  const int64_t H = c.hidden_size, offset = c.StateOffset(l);
+  std::vector<kernels::LinearAttnSeq> seqs;  // conv state [H, L-1]: the last L-1 values of B * X
+  for (const ForwardItem& item : batch) {
+    float* state = (item.kv != nullptr ? item.kv->state() : item.state) + offset;
+    seqs.push_back({static_cast<int64_t>(item.tokens.size()), state, nullptr});
+  }
+  auto bias = [](const kernels::DeviceTensor& t) {
+    return t.view.data != nullptr ? &t.view : nullptr;
+  };
+  float* b = conv_.f32();  // [T, H] each
+  float* gate = b + T * H;
+  float* x = gate + T * H;
+  backend_.MatMul(b, h_.f32(), T, W.in_b.view, bias(W.in_b_bias));
+  backend_.MatMul(gate, h_.f32(), T, W.in_c.view, bias(W.in_c_bias));
+  backend_.MatMul(x, h_.f32(), T, W.in_x.view, bias(W.in_x_bias));
+  backend_.Mul(x, b, x, T * H);  // bx = B * X
+  kernels::CausalConvArgs conv;  // depthwise causal, no activation
+  conv.out = b;
+  conv.x = x;
+  conv.weight = W.conv.view;
+  conv.bias = W.conv_bias.view;
+  conv.silu = false;
+  conv.channels = H;
+  conv.kernel_size = static_cast<int>(c.conv_L_cache);
+  conv.seqs = seqs;
+  backend_.CausalConv(conv);
+  backend_.Mul(b, gate, b, T * H);  // y = C * conv(bx)
+  backend_.MatMul(h_.f32(), b, T, W.out_proj.view, bias(W.out_bias));
 }
 
 absl::Status Model::AbandonStep(absl::Status error) {

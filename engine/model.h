@@ -36,8 +36,8 @@ struct ForwardItem {
   PagedKv* paged = nullptr;
   absl::Span<const int32_t> block_table = {};
   int64_t start = 0;
-  // The sequence's recurrent state when the model has linear-attention layers
-  // (Model::state_bytes(); layout: ModelConfig::LinearStateFloats() per linear layer, in layer
+  // The sequence's state when the model has linear-attention or short-conv layers
+  // (Model::state_bytes(); layout: ModelConfig::StateFloats(layer) per such layer, in layer
   // order): backend memory, zeroed by its owner before the sequence's first token, advanced in
   // place by every step. Required with `paged`; a contiguous `kv` brings its own (this is then
   // ignored). A step that fails leaves it undefined: the owner recomputes or drops the sequence.
@@ -67,7 +67,7 @@ class Model {
   static bool IsStoreDir(const std::string& dir);
 
   const ModelConfig& config() const { return config_; }
-  // Bytes of one sequence's recurrent state (ForwardItem::state): 0 without linear layers.
+  // Bytes of one sequence's state (ForwardItem::state): 0 without linear or conv layers.
   int64_t state_bytes() const;
   kernels::Backend& backend() const { return backend_; }
 
@@ -138,9 +138,12 @@ class Model {
   absl::Status AbandonStep(absl::Status error);
   // Layer `layer`'s token mixer on h_ (the normed input), its output (before the residual add)
   // into h_: full attention (projections, q/k norms, RoPE, the KV write and attention, the output
-  // gate, o_proj) or GatedDeltaNet (projections, causal conv, delta rule, gated norm, out_proj).
+  // gate, o_proj), GatedDeltaNet (projections, causal conv, delta rule, gated norm, out_proj) or
+  // LFM2's short conv.
   absl::Status AttentionBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   void LinearAttentionBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
+  // LFM2's short conv: B, C, X = h in_proj, out_proj(C * conv(B * X)) into h_.
+  void ShortConvBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   // The KV write and attention over the cache: q_/k_/v_ -> attn_.
   absl::Status Attention(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   // Grows the scratch buffers to hold a step of T tokens.
@@ -168,6 +171,8 @@ class Model {
   // GatedDeltaNet: conv input and output [T, C] each, z [T, NV DV], b and a [T, NV] each, the
   // delta rule's output [T, NV DV].
   kernels::Buffer lin_mixed_, lin_z_, lin_ba_, lin_out_;
+  // Short conv: B (then the conv's output), C and X (then B * X), [T, H] each.
+  kernels::Buffer conv_;
   // The step's q [T, NH*D], k and v [T, NKV*D], one after another in qkv_ (set per Forward): at
   // T = 1 that is exactly one row of the fused projection's output, [q | k | v].
   float* q_ = nullptr;

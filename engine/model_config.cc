@@ -263,6 +263,39 @@ absl::Status ReadHybridLayers(const json& cfg, ModelConfig* c) {
   return absl::OkStatus();
 }
 
+// LFM2: layer_types is required ("conv" or "full_attention"; transformers derives nothing),
+// then the short conv's fields.
+absl::Status ReadConvLayers(const json& cfg, ModelConfig* c) {
+  const int64_t L = c->num_hidden_layers;
+  if (!Has(cfg, "layer_types")) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: missing 'layer_types' (model_type '", c->arch.model_type,
+                     "' requires it: one of conv, full_attention per layer)"));
+  }
+  MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &c->layer_types, true));
+  if (static_cast<int64_t>(c->layer_types.size()) != L) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ",
+                                                   c->layer_types.size(),
+                                                   " entries, num_hidden_layers is ", L));
+  }
+  for (size_t i = 0; i < c->layer_types.size(); ++i) {
+    const std::string& t = c->layer_types[i];
+    if (t != "conv" && t != "full_attention") {
+      return absl::UnimplementedError(absl::StrCat("config.json: layer_types[", i, "] '", t,
+                                                   "' is not supported (conv, full_attention)"));
+    }
+  }
+  c->conv_L_cache = 3;  // transformers' Lfm2MoeConfig default
+  MOE_RETURN_IF_ERROR(Read(cfg, "conv_L_cache", &c->conv_L_cache, false));
+  // 8: the widest conv the CUDA kernel holds in registers (kMaxConvWidth); LFM2 uses 3.
+  if (c->conv_L_cache < 2 || c->conv_L_cache > 8) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: 'conv_L_cache' must be in [2, 8], got ", c->conv_L_cache));
+  }
+  MOE_RETURN_IF_ERROR(Read(cfg, "conv_bias", &c->conv_bias, false));
+  return absl::OkStatus();
+}
+
 absl::StatusOr<std::string> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   if (!in) return absl::NotFoundError(absl::StrCat(path, ": cannot open"));
@@ -283,17 +316,34 @@ bool ModelConfig::IsLinearLayer(int64_t layer) const {
          layer_types[layer] == "linear_attention";
 }
 
+bool ModelConfig::IsConvLayer(int64_t layer) const {
+  return layer >= 0 && layer < static_cast<int64_t>(layer_types.size()) &&
+         layer_types[layer] == "conv";
+}
+
 int64_t ModelConfig::NumKvLayers() const {
   int64_t n = 0;
-  for (int64_t l = 0; l < num_hidden_layers; ++l) n += IsLinearLayer(l) ? 0 : 1;
+  for (int64_t l = 0; l < num_hidden_layers; ++l) n += StateFloats(l) > 0 ? 0 : 1;
   return n;
 }
 
 int64_t ModelConfig::KvLayerIndex(int64_t layer) const {
-  if (IsLinearLayer(layer)) return -1;
+  if (StateFloats(layer) > 0) return -1;
   int64_t index = 0;
-  for (int64_t l = 0; l < layer; ++l) index += IsLinearLayer(l) ? 0 : 1;
+  for (int64_t l = 0; l < layer; ++l) index += StateFloats(l) > 0 ? 0 : 1;
   return index;
+}
+
+int64_t ModelConfig::StateFloats(int64_t layer) const {
+  if (IsLinearLayer(layer)) return LinearStateFloats();
+  if (IsConvLayer(layer)) return hidden_size * (conv_L_cache - 1);
+  return 0;
+}
+
+int64_t ModelConfig::StateOffset(int64_t layer) const {
+  int64_t offset = 0;
+  for (int64_t l = 0; l < layer; ++l) offset += StateFloats(l);
+  return offset;
 }
 
 int64_t ModelConfig::LinearConvChannels() const {
@@ -308,7 +358,7 @@ int64_t ModelConfig::LinearStateFloats() const {
 }
 
 bool ModelConfig::IsSparseLayer(int64_t layer) const {
-  if (num_experts <= 0) return false;
+  if (num_experts <= 0 || layer < num_dense_layers) return false;
   if (std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) != mlp_only_layers.end()) {
     return false;
   }
@@ -342,7 +392,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   MOE_RETURN_IF_ERROR(Read(cfg, "num_attention_heads", &c.num_attention_heads, true));
   c.num_key_value_heads = c.num_attention_heads;
   MOE_RETURN_IF_ERROR(Read(cfg, "num_key_value_heads", &c.num_key_value_heads, false));
-  MOE_RETURN_IF_ERROR(Read(cfg, "head_dim", &c.head_dim, false));
+  if (a.reads_head_dim) MOE_RETURN_IF_ERROR(Read(cfg, "head_dim", &c.head_dim, false));
   MOE_RETURN_IF_ERROR(Read(cfg, "intermediate_size", &c.intermediate_size, false));
   for (const std::string& f : a.num_experts_fields) {
     if (Has(cfg, f)) {
@@ -367,8 +417,17 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
     MOE_RETURN_IF_ERROR(Read(cfg, "decoder_sparse_step", &c.decoder_sparse_step, false));
     MOE_RETURN_IF_ERROR(Read(cfg, "mlp_only_layers", &c.mlp_only_layers, false));
   }
-  MOE_RETURN_IF_ERROR(Read(cfg, "rms_norm_eps", &c.rms_norm_eps, false));
+  if (a.short_conv) MOE_RETURN_IF_ERROR(Read(cfg, "num_dense_layers", &c.num_dense_layers, false));
+  if (a.sigmoid_routing) {
+    MOE_RETURN_IF_ERROR(Read(cfg, "use_expert_bias", &c.use_expert_bias, false));
+    MOE_RETURN_IF_ERROR(Read(cfg, "routed_scaling_factor", &c.routed_scaling_factor, false));
+  }
+  MOE_RETURN_IF_ERROR(Read(cfg, a.rms_norm_eps_field, &c.rms_norm_eps, false));
   MOE_RETURN_IF_ERROR(Read(cfg, "max_position_embeddings", &c.max_position_embeddings, true));
+  c.tie_word_embeddings = a.default_tie_word_embeddings;
+  if (a.short_conv) {  // LFM2's legacy spelling
+    MOE_RETURN_IF_ERROR(Read(cfg, "tie_embedding", &c.tie_word_embeddings, false));
+  }
   MOE_RETURN_IF_ERROR(Read(cfg, "tie_word_embeddings", &c.tie_word_embeddings, false));
   c.attention_bias = a.default_qkv_bias;
   MOE_RETURN_IF_ERROR(Read(cfg, a.qkv_bias_field, &c.attention_bias, false));
@@ -381,6 +440,7 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
                                                  "' is not implemented (silu, swish)"));
   }
   c.rope.partial_rotary_factor = a.default_partial_rotary_factor;
+  c.rope.rope_theta = a.default_rope_theta;
   MOE_RETURN_IF_ERROR(ReadRope(cfg, &c.rope));
   MOE_RETURN_IF_ERROR(ReadEos(cfg, &c.eos_token_ids));
   MOE_RETURN_IF_ERROR(Read(cfg, "bos_token_id", &c.bos_token_id, false));
@@ -426,7 +486,16 @@ absl::StatusOr<ModelConfig> ParseModelConfig(const std::string& config_json,
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     if (!c.IsSparseLayer(l)) MOE_RETURN_IF_ERROR(positive(c.intermediate_size, "intermediate_size"));
   }
-  if (a.linear_attention == LinearAttention::kNone) {
+  if (c.num_dense_layers < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: 'num_dense_layers' must be >= 0, got ", c.num_dense_layers));
+  }
+  if (!std::isfinite(c.routed_scaling_factor)) {
+    return absl::InvalidArgumentError("config.json: 'routed_scaling_factor' must be finite");
+  }
+  if (a.short_conv) {
+    MOE_RETURN_IF_ERROR(ReadConvLayers(cfg, &c));
+  } else if (a.linear_attention == LinearAttention::kNone) {
     MOE_RETURN_IF_ERROR(ReadSlidingWindow(cfg, &c));
   } else {
     MOE_RETURN_IF_ERROR(ReadHybridLayers(cfg, &c));

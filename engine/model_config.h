@@ -61,6 +61,16 @@ struct ModelConfig {
   int64_t linear_key_head_dim = 0;
   int64_t linear_value_head_dim = 0;
   int64_t linear_conv_kernel_dim = 0;
+  // LFM2's short convolution ("conv" layers): a depthwise causal conv of width conv_L_cache over
+  // the H channels of B * X, with biases on in_proj, the conv and out_proj when conv_bias.
+  int64_t conv_L_cache = 0;
+  bool conv_bias = false;
+  // The first num_dense_layers layers are dense (LFM2). Default: 0.
+  int64_t num_dense_layers = 0;
+  // Sigmoid routing (Architecture::sigmoid_routing): the routers' per-expert selection bias
+  // (feed_forward.expert_bias) and the factor on the routed weights. Defaults: true, 1.0.
+  bool use_expert_bias = true;
+  double routed_scaling_factor = 1.0;
   // The activation of every MLP and expert: "silu" (transformers' "swish" is the same function);
   // anything else is refused at load.
   std::string hidden_act = "silu";
@@ -77,10 +87,17 @@ struct ModelConfig {
   int64_t SlidingWindow(int64_t layer) const;
   // True when `layer` is GatedDeltaNet linear attention (no KV; a recurrent state instead).
   bool IsLinearLayer(int64_t layer) const;
-  // Layers that keep keys and values (all but the linear ones), and `layer`'s index among them
-  // (-1 for a linear layer): the paged cache and SequenceKv hold only those.
+  // True when `layer` is LFM2's short convolution (no KV; its conv state instead).
+  bool IsConvLayer(int64_t layer) const;
+  // Layers that keep keys and values (all but the linear and conv ones), and `layer`'s index
+  // among them (-1 for the others): the paged cache and SequenceKv hold only those.
   int64_t NumKvLayers() const;
   int64_t KvLayerIndex(int64_t layer) const;
+  // Floats of one sequence's state in `layer`: LinearStateFloats() for a linear layer, the short
+  // conv's last conv_L_cache - 1 inputs [H, conv_L_cache - 1] for a conv layer, else 0. A
+  // sequence's state is these, layer after layer; `layer`'s slice starts at StateOffset(layer).
+  int64_t StateFloats(int64_t layer) const;
+  int64_t StateOffset(int64_t layer) const;
   // 2 NK DK + NV DV: the channels of the linear layers' conv (q | k | v).
   int64_t LinearConvChannels() const;
   // Floats of one sequence's state in one linear layer: the conv's last KW-1 inputs [C, KW-1],

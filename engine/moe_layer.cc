@@ -190,6 +190,12 @@ kernels::RouteArgs MoeLayer::RouteTokens(int64_t layer, int64_t T, const float* 
   route.num_experts = static_cast<int>(config_.num_experts);
   route.top_k = static_cast<int>(config_.num_experts_per_tok);
   route.renormalize = config_.norm_topk_prob;
+  if (config_.arch.sigmoid_routing) {  // LFM2 (architectures.md §3.3)
+    route.scoring = kernels::RouteScoring::kSigmoid;
+    route.selection_bias = static_cast<const float*>(weights_.layers[layer].expert_bias.view.data);
+    route.renormalize_eps = 1e-6f;
+    route.scaling = static_cast<float>(config_.routed_scaling_factor);
+  }
   route.layer = static_cast<int32_t>(layer);
   route.weights = RouteWeights();
   route.expert_ids = ids;

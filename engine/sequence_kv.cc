@@ -15,13 +15,13 @@ absl::StatusOr<std::unique_ptr<SequenceKv>> SequenceKv::Create(const ModelConfig
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     kv->k_.emplace_back();
     kv->v_.emplace_back();
-    if (c.IsLinearLayer(l)) continue;  // no KV: a recurrent state instead
+    if (c.KvLayerIndex(l) < 0) continue;  // no KV: a recurrent or conv state instead
     MOE_ASSIGN_OR_RETURN(kv->k_.back(), backend.Allocate(bytes));
     MOE_ASSIGN_OR_RETURN(kv->v_.back(), backend.Allocate(bytes));
   }
   int64_t state_floats = 0;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.IsLinearLayer(l)) state_floats += c.LinearStateFloats();
+    state_floats += c.StateFloats(l);
   }
   if (state_floats > 0) {
     MOE_ASSIGN_OR_RETURN(kv->state_, backend.Allocate(state_floats * sizeof(float)));

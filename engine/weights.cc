@@ -52,9 +52,14 @@ class Loader {
   absl::StatusOr<kernels::DeviceTensor> GetNorm(const std::string& name, int64_t n,
                                                 bool zero_centred) {
     if (!zero_centred) return Get(name, {n});
+    return GetF32(name, n, 1.f);
+  }
+
+  // The vector `name` [n] as fp32, plus `offset`: what the kernels read as float*.
+  absl::StatusOr<kernels::DeviceTensor> GetF32(const std::string& name, int64_t n, float offset) {
     MOE_ASSIGN_OR_RETURN(kernels::TensorView host, checkpoint_.Get(name, {n}));
     std::vector<float> w(n);
-    for (int64_t i = 0; i < n; ++i) w[i] = 1.f + host.at(i);
+    for (int64_t i = 0; i < n; ++i) w[i] = offset + host.at(i);
     MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(n * sizeof(float)));
     backend_.CopyToDevice(storage.data(), w.data(), n * sizeof(float));
     kernels::DeviceTensor out;
@@ -120,6 +125,15 @@ absl::Status LoadMlp(const ModelConfig& c, int64_t l, Loader& load, LayerWeights
   const std::string mlp = p + c.arch.moe_block + ".";
   if (L->sparse) {
     MOE_ASSIGN_OR_RETURN(L->router, load.Get(mlp + "gate.weight", {c.num_experts, H}));
+    if (c.arch.sigmoid_routing && c.use_expert_bias) {  // a buffer; LFM2.5 names it .weight
+      const std::string bias = mlp + "expert_bias";
+      if (!load.Has(bias) && !load.Has(bias + ".weight")) {
+        return absl::NotFoundError(absl::StrCat("tensor '", bias, "' (or '", bias,
+                                                ".weight') not found: use_expert_bias is true"));
+      }
+      MOE_ASSIGN_OR_RETURN(L->expert_bias, load.GetF32(load.Has(bias) ? bias : bias + ".weight",
+                                                       c.num_experts, 0.f));
+    }
     if (c.arch.has_shared_expert) {
       const int64_t I = c.shared_expert_intermediate_size;
       MOE_ASSIGN_OR_RETURN(L->mlp_gate, load.Get(mlp + "shared_expert.gate_proj.weight", {I, H}));
@@ -132,10 +146,11 @@ absl::Status LoadMlp(const ModelConfig& c, int64_t l, Loader& load, LayerWeights
     return absl::OkStatus();
   }
   const int64_t I = c.intermediate_size;
-  const std::string dense = p + "mlp.";
-  MOE_ASSIGN_OR_RETURN(L->mlp_gate, load.Get(dense + "gate_proj.weight", {I, H}));
-  MOE_ASSIGN_OR_RETURN(L->mlp_up, load.Get(dense + "up_proj.weight", {I, H}));
-  MOE_ASSIGN_OR_RETURN(L->mlp_down, load.Get(dense + "down_proj.weight", {H, I}));
+  const Architecture& a = c.arch;
+  const std::string dense = p + a.dense_block + ".";
+  MOE_ASSIGN_OR_RETURN(L->mlp_gate, load.Get(dense + a.dense_gate + ".weight", {I, H}));
+  MOE_ASSIGN_OR_RETURN(L->mlp_up, load.Get(dense + a.dense_up + ".weight", {I, H}));
+  MOE_ASSIGN_OR_RETURN(L->mlp_down, load.Get(dense + a.dense_down + ".weight", {H, I}));
   L->mlp = Views(L->mlp_gate, L->mlp_up, L->mlp_down);
   return absl::OkStatus();
 }
@@ -187,6 +202,31 @@ absl::Status LoadLinearAttention(const ModelConfig& c, const std::string& p, Loa
   return absl::OkStatus();
 }
 
+// LFM2's short conv below `p` ("model.layers.{i}.conv."): in_proj's rows B | C | X, in order.
+absl::Status LoadShortConv(const ModelConfig& c, const std::string& p, Loader& load,
+                           ShortConvWeights* W) {
+  const int64_t H = c.hidden_size;
+  std::vector<int64_t> rows[3];
+  for (int part = 0; part < 3; ++part) {
+    for (int64_t r = 0; r < H; ++r) rows[part].push_back(part * H + r);
+  }
+  kernels::DeviceTensor* in[3] = {&W->in_b, &W->in_c, &W->in_x};
+  kernels::DeviceTensor* in_bias[3] = {&W->in_b_bias, &W->in_c_bias, &W->in_x_bias};
+  for (int part = 0; part < 3; ++part) {
+    MOE_ASSIGN_OR_RETURN(*in[part], load.GetRows(p + "in_proj.weight", {3 * H, H}, rows[part]));
+    if (c.conv_bias) {
+      MOE_ASSIGN_OR_RETURN(*in_bias[part], load.GetRows(p + "in_proj.bias", {3 * H}, rows[part]));
+    }
+  }
+  MOE_ASSIGN_OR_RETURN(W->conv, load.Get(p + "conv.weight", {H, 1, c.conv_L_cache}));
+  MOE_ASSIGN_OR_RETURN(W->out_proj, load.Get(p + "out_proj.weight", {H, H}));
+  if (c.conv_bias) {
+    MOE_ASSIGN_OR_RETURN(W->conv_bias, load.Get(p + "conv.bias", {H}));
+    MOE_ASSIGN_OR_RETURN(W->out_bias, load.Get(p + "out_proj.bias", {H}));
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 store::ExpertTensorNames ExpertNames(const ModelConfig& c, int64_t layer, int64_t expert) {
@@ -206,7 +246,8 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
   ModelWeights w;
   MOE_ASSIGN_OR_RETURN(w.embed_tokens, load.Get("model.embed_tokens.weight", {V, H}));
   const bool zc = c.arch.zero_centred_norms;
-  MOE_ASSIGN_OR_RETURN(w.norm, load.GetNorm("model.norm.weight", H, zc));
+  const Architecture& a = c.arch;
+  MOE_ASSIGN_OR_RETURN(w.norm, load.GetNorm("model." + a.final_norm + ".weight", H, zc));
   if (c.tie_word_embeddings && !load.Has("lm_head.weight")) {
     MOE_ASSIGN_OR_RETURN(w.lm_head, load.Get("model.embed_tokens.weight", {V, H}));
   } else {
@@ -216,13 +257,17 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
     LayerWeights& L = w.layers.emplace_back();
     const std::string p = absl::StrCat("model.layers.", l, ".");
     const std::string attn = p + "self_attn.";
-    MOE_ASSIGN_OR_RETURN(L.input_layernorm, load.GetNorm(p + "input_layernorm.weight", H, zc));
+    MOE_ASSIGN_OR_RETURN(L.input_layernorm, load.GetNorm(p + a.input_norm + ".weight", H, zc));
     MOE_ASSIGN_OR_RETURN(L.post_attention_layernorm,
-                         load.GetNorm(p + "post_attention_layernorm.weight", H, zc));
+                         load.GetNorm(p + a.post_attention_norm + ".weight", H, zc));
     L.sparse = c.IsSparseLayer(l);
     MOE_RETURN_IF_ERROR(LoadMlp(c, l, load, &L));
     if (c.IsLinearLayer(l)) {
       MOE_RETURN_IF_ERROR(LoadLinearAttention(c, p + "linear_attn.", load, &L.linear));
+      continue;
+    }
+    if (c.IsConvLayer(l)) {
+      MOE_RETURN_IF_ERROR(LoadShortConv(c, p + "conv.", load, &L.conv));
       continue;
     }
     if (c.arch.attention_output_gate) {  // q_proj rows per head: D query rows, then D gate rows
@@ -251,7 +296,7 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
       MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
     }
     }
-    MOE_ASSIGN_OR_RETURN(L.o_proj, load.Get(attn + "o_proj.weight", {H, q_dim}));
+    MOE_ASSIGN_OR_RETURN(L.o_proj, load.Get(attn + a.o_proj + ".weight", {H, q_dim}));
     if (c.attention_bias) {
       MOE_ASSIGN_OR_RETURN(L.qkv_bias, load.GetStacked({attn + "q_proj.bias", attn + "k_proj.bias",
                                                         attn + "v_proj.bias"},
@@ -264,8 +309,8 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
       }
     }
     if (c.arch.qk_norm == QkNorm::kPerHead) {
-      MOE_ASSIGN_OR_RETURN(L.q_norm, load.GetNorm(attn + "q_norm.weight", D, zc));
-      MOE_ASSIGN_OR_RETURN(L.k_norm, load.GetNorm(attn + "k_norm.weight", D, zc));
+      MOE_ASSIGN_OR_RETURN(L.q_norm, load.GetNorm(attn + a.q_norm + ".weight", D, zc));
+      MOE_ASSIGN_OR_RETURN(L.k_norm, load.GetNorm(attn + a.k_norm + ".weight", D, zc));
     } else if (c.arch.qk_norm == QkNorm::kWholeProj) {
       MOE_ASSIGN_OR_RETURN(L.q_norm, load.Get(attn + "q_norm.weight", {q_dim}));
       MOE_ASSIGN_OR_RETURN(L.k_norm, load.Get(attn + "k_norm.weight", {kv_dim}));

@@ -27,6 +27,15 @@ struct LinearAttentionWeights {
   kernels::DeviceTensor out_proj;  // [H, NV DV]
 };
 
+// LFM2's short conv (conv layers), architectures.md §3.2: in_proj [3H, H] is split at load into
+// its B, C and X rows; the biases exist with conv_bias only (data null otherwise).
+struct ShortConvWeights {
+  kernels::DeviceTensor in_b, in_c, in_x;                 // [H, H] each
+  kernels::DeviceTensor in_b_bias, in_c_bias, in_x_bias;  // [H] each
+  kernels::DeviceTensor conv, conv_bias;                  // [H, 1, L], [H]
+  kernels::DeviceTensor out_proj, out_bias;               // [H, H], [H]
+};
+
 struct LayerWeights {
   kernels::DeviceTensor input_layernorm;           // [H]
   kernels::DeviceTensor post_attention_layernorm;  // [H]
@@ -42,12 +51,15 @@ struct LayerWeights {
   kernels::DeviceTensor q_norm, k_norm;            // [D] per head, or [NH*D]/[NKV*D] whole
   bool sparse = false;
   kernels::DeviceTensor router;  // [E, H] (sparse layers)
+  // Sigmoid routing with use_expert_bias: the selection bias [E], fp32 (RouteArgs).
+  kernels::DeviceTensor expert_bias;
   // Dense MLP (non-sparse layers) or the shared expert (qwen2_moe), as one SwiGLU MLP.
   kernels::DeviceTensor mlp_gate, mlp_up, mlp_down;
   kernels::ExpertWeights mlp;   // views of the three above; mlp.gate.data == nullptr if absent
   kernels::DeviceTensor shared_expert_gate;  // [1, H]
   // Linear-attention layers (ModelConfig::IsLinearLayer) have these instead of attention's.
   LinearAttentionWeights linear;
+  ShortConvWeights conv;  // conv layers (ModelConfig::IsConvLayer), likewise
 };
 
 // Tensor names of one expert in a Hugging Face checkpoint.

@@ -188,15 +188,25 @@ struct PagedAttentionArgs {
 
 // Router: probs = softmax(logits[t]) over E; the K largest (ties to the lower expert id) are kept;
 // with renormalize they are divided by their sum (norm_topk_prob), else left as probabilities.
+// Scores: softmax over the E logits (kSoftmax) or sigmoid of each (kSigmoid). The top-k choice
+// ranks score + selection_bias[e] (no bias: the score), ties to the lower id; the weights are
+// the chosen experts' unbiased scores, w / (sum w + renormalize_eps) when renormalize, then
+// times scaling. LFM2: kSigmoid, expert_bias, eps 1e-6, routed_scaling_factor.
+enum class RouteScoring { kSoftmax, kSigmoid };
+
 struct RouteArgs {
   const float* logits = nullptr;  // [T, E]
   int64_t num_tokens = 0;
   int num_experts = 0;
   int top_k = 0;
   bool renormalize = false;
-  float* weights = nullptr;       // [T, K] out, descending (backend memory, like logits)
+  float* weights = nullptr;       // [T, K] out, in choice order (backend memory, like logits)
   int32_t* expert_ids = nullptr;  // [T, K] out (backend memory: copy to the host to plan experts)
   int32_t layer = 0;              // named by Backend::TakeRoutingError
+  RouteScoring scoring = RouteScoring::kSoftmax;
+  const float* selection_bias = nullptr;  // [E] fp32, backend memory; null: none
+  float renormalize_eps = 0.f;
+  float scaling = 1.f;
 };
 
 // RoPE in the rotate-half layout: for i < rot/2 the pair (x[i], x[i + rot/2]) is rotated by
@@ -261,14 +271,17 @@ struct LinearAttnSeq {
   float* state = nullptr;       // [NV, DK, DV], fp32
 };
 
-// Depthwise causal convolution over time, no bias, then SiLU, per channel c of C:
-//   out[t, c] = silu(sum_j weight[c, j] * x[t - KW + 1 + j, c]),
+// Depthwise causal convolution over time per channel c of C, then SiLU when `silu`:
+//   out[t, c] = act(sum_j weight[c, j] * x[t - KW + 1 + j, c] + bias[c]),
 // with the inputs before a sequence's first row taken from its conv_state, which then holds the
-// sequence's last KW-1 inputs (raw x, not activated).
+// sequence's last KW-1 inputs (raw x, not activated). GatedDeltaNet: SiLU, no bias; LFM2's short
+// conv: no activation, bias with conv_bias.
 struct CausalConvArgs {
   float* out = nullptr;      // [T, C]; may not alias x
   const float* x = nullptr;  // [T, C]
   TensorView weight;         // [C, 1, KW] (Hugging Face's conv1d layout) or [C, KW]
+  TensorView bias;           // [C], or data null: none
+  bool silu = true;
   int64_t channels = 0;      // C
   int kernel_size = 0;       // KW >= 2
   absl::Span<const LinearAttnSeq> seqs;  // host memory; their num_tokens sum to T
@@ -432,6 +445,8 @@ class Backend {
   virtual void Sigmoid(float* x, int64_t n) = 0;
   // x[i] *= sigmoid(gate[i]) (the output gate of qwen3_5_moe's full attention)
   virtual void MulSigmoid(float* x, const float* gate, int64_t n) = 0;
+  // out[i] = a[i] * b[i]; out may alias a or b (LFM2's short-conv gates)
+  virtual void Mul(float* out, const float* a, const float* b, int64_t n) = 0;
   // The gated RMSNorm of GatedDeltaNet, per row of weight.numel():
   //   out[r] = RmsNorm(x[r]) * weight * silu(z[r]). out may alias x.
   virtual void GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,

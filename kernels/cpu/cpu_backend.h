@@ -50,6 +50,7 @@ class CpuBackend final : public Backend {
   void Add(float* out, const float* x, int64_t n) override;
   void Sigmoid(float* x, int64_t n) override;
   void MulSigmoid(float* x, const float* gate, int64_t n) override;
+  void Mul(float* out, const float* a, const float* b, int64_t n) override;
   void GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
                     const TensorView& weight, float eps) override;
   void CausalConv(const CausalConvArgs& args) override;

@@ -1,5 +1,6 @@
-// GatedDeltaNet on the CPU (backend.h: CausalConv, GatedDeltaRule, GatedRmsNorm, MulSigmoid):
-// the reference for the CUDA kernels. Prefill runs the chunked form of the delta rule as
+// GatedDeltaNet on the CPU (backend.h: CausalConv, GatedDeltaRule, GatedRmsNorm, MulSigmoid; Mul
+// and CausalConv without SiLU also serve LFM2's short conv): the reference for the CUDA kernels.
+// Prefill runs the chunked form of the delta rule as
 // transformers does (chunks of 64 positions), decode the recurrent step.
 #include <cmath>
 #include <vector>
@@ -130,6 +131,10 @@ void CpuBackend::MulSigmoid(float* x, const float* gate, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] *= SigmoidOf(gate[i]);
 }
 
+void CpuBackend::Mul(float* out, const float* a, const float* b, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = a[i] * b[i];
+}
+
 void CpuBackend::GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
                               const TensorView& weight, float eps) {
   const int64_t n = weight.numel();
@@ -149,6 +154,9 @@ void CpuBackend::CausalConv(const CausalConvArgs& a) {
   const int KW = a.kernel_size;
   MOE_CHECK(KW >= 2 && a.weight.numel() == C * KW) << "CausalConv: weight of " << a.weight.numel()
                                                    << " for " << C << " channels of width " << KW;
+  const bool has_bias = a.bias.data != nullptr;
+  MOE_CHECK(!has_bias || a.bias.numel() == C)
+      << "CausalConv: bias of " << a.bias.numel() << " for " << C << " channels";
   int64_t row = 0;
   std::vector<float> window(KW);
   for (const LinearAttnSeq& s : a.seqs) {
@@ -159,7 +167,8 @@ void CpuBackend::CausalConv(const CausalConvArgs& a) {
         window[KW - 1] = a.x[(row + t) * C + c];
         float acc = 0.f;
         for (int j = 0; j < KW; ++j) acc += a.weight.at(c * KW + j) * window[j];
-        a.out[(row + t) * C + c] = Silu(acc);
+        if (has_bias) acc += a.bias.at(c);
+        a.out[(row + t) * C + c] = a.silu ? Silu(acc) : acc;
         for (int j = 0; j < KW - 1; ++j) window[j] = window[j + 1];
       }
       for (int j = 0; j < KW - 1; ++j) state[j] = window[j];

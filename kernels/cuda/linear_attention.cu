@@ -1,5 +1,6 @@
-// GatedDeltaNet on the GPU (backend.h: MulSigmoid, GatedRmsNorm, CausalConv, GatedDeltaRule); the
-// CPU reference is cpu/linear_attention.cc.
+// GatedDeltaNet on the GPU (backend.h: MulSigmoid, GatedRmsNorm, CausalConv, GatedDeltaRule; Mul
+// and CausalConv without SiLU also serve LFM2's short conv); the CPU reference is
+// cpu/linear_attention.cc.
 //
 // The per-sequence spans (host memory) are staged once per call as a small device table
 // (StageHostArgs, so a recorded step copies it from the step graph's arena and stays
@@ -68,6 +69,14 @@ __global__ void MulSigmoidKernel(float* x, const float* gate, int64_t n) {
   }
 }
 
+__global__ void MulKernel(float* out, const float* a, const float* b, int64_t n) {
+  WaitForPriorKernel();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = a[i] * b[i];
+  }
+}
+
 // out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight * silu(z[r]), one block per row. Each thread
 // reads and writes the same elements, so out may alias x.
 __global__ void GatedRmsNormKernel(float* out, const float* x, const float* z, int64_t n,
@@ -93,12 +102,14 @@ constexpr int kMaxConvWidth = 8;
 // sequence from the old conv state); constant indices keep it in registers for any
 // KW <= kMaxConvWidth. The thread whose run is the whole sequence (decode) also writes the new
 // state: nobody else reads it. Longer sequences' states are written by CausalConvStateKernel,
-// launched after this one, so no run reads a state already replaced.
+// launched after this one, so no run reads a state already replaced. bias (dtype bt) is null
+// without one; silu: the activation after the sum (GatedDeltaNet) or none (LFM2's short conv).
 constexpr int kConvRun = 16;
 static_assert(kConvRun >= kMaxConvWidth - 1, "a longer sequence's state is all its own inputs");
 
 __global__ void CausalConvKernel(float* out, const float* x, const void* weight, DType wt,
-                                 int64_t C, int KW, const SeqDev* seqs) {
+                                 const void* bias, DType bt, bool silu, int64_t C, int KW,
+                                 const SeqDev* seqs) {
   WaitForPriorKernel();
   const int64_t c = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   const SeqDev s = seqs[blockIdx.z];
@@ -124,7 +135,8 @@ __global__ void CausalConvKernel(float* out, const float* x, const void* weight,
     for (int i = 0; i < kM; ++i) {
       if (i >= first) acc += w[i] * win[i];  // the CPU's order: weight 0 first
     }
-    out[at] = Silu(acc);
+    if (bias != nullptr) acc += LoadW(bias, bt, c);
+    out[at] = silu ? Silu(acc) : acc;
 #pragma unroll
     for (int i = 0; i < kM - 1; ++i) win[i] = win[i + 1];
   }
@@ -577,6 +589,13 @@ void CudaBackend::MulSigmoid(float* x, const float* gate, int64_t n) {
   cuda::Launch(cuda::MulSigmoidKernel, grid, cuda::kThreads, 0, stream_, x, gate, n);
 }
 
+void CudaBackend::Mul(float* out, const float* a, const float* b, int64_t n) {
+  if (n == 0) return;
+  const unsigned grid = static_cast<unsigned>(
+      std::clamp<int64_t>(cuda::CeilDiv(n, cuda::kThreads), 1, int64_t{num_sms_} * 16));
+  cuda::Launch(cuda::MulKernel, grid, cuda::kThreads, 0, stream_, out, a, b, n);
+}
+
 void CudaBackend::GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
                                const TensorView& weight, float eps) {
   const int64_t n = weight.numel();
@@ -597,6 +616,11 @@ void CudaBackend::CausalConv(const CausalConvArgs& a) {
       << "CausalConv: weight of " << a.weight.numel() << " for " << C << " channels of width " << KW
       << " (the GPU takes widths 2.." << cuda::kMaxConvWidth << ")";
   cuda::CheckDense(a.weight, "CausalConv");
+  if (a.bias.data != nullptr) {
+    MOE_CHECK(a.bias.numel() == C)
+        << "CausalConv: bias of " << a.bias.numel() << " for " << C << " channels";
+    cuda::CheckDense(a.bias, "CausalConv bias");
+  }
   MOE_CHECK(a.seqs.size() <= 65535) << "CausalConv: " << a.seqs.size() << " sequences";
   if (a.seqs.empty() || C == 0) return;
   const std::vector<cuda::SeqDev> table =
@@ -611,7 +635,7 @@ void CudaBackend::CausalConv(const CausalConvArgs& a) {
   const unsigned channel_blocks = static_cast<unsigned>(cuda::CeilDiv(C, cuda::kThreads));
   const dim3 grid(channel_blocks, static_cast<unsigned>(runs), static_cast<unsigned>(table.size()));
   cuda::Launch(cuda::CausalConvKernel, grid, cuda::kThreads, 0, stream_, a.out, a.x, a.weight.data,
-               a.weight.dtype, C, KW, dev);
+               a.weight.dtype, a.bias.data, a.bias.dtype, a.silu, C, KW, dev);
   if (runs > 1) {
     cuda::Launch(cuda::CausalConvStateKernel,
                  dim3(channel_blocks, static_cast<unsigned>(table.size())), cuda::kThreads, 0,

@@ -1,4 +1,5 @@
-// Router on the GPU: softmax over experts, top-k (ties to the lower id), optional renormalise.
+// Router on the GPU: softmax or sigmoid scores, top-k of score + selection bias (ties to the lower
+// id), the unbiased scores as weights, optional renormalise, scaling (backend.h RouteArgs).
 // One warp per token; each lane holds experts lane, lane + 32, ... in registers.
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
@@ -39,55 +40,73 @@ __global__ __launch_bounds__(kRouteWarps * kWarp) void RouteKernel(RouteArgs a,
     if (lane == 0) atomicMin(verdict, 2u * static_cast<unsigned>(a.layer) + Backend::kNonFiniteLogits);
     return;
   }
-  max_logit = WarpMax(max_logit);
-  float sum = 0.f;
+  // p: the scores (softmax or sigmoid); key: what the top-k ranks, score + selection bias.
+  // Chosen experts and padding get key -inf (keys are finite: the logits and biases are).
+  float key[PER_LANE];
+  if (a.scoring == RouteScoring::kSigmoid) {
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      p[i] = lane + i * kWarp < E ? 1.f / (1.f + expf(-p[i])) : 0.f;
+    }
+  } else {
+    max_logit = WarpMax(max_logit);
+    float sum = 0.f;
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) {
+      p[i] = lane + i * kWarp < E ? expf(p[i] - max_logit) : 0.f;
+      sum += p[i];
+    }
+    sum = WarpSum(sum);
+#pragma unroll
+    for (int i = 0; i < PER_LANE; ++i) p[i] /= sum;
+  }
 #pragma unroll
   for (int i = 0; i < PER_LANE; ++i) {
-    p[i] = lane + i * kWarp < E ? expf(p[i] - max_logit) : 0.f;
-    sum += p[i];
+    const int e = lane + i * kWarp;
+    key[i] = e < E ? (a.selection_bias != nullptr ? p[i] + a.selection_bias[e] : p[i]) : -INFINITY;
   }
-  sum = WarpSum(sum);
-  // Not-yet-chosen experts keep their probability; chosen or padding ones are -1 (probs >= 0).
-#pragma unroll
-  for (int i = 0; i < PER_LANE; ++i) p[i] = lane + i * kWarp < E ? p[i] / sum : -1.f;
 
   float my_weight = 0.f;  // lane k keeps the k-th choice
   int my_id = 0;
   float top_sum = 0.f;  // summed in choice order, like the CPU reference
   for (int k = 0; k < K; ++k) {
-    float best = -1.f;
+    float best = -INFINITY, best_p = 0.f;
     int best_id = 0x7fffffff;
 #pragma unroll
     for (int i = 0; i < PER_LANE; ++i) {
-      if (p[i] > best) {  // ascending e within a lane: strict > keeps the lower id on ties
-        best = p[i];
+      if (key[i] > best) {  // ascending e within a lane: strict > keeps the lower id on ties
+        best = key[i];
+        best_p = p[i];
         best_id = lane + i * kWarp;
       }
     }
 #pragma unroll
     for (int o = kWarp / 2; o > 0; o >>= 1) {
       const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+      const float op = __shfl_xor_sync(0xffffffffu, best_p, o);
       const int oid = __shfl_xor_sync(0xffffffffu, best_id, o);
       if (ob > best || (ob == best && oid < best_id)) {
         best = ob;
+        best_p = op;
         best_id = oid;
       }
     }
-    top_sum += best;
+    top_sum += best_p;
     if (lane == k) {
-      my_weight = best;
+      my_weight = best_p;
       my_id = best_id;
     }
     if (best_id % kWarp == lane) {
 #pragma unroll
       for (int i = 0; i < PER_LANE; ++i) {
-        if (lane + i * kWarp == best_id) p[i] = -1.f;
+        if (lane + i * kWarp == best_id) key[i] = -INFINITY;
       }
     }
   }
   if (lane < K) {
     a.expert_ids[t * K + lane] = my_id;
-    a.weights[t * K + lane] = a.renormalize ? my_weight / top_sum : my_weight;
+    a.weights[t * K + lane] =
+        (a.renormalize ? my_weight / (top_sum + a.renormalize_eps) : my_weight) * a.scaling;
   }
 }
 

@@ -7,6 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -503,9 +505,63 @@ TEST_P(GoldenTest, StepGraphsGiveTheLogitsOfDirectLaunches) {
 }
 #endif
 
+// Fixture `arch` copied into `dir` with its tensors renamed by `rename` (the data unchanged).
+void CopyRenamingTensors(const std::string& arch, const std::string& dir,
+                         const std::function<std::string(const std::string&)>& rename) {
+  for (const auto& entry : std::filesystem::directory_iterator(ModelDir(arch))) {
+    if (entry.path().filename() == "model.safetensors") continue;
+    std::filesystem::copy(entry.path(), dir + "/" + entry.path().filename().string());
+  }
+  std::ifstream in(ModelDir(arch) + "/model.safetensors", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  const auto h = nlohmann::json::parse(bytes.substr(8, header_bytes));
+  nlohmann::json renamed = nlohmann::json::object();
+  for (const auto& [name, t] : h.items()) renamed[name == "__metadata__" ? name : rename(name)] = t;
+  std::string header = renamed.dump();
+  header.resize((header.size() + 8 + 7) / 8 * 8 - 8, ' ');  // the data stays 8-byte aligned
+  const uint64_t size = header.size();
+  std::ofstream out(dir + "/model.safetensors", std::ios::binary);
+  out.write(reinterpret_cast<const char*>(&size), 8);
+  out << header << bytes.substr(8 + header_bytes);
+}
+
+// LFM2's expert_bias: under its name or LFM2.5's "expert_bias.weight" the same model; missing
+// (use_expert_bias is true), an error naming it.
+TEST(Lfm2WeightsTest, ExpertBiasUnderEitherNameOrNamedWhenMissing) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::vector<int32_t> prompt = {5, 17, 200, 3, 99, 42, 7};
+  auto logits_of = [&](const std::string& dir) {
+    auto model = Model::Load(dir, **backend);
+    EXPECT_TRUE(model.ok()) << model.status();
+    auto kv = SequenceKv::Create((*model)->config(), **backend, 64);
+    EXPECT_TRUE(kv.ok()) << kv.status();
+    const ForwardItem item{prompt, kv->get()};
+    std::vector<float> logits;
+    EXPECT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
+    return logits;
+  };
+  const std::vector<float> want = logits_of(ModelDir("lfm2_moe"));
+  testing::TempDir renamed;
+  CopyRenamingTensors("lfm2_moe", renamed.path(), [](const std::string& name) {
+    return absl::EndsWith(name, ".expert_bias") ? name + ".weight" : name;
+  });
+  EXPECT_EQ(logits_of(renamed.path()), want);
+  testing::TempDir missing;
+  CopyRenamingTensors("lfm2_moe", missing.path(), [](const std::string& name) {
+    return name == "model.layers.2.feed_forward.expert_bias" ? "unused" : name;
+  });
+  const absl::Status st = Model::Load(missing.path(), **backend).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kNotFound) << st;
+  EXPECT_NE(st.message().find("model.layers.2.feed_forward.expert_bias"), std::string::npos) << st;
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
-                                           "qwen3_5_moe", "qwen3_next", "trained_default"));
+                                           "qwen3_5_moe", "qwen3_next", "lfm2_moe",
+                                           "lfm2_moe_conv_bias", "trained_default"));
 
 }  // namespace
 }  // namespace moe::engine

@@ -70,6 +70,38 @@ ARCHS["qwen3_next"] = dict(
     decoder_sparse_step=1, mlp_only_layers=[1],
     layer_types=["linear_attention", "linear_attention", "linear_attention", "full_attention"])
 
+# LFM2-MoE (architectures.md §3.5): short-conv and attention layers, a dense first layer, sigmoid
+# routing with expert_bias and routed_scaling_factor != 1, tied embeddings. Its own config (no
+# COMMON: the family names its fields differently, e.g. norm_eps).
+LFM2 = dict(
+    cls="Lfm2MoeConfig", model_type="lfm2_moe", own_config=True,
+    vocab_size=512, hidden_size=64, intermediate_size=128, moe_intermediate_size=32,
+    num_hidden_layers=4, layer_types=["conv", "full_attention", "conv", "full_attention"],
+    num_attention_heads=4, num_key_value_heads=2, conv_L_cache=3, conv_bias=False,
+    num_dense_layers=1, num_experts=8, num_experts_per_tok=2, use_expert_bias=True,
+    routed_scaling_factor=1.5, norm_topk_prob=True, norm_eps=1e-5, max_position_embeddings=512,
+    tie_word_embeddings=True, rope_parameters=dict(rope_type="default", rope_theta=1e6),
+    pad_token_id=0, bos_token_id=1, eos_token_id=2, prompt_len=24)
+ARCHS["lfm2_moe"] = LFM2
+ARCHS["lfm2_moe_conv_bias"] = dict(LFM2, conv_bias=True)
+SPEC_ONLY = ("cls", "prompt_len", "model_type", "own_config")
+
+
+def perturb_lfm2_(model, gen):
+    """architectures.md §3.5: expert_bias (a buffer) ~ N(0, 0.5), else the choice is plain top-k;
+    plain-scale norms 1 + N(0, 0.1); the short conv's weights and biases large enough to matter."""
+    with torch.no_grad():
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):
+                b.copy_(0.5 * torch.randn(b.shape, generator=gen))
+        for name, p in model.named_parameters():
+            if "norm" in name or "layernorm" in name:
+                p.copy_(1.0 + 0.1 * torch.randn(p.shape, generator=gen))
+            elif name.endswith("conv.conv.weight"):
+                p.copy_(0.4 * torch.randn(p.shape, generator=gen))
+            elif ".conv." in name and name.endswith(".bias"):
+                p.copy_(0.5 * torch.randn(p.shape, generator=gen))
+
 
 def perturb_hybrid_(model, gen):
     """architectures.md §0.6: zero-centred norms ~ N(0, 0.1) (their scale is 1 + w), the gated
@@ -105,10 +137,13 @@ def perturb_(model, gen):
 
 
 def make(arch, spec, out_dir, seed):
-    cfg_kwargs = dict(COMMON)
-    cfg_kwargs.update({k: v for k, v in spec.items() if k not in ("cls", "prompt_len")})
+    cfg_kwargs = {} if spec.get("own_config") else dict(COMMON)
+    cfg_kwargs.update({k: v for k, v in spec.items() if k not in SPEC_ONLY})
     prompt_len = spec.get("prompt_len", PROMPT_LEN)
-    config = getattr(transformers, spec["cls"])(**cfg_kwargs)
+    if hasattr(transformers, spec["cls"]):
+        config = getattr(transformers, spec["cls"])(**cfg_kwargs)
+    else:
+        config = transformers.AutoConfig.for_model(spec["model_type"], **cfg_kwargs)
     config._attn_implementation = "eager"
     torch.manual_seed(seed)
     model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
@@ -117,6 +152,11 @@ def make(arch, spec, out_dir, seed):
     perturb_(model, gen)
     if "linear_num_key_heads" in spec:
         perturb_hybrid_(model, gen)
+    if spec.get("model_type") == "lfm2_moe":
+        perturb_lfm2_(model, gen)
+        print(arch, "config:", {k: getattr(config, k, None) for k in (
+            "layer_types", "conv_L_cache", "conv_bias", "num_dense_layers", "norm_eps",
+            "routed_scaling_factor", "tie_word_embeddings", "rope_parameters")})
     prompt = torch.randint(3, VOCAB, (1, prompt_len), generator=gen)
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False,

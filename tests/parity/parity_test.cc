@@ -662,6 +662,9 @@ struct RouteCase {
   int64_t T;
   int E, K;
   bool renormalize;
+  // LFM2's routing: sigmoid scores, a random selection bias, eps 1e-6, this scaling.
+  bool sigmoid = false;
+  float scaling = 1.f;
 };
 class RouteParity : public ::testing::TestWithParam<RouteCase> {};
 
@@ -676,18 +679,27 @@ TEST_P(RouteParity, MatchesCpu) {
   a.num_experts = c.E;
   a.top_k = c.K;
   a.renormalize = c.renormalize;
+  const std::vector<float> bias = Random(rng, c.E, -0.5f, 0.5f);
+  if (c.sigmoid) {
+    a.scoring = kernels::RouteScoring::kSigmoid;
+    a.selection_bias = bias.data();
+    a.renormalize_eps = 1e-6f;
+    a.scaling = c.scaling;
+  }
   a.logits = logits.data();
   a.weights = want_w.data();
   a.expert_ids = want_ids.data();
   Cpu().Route(a);
-  DeviceArray<float> dl(logits);
+  DeviceArray<float> dl(logits), dbias(bias);
+  if (c.sigmoid) a.selection_bias = dbias.get();
   DeviceArray<float> w = PoisonedOutput(want_w.size());
   DeviceArray<int32_t> ids(std::vector<int32_t>(want_ids.size(), -1));
   a.logits = dl.get();
   a.weights = w.get();
   a.expert_ids = ids.get();
   Gpu().Route(a);
-  const std::string name = Name("T", c.T, "E", c.E, "K", c.K, c.renormalize ? "renorm" : "");
+  const std::string name = Name("T", c.T, "E", c.E, "K", c.K, c.renormalize ? "renorm" : "",
+                                c.sigmoid ? "sigmoid+bias" : "", "scaling", c.scaling);
   ExpectEqualIds("Route.ids", name, ids.Read(), want_ids);
   ExpectClose("Route.w", name, w.Read(), want_w, kTolF32);
 }
@@ -740,7 +752,11 @@ INSTANTIATE_TEST_SUITE_P(Cases, RouteParity,
                                            RouteCase{5, 8, 2, true},      // Mixtral
                                            RouteCase{33, 256, 8, true},
                                            RouteCase{3, 512, 32, false},
-                                           RouteCase{2, 7, 7, true}));
+                                           RouteCase{2, 7, 7, true},
+                                           RouteCase{1, 32, 4, true, true, 1.f},  // LFM2-8B-A1B
+                                           RouteCase{733, 64, 4, true, true, 1.5f},
+                                           RouteCase{7, 8, 2, false, true, 2.5f},
+                                           RouteCase{33, 256, 8, true, true, 2.5f}));
 
 // ---- ExpertFfn (accumulates into out: out starts random, identical on both sides) --------------
 struct FfnCase {
@@ -1162,6 +1178,27 @@ TEST_P(MulSigmoidParity, MatchesCpu) {
 INSTANTIATE_TEST_SUITE_P(Cases, MulSigmoidParity,
                          ::testing::Values(int64_t{1}, int64_t{733}, int64_t{1} << 20));
 
+// out = a * b (LFM2's short-conv gates), into a poisoned output and in place (out == b).
+class MulParity : public ::testing::TestWithParam<int64_t> {};
+
+TEST_P(MulParity, MatchesCpu) {
+  const int64_t n = GetParam();
+  std::mt19937 rng(static_cast<uint32_t>(n * 3 + 2));
+  const std::vector<float> a = Random(rng, n, -10.f, 10.f);
+  const std::vector<float> b = Random(rng, n, -10.f, 10.f);
+  std::vector<float> want(n);
+  Cpu().Mul(want.data(), a.data(), b.data(), n);
+  DeviceArray<float> da(a), db(b);
+  DeviceArray<float> out = PoisonedOutput(n);
+  Gpu().Mul(out.get(), da.get(), db.get(), n);
+  ExpectClose("Mul", Name("n", n), out.Read(), want, 0.0);
+  Gpu().Mul(db.get(), da.get(), db.get(), n);
+  ExpectClose("Mul", Name("n", n, "in place"), db.Read(), want, 0.0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MulParity,
+                         ::testing::Values(int64_t{1}, int64_t{733}, int64_t{1} << 20));
+
 // out = RmsNorm(x) * weight * silu(z), into a poisoned output and in place (out == x).
 class GatedRmsNormParity : public ::testing::TestWithParam<NormCase> {};
 
@@ -1224,6 +1261,8 @@ struct ConvCase {
   int64_t C;
   int KW;
   DType dtype;
+  bool silu = true;   // false: LFM2's short conv
+  bool bias = false;  // a [C] bias of `dtype` (LFM2 with conv_bias)
 };
 class CausalConvParity : public ::testing::TestWithParam<ConvCase> {};
 
@@ -1241,16 +1280,20 @@ TEST_P(CausalConvParity, MatchesCpuWithState) {
   a.channels = c.C;
   a.kernel_size = c.KW;
   a.seqs = seqs.cpu;
+  a.silu = c.silu;
+  const HostWeight bias = MakeWeight(Random(rng, c.C), c.dtype, {c.C});
+  if (c.bias) a.bias = bias.cpu;
   Cpu().CausalConv(a);
   DeviceArray<float> dx(x);
   DeviceArray<float> out = PoisonedOutput(want.size());
   a.out = out.get();
   a.x = dx.get();
   a.weight = w.gpu.view;
+  if (c.bias) a.bias = bias.gpu.view;
   a.seqs = seqs.gpu;
   Gpu().CausalConv(a);
-  const std::string name =
-      Name(TokensName(c.tokens), "C", c.C, "KW", c.KW, DTypeName(c.dtype));
+  const std::string name = Name(TokensName(c.tokens), "C", c.C, "KW", c.KW, DTypeName(c.dtype),
+                                c.silu ? "silu" : "no activation", c.bias ? "bias" : "");
   ExpectClose("CausalConv", name, out.Read(), want, kTolF32);
   // The state is the last KW-1 raw inputs: copied, so exact.
   ExpectClose("CausalConv state", name, seqs.gpu_state.Read(), seqs.cpu_state, 0.0);
@@ -1262,7 +1305,11 @@ INSTANTIATE_TEST_SUITE_P(
                       ConvCase{{130, 1, 70, 7, 1, 64}, 37, 3, DType::kF32},
                       ConvCase{{1, 1, 1}, 8193, 4, DType::kF16},  // decode
                       ConvCase{{2, 5}, 3, 8, DType::kF32},  // fewer tokens than the window
-                      ConvCase{{3}, 5, 2, DType::kF32}));
+                      ConvCase{{3}, 5, 2, DType::kF32},
+                      // LFM2's short conv: no activation, with and without a bias
+                      ConvCase{{1, 7, 64, 70, 130}, 333, 3, DType::kBF16, false, true},
+                      ConvCase{{24, 1, 1}, 2048, 3, DType::kF32, false, false},
+                      ConvCase{{2, 5}, 37, 4, DType::kF16, true, true}));
 
 struct DeltaCase {
   std::vector<int64_t> tokens;

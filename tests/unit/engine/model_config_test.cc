@@ -307,5 +307,85 @@ TEST(ModelConfigTest, HybridErrorsNameTheField) {
   expect({{"model_type", "qwen3_5_moe"}}, absl::StatusCode::kInvalidArgument, "text_config");
 }
 
+nlohmann::json Lfm2() {
+  return {{"model_type", "lfm2_moe"},
+          {"vocab_size", 100},
+          {"hidden_size", 16},
+          {"intermediate_size", 32},
+          {"moe_intermediate_size", 8},
+          {"num_hidden_layers", 4},
+          {"layer_types", {"conv", "full_attention", "conv", "full_attention"}},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"num_dense_layers", 1},
+          {"num_experts", 8},
+          {"num_experts_per_tok", 2},
+          {"norm_eps", 1e-5},
+          {"routed_scaling_factor", 1.5},
+          {"max_position_embeddings", 64}};
+}
+
+// LFM2 (architectures.md §3.1): its field names and defaults, conv layers keep a state and no KV.
+TEST(ModelConfigTest, Lfm2FieldsAndDefaults) {
+  auto j = Lfm2();
+  j["head_dim"] = 3;  // not a field of the family: hd = H / nH
+  auto c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->head_dim, 4);
+  EXPECT_EQ(c->rms_norm_eps, 1e-5);
+  EXPECT_EQ(c->rope.rope_theta, 1e6);
+  EXPECT_TRUE(c->tie_word_embeddings);
+  EXPECT_TRUE(c->norm_topk_prob);
+  EXPECT_TRUE(c->use_expert_bias);
+  EXPECT_EQ(c->routed_scaling_factor, 1.5);
+  EXPECT_EQ(c->conv_L_cache, 3);
+  EXPECT_FALSE(c->conv_bias);
+  EXPECT_FALSE(c->IsSparseLayer(0));  // num_dense_layers
+  EXPECT_TRUE(c->IsSparseLayer(1));
+  EXPECT_TRUE(c->IsConvLayer(0));
+  EXPECT_FALSE(c->IsConvLayer(1));
+  EXPECT_FALSE(c->IsLinearLayer(0));
+  EXPECT_EQ(c->NumKvLayers(), 2);
+  EXPECT_EQ(c->KvLayerIndex(0), -1);
+  EXPECT_EQ(c->KvLayerIndex(3), 1);
+  EXPECT_EQ(c->StateFloats(0), 16 * 2);
+  EXPECT_EQ(c->StateFloats(1), 0);
+  EXPECT_EQ(c->StateOffset(2), 32);
+  EXPECT_EQ(c->StateOffset(4), 64);
+  j["tie_embedding"] = false;  // the legacy spelling
+  j["conv_L_cache"] = 4;
+  j["conv_bias"] = true;
+  j["norm_topk_prob"] = false;
+  c = ParseModelConfig(j.dump(), "");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_FALSE(c->tie_word_embeddings);
+  EXPECT_EQ(c->StateFloats(2), 16 * 3);
+  EXPECT_TRUE(c->conv_bias);
+  EXPECT_FALSE(c->norm_topk_prob);
+}
+
+// layer_types is required (transformers derives nothing) and its entries are checked.
+TEST(ModelConfigTest, Lfm2ErrorsNameTheField) {
+  auto expect = [](const nlohmann::json& j, absl::StatusCode code, const std::string& needle) {
+    const absl::Status st = ParseModelConfig(j.dump(), "").status();
+    EXPECT_EQ(st.code(), code) << st;
+    EXPECT_NE(st.message().find(needle), std::string::npos) << st;
+  };
+  auto missing = Lfm2();
+  missing.erase("layer_types");
+  expect(missing, absl::StatusCode::kInvalidArgument, "missing 'layer_types'");
+  auto unknown = Lfm2();
+  unknown["layer_types"] = {"conv", "full_attention", "linear_attention", "full_attention"};
+  expect(unknown, absl::StatusCode::kUnimplemented, "layer_types[2] 'linear_attention'");
+  auto count = Lfm2();
+  count["layer_types"] = {"conv"};
+  expect(count, absl::StatusCode::kInvalidArgument, "layer_types has 1 entries");
+  auto width = Lfm2();
+  width["conv_L_cache"] = 1;
+  expect(width, absl::StatusCode::kInvalidArgument, "conv_L_cache");
+  width["conv_L_cache"] = 9;
+  expect(width, absl::StatusCode::kInvalidArgument, "'conv_L_cache' must be in [2, 8], got 9");
+}
+
 }  // namespace
 }  // namespace moe::engine

@@ -60,6 +60,58 @@ TEST(CpuBackendTest, RouteTopKRenormalisesAndBreaksTiesToLowerId) {
   EXPECT_NEAR(weights[0], std::exp(2.f) / denom, 1e-6);
 }
 
+// LFM2's routing: the choice ranks sigmoid + bias, the weights are the unbiased sigmoids,
+// w / (sum + 1e-6), times the scaling.
+TEST(CpuBackendTest, RouteSigmoidChoosesByBiasedScoreAndWeighsUnbiased) {
+  CpuBackend cpu(1);
+  const std::vector<float> logits = {3.f, 2.f, 0.f, -1.f};
+  const std::vector<float> bias = {0.f, -1.f, 0.5f, 0.f};  // expert 1 drops below 2 and 3
+  std::vector<float> weights(2);
+  std::vector<int32_t> ids(2);
+  RouteArgs a{logits.data(), 1, 4, 2, true, weights.data(), ids.data()};
+  a.scoring = RouteScoring::kSigmoid;
+  a.selection_bias = bias.data();
+  a.renormalize_eps = 1e-6f;
+  a.scaling = 1.5f;
+  cpu.Route(a);
+  // keys: 0.953, -0.119, 1.0, 0.269 -> experts 2 then 0
+  EXPECT_EQ(ids, (std::vector<int32_t>{2, 0}));
+  const float s0 = 1.f / (1.f + std::exp(-3.f)), s2 = 0.5f;
+  EXPECT_NEAR(weights[0], s2 / (s2 + s0 + 1e-6f) * 1.5f, 1e-6);
+  EXPECT_NEAR(weights[1], s0 / (s2 + s0 + 1e-6f) * 1.5f, 1e-6);
+  a.renormalize = false;
+  a.selection_bias = nullptr;  // plain top-k of the sigmoids: experts 0 and 1
+  cpu.Route(a);
+  EXPECT_EQ(ids, (std::vector<int32_t>{0, 1}));
+  EXPECT_NEAR(weights[1], 1.5f / (1.f + std::exp(-2.f)), 1e-6);
+}
+
+// LFM2's short conv: no activation, a bias, the state carried into the next call; Mul.
+TEST(CpuBackendTest, CausalConvWithoutActivationAddsTheBiasAndKeepsTheState) {
+  CpuBackend cpu(1);
+  const std::vector<float> w = {1.f, 2.f, 3.f};  // [C = 1, 1, KW = 3]
+  const std::vector<float> bias = {-10.f};
+  std::vector<float> state = {1.f, 2.f};  // the two inputs before the first row
+  const std::vector<float> x = {3.f, 4.f};
+  std::vector<float> out(2);
+  LinearAttnSeq seq{2, state.data(), nullptr};
+  CausalConvArgs a;
+  a.out = out.data();
+  a.x = x.data();
+  a.weight = View(w.data(), DType::kF32, {1, 1, 3});
+  a.bias = View(bias.data(), DType::kF32, {1});
+  a.silu = false;
+  a.channels = 1;
+  a.kernel_size = 3;
+  a.seqs = absl::MakeConstSpan(&seq, 1);
+  cpu.CausalConv(a);
+  EXPECT_EQ(out, (std::vector<float>{1 + 4 + 9 - 10.f, 2 + 6 + 12 - 10.f}));
+  EXPECT_EQ(state, (std::vector<float>{3.f, 4.f}));
+  std::vector<float> y = {2.f, -3.f};
+  cpu.Mul(y.data(), y.data(), out.data(), 2);
+  EXPECT_EQ(y, (std::vector<float>{8.f, -30.f}));
+}
+
 // A token with a non-finite router logit gets experts 0..K-1 at weight 0 and the layer's fault
 // is reported once; the other tokens route as usual.
 TEST(CpuBackendTest, RouteReportsNonFiniteLogitsNamingTheLayer) {
