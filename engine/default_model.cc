@@ -209,8 +209,8 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
     text["linear_value_head_dim"] = DV;
     text["linear_conv_kernel_dim"] = KW;
     text["shared_expert_intermediate_size"] = I;
-    text["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7},
-                               {"partial_rotary_factor", 0.25}};
+    text["rope_parameters"] = {
+        {"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}};
     for (const char* key : {"norm_topk_prob", "decoder_sparse_step", "mlp_only_layers",
                             "intermediate_size", "rope_theta"}) {
       text.erase(key);

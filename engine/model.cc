@@ -334,7 +334,6 @@ absl::Status Model::AttentionBlock(int64_t l, absl::Span<const ForwardItem> batc
   }
   backend_.MatMul(h_.f32(), attn_.f32(), T, L.o_proj.view, nullptr);
   return absl::OkStatus();
-
 }
 
 void Model::LinearAttentionBlock(int64_t l, absl::Span<const ForwardItem> batch, int64_t T) {
@@ -350,11 +349,11 @@ void Model::LinearAttentionBlock(int64_t l, absl::Span<const ForwardItem> batch,
     seqs.push_back({static_cast<int64_t>(item.tokens.size()), state,
                     state + C * (c.linear_conv_kernel_dim - 1)});
   }
-  float* mixed = lin_mixed_.f32();           // [T, C], the conv's input
-  float* conv = mixed + T * C;               // [T, C]
-  float* z = lin_z_.f32();                   // [T, NV DV]
-  float* b = lin_ba_.f32();                  // [T, NV]
-  float* a = b + T * NV;                     // [T, NV]
+  float* mixed = lin_mixed_.f32();  // [T, C], the conv's input
+  float* conv = mixed + T * C;      // [T, C]
+  float* z = lin_z_.f32();          // [T, NV DV]
+  float* b = lin_ba_.f32();         // [T, NV]
+  float* a = b + T * NV;            // [T, NV]
   backend_.MatMul(mixed, h_.f32(), T, W.in_qkv.view, nullptr);
   backend_.MatMul(z, h_.f32(), T, W.in_z.view, nullptr);
   backend_.MatMul(b, h_.f32(), T, W.in_b.view, nullptr);

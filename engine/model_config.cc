@@ -219,9 +219,9 @@ absl::Status ReadHybridLayers(const json& cfg, ModelConfig* c) {
     for (size_t i = 0; i < c->layer_types.size(); ++i) {
       const std::string& t = c->layer_types[i];
       if (t != "linear_attention" && t != "full_attention") {
-        return absl::UnimplementedError(absl::StrCat(
-            "config.json: layer_types[", i, "] '", t,
-            "' is not supported (linear_attention, full_attention)"));
+        return absl::UnimplementedError(
+            absl::StrCat("config.json: layer_types[", i, "] '", t,
+                         "' is not supported (linear_attention, full_attention)"));
       }
     }
   } else {
@@ -252,9 +252,9 @@ absl::Status ReadHybridLayers(const json& cfg, ModelConfig* c) {
     }
   }
   if (c->linear_num_value_heads % c->linear_num_key_heads != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config.json: linear_num_value_heads ", c->linear_num_value_heads,
-        " is not a multiple of linear_num_key_heads ", c->linear_num_key_heads));
+    return absl::InvalidArgumentError(
+        absl::StrCat("config.json: linear_num_value_heads ", c->linear_num_value_heads,
+                     " is not a multiple of linear_num_key_heads ", c->linear_num_key_heads));
   }
   if (c->linear_conv_kernel_dim < 2) {
     return absl::InvalidArgumentError(absl::StrCat(

@@ -16,9 +16,9 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
   const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
   // Every cache format has CUDA kernels (kernels/cuda/paged_kv_write.cu, paged_attention.cu).
   MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
-  MOE_ASSIGN_OR_RETURN(KvStorage storage,
-                       KvStorage::Create(format, static_cast<int>(c.NumKvLayers()), NKV, D,
-                                         block_size, num_blocks));
+  MOE_ASSIGN_OR_RETURN(
+      KvStorage storage,
+      KvStorage::Create(format, static_cast<int>(c.NumKvLayers()), NKV, D, block_size, num_blocks));
   auto kv = std::unique_ptr<PagedKv>(new PagedKv(storage));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) kv->kv_layer_.push_back(c.KvLayerIndex(l));
   kv->format_ = format;
@@ -72,9 +72,9 @@ absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v
 kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
   kernels::PagedKvLayer kv;
   MOE_CHECK(kv_layer_[layer] >= 0) << "PagedKv::Layer: layer " << layer << " keeps no KV";
-  kv.layer_base = static_cast<uint8_t*>(buffer_.data()) +
-                  storage_.TileOffset(static_cast<int>(kv_layer_[layer]), 0, 0,
-                                      kernels::KvRole::kKey);
+  kv.layer_base =
+      static_cast<uint8_t*>(buffer_.data()) +
+      storage_.TileOffset(static_cast<int>(kv_layer_[layer]), 0, 0, kernels::KvRole::kKey);
   kv.block_stride = storage_.block_bytes();
   kv.tile_bytes = storage_.tile_bytes();
   kv.block_size = block_size_;

@@ -28,11 +28,12 @@ class Loader {
                                                 const std::vector<int64_t>& rows) {
     MOE_ASSIGN_OR_RETURN(kernels::TensorView host, checkpoint_.Get(name, shape));
     if (kernels::IsQuantized(host.dtype)) {
-      return absl::UnimplementedError(
-          absl::StrCat("tensor '", name, "': its rows are regrouped at load, so it cannot be quantized"));
+      return absl::UnimplementedError(absl::StrCat(
+          "tensor '", name, "': its rows are regrouped at load, so it cannot be quantized"));
     }
     const size_t row_bytes = host.bytes() / shape[0];
-    std::vector<uint8_t> gathered(rows.size() * row_bytes);  // one copy to the device, not one a row
+    std::vector<uint8_t> gathered(rows.size() *
+                                  row_bytes);  // one copy to the device, not one a row
     for (size_t i = 0; i < rows.size(); ++i) {
       std::memcpy(gathered.data() + i * row_bytes,
                   static_cast<const uint8_t*>(host.data) + rows[i] * row_bytes, row_bytes);
@@ -279,22 +280,25 @@ absl::StatusOr<ModelWeights> LoadDenseWeights(const ModelConfig& c,
         }
       }
       MOE_ASSIGN_OR_RETURN(L.q_proj, load.GetRows(attn + "q_proj.weight", {2 * q_dim, H}, query));
-      MOE_ASSIGN_OR_RETURN(L.q_gate_proj, load.GetRows(attn + "q_proj.weight", {2 * q_dim, H}, gate));
+      MOE_ASSIGN_OR_RETURN(L.q_gate_proj,
+                           load.GetRows(attn + "q_proj.weight", {2 * q_dim, H}, gate));
       if (c.attention_bias) {
-        return absl::UnimplementedError(absl::StrCat(attn, "q_proj: attention_bias with the output gate"));
+        return absl::UnimplementedError(
+            absl::StrCat(attn, "q_proj: attention_bias with the output gate"));
       }
       MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
       MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
     } else {
-    MOE_ASSIGN_OR_RETURN(L.qkv_proj, load.GetStacked({attn + "q_proj.weight", attn + "k_proj.weight",
-                                                      attn + "v_proj.weight"},
-                                                     {{q_dim, H}, {kv_dim, H}, {kv_dim, H}},
-                                                     {&L.q_proj, &L.k_proj, &L.v_proj}));
-    if (L.qkv_proj.view.data == nullptr) {
-      MOE_ASSIGN_OR_RETURN(L.q_proj, load.Get(attn + "q_proj.weight", {q_dim, H}));
-      MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
-      MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
-    }
+      MOE_ASSIGN_OR_RETURN(
+          L.qkv_proj,
+          load.GetStacked({attn + "q_proj.weight", attn + "k_proj.weight", attn + "v_proj.weight"},
+                          {{q_dim, H}, {kv_dim, H}, {kv_dim, H}},
+                          {&L.q_proj, &L.k_proj, &L.v_proj}));
+      if (L.qkv_proj.view.data == nullptr) {
+        MOE_ASSIGN_OR_RETURN(L.q_proj, load.Get(attn + "q_proj.weight", {q_dim, H}));
+        MOE_ASSIGN_OR_RETURN(L.k_proj, load.Get(attn + "k_proj.weight", {kv_dim, H}));
+        MOE_ASSIGN_OR_RETURN(L.v_proj, load.Get(attn + "v_proj.weight", {kv_dim, H}));
+      }
     }
     MOE_ASSIGN_OR_RETURN(L.o_proj, load.Get(attn + a.o_proj + ".weight", {H, q_dim}));
     if (c.attention_bias) {

@@ -282,8 +282,8 @@ struct CausalConvArgs {
   TensorView weight;         // [C, 1, KW] (Hugging Face's conv1d layout) or [C, KW]
   TensorView bias;           // [C], or data null: none
   bool silu = true;
-  int64_t channels = 0;      // C
-  int kernel_size = 0;       // KW >= 2
+  int64_t channels = 0;                  // C
+  int kernel_size = 0;                   // KW >= 2
   absl::Span<const LinearAttnSeq> seqs;  // host memory; their num_tokens sum to T
 };
 

@@ -72,8 +72,7 @@ CudaBackend::~CudaBackend() {
   for (CUevent_st* e : compute_marks_) cudaEventDestroy(e);
   cudaStreamSynchronize(stream_);
   for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &routed_plan_,
-                     &staged_experts_,
-                     &kv_slots_, &kv_tables_, &kv_seqs_, &linear_seqs_}) {
+                     &staged_experts_, &kv_slots_, &kv_tables_, &kv_seqs_, &linear_seqs_}) {
     cudaFree(s->data);
   }
   cudaFree(verdicts_);

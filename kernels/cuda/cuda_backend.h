@@ -100,7 +100,7 @@ class CudaBackend final : public Backend {
   void Mul(float* out, const float* a, const float* b, int64_t n) override;
   void GatedRmsNorm(float* out, const float* x, const float* z, int64_t rows,
                     const TensorView& weight, float eps) override;
-  void CausalConv(const CausalConvArgs& args) override;  // kernel_size <= 8
+  void CausalConv(const CausalConvArgs& args) override;          // kernel_size <= 8
   void GatedDeltaRule(const GatedDeltaRuleArgs& args) override;  // head dims <= 256
   void Sample(const SampleArgs& args) override;  // sample.cu
 

@@ -216,8 +216,8 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
     config["linear_value_head_dim"] = DL;
     config["linear_conv_kernel_dim"] = 4;
     config["shared_expert_intermediate_size"] = S.shared_width;
-    config["rope_parameters"] = {{"rope_type", "default"}, {"rope_theta", 1e7},
-                                 {"partial_rotary_factor", 0.25}};
+    config["rope_parameters"] = {
+        {"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}};
     config["max_position_embeddings"] = 262144;
   }
   Rng rng{0x9e3779b97f4a7c15ull};
@@ -511,19 +511,19 @@ double PrefillFlops(const engine::ModelConfig& c, int64_t expert_width, int64_t 
   const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
   const double gate = c.arch.attention_output_gate ? q_dim : 0;
-  const double moe = 2 * static_cast<double>(c.num_experts) * H +
-                     static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H *
-                         static_cast<double>(expert_width) +
-                     2 * 3 * H * static_cast<double>(c.shared_expert_intermediate_size);
+  const double moe =
+      2 * static_cast<double>(c.num_experts) * H +
+      static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H * static_cast<double>(expert_width) +
+      2 * 3 * H * static_cast<double>(c.shared_expert_intermediate_size);
   const double attention =
       N * (2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) + moe) + 2 * N * N * q_dim;
   const double C = static_cast<double>(c.LinearConvChannels());
   const double v_dim = static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim);
-  const double linear =
-      N * (2 * ((C + 2 * v_dim) * H + H * v_dim) + moe +
-           2 * 3 * static_cast<double>(c.linear_key_head_dim) * v_dim);
+  const double linear = N * (2 * ((C + 2 * v_dim) * H + H * v_dim) + moe +
+                             2 * 3 * static_cast<double>(c.linear_key_head_dim) * v_dim);
   double total = 2 * H * static_cast<double>(c.vocab_size);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l) total += c.IsLinearLayer(l) ? linear : attention;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
+    total += c.IsLinearLayer(l) ? linear : attention;
   return total;
 }
 
@@ -534,8 +534,8 @@ struct PagedSeqs {
   std::unique_ptr<engine::PagedKv> kv;
   std::vector<std::vector<int32_t>> tables;
   std::vector<int64_t> lengths;
-  kernels::Buffer states;     // the hybrids: each sequence's recurrent state, zeroed
-  int64_t state_floats = 0;   // per sequence
+  kernels::Buffer states;    // the hybrids: each sequence's recurrent state, zeroed
+  int64_t state_floats = 0;  // per sequence
   float* state(size_t i) const {
     return state_floats > 0 ? states.f32() + i * state_floats : nullptr;
   }
@@ -845,8 +845,9 @@ absl::Status KvSweep(engine::Model& model, kernels::Backend& backend, size_t exp
 // once, not after the model is generated and the runs before the one that reads it.
 absl::Status CheckFlags() {
   if (FindShape(absl::GetFlag(FLAGS_shape)) == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "--shape=", absl::GetFlag(FLAGS_shape), ": qwen3-30b-a3b, qwen3.5-35b-a3b or qwen3.5-397b-a17b"));
+    return absl::InvalidArgumentError(
+        absl::StrCat("--shape=", absl::GetFlag(FLAGS_shape),
+                     ": qwen3-30b-a3b, qwen3.5-35b-a3b or qwen3.5-397b-a17b"));
   }
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cuda" && backend != "cpu") {
@@ -985,14 +986,15 @@ absl::Status Run() {
                        engine::Model::Load(dir, *backend, std::move(provider)));
   const double load_s = Seconds(t0, std::chrono::steady_clock::now());
   const engine::ModelConfig c = model->config();  // a copy: the model is replaced below
-  std::printf("moe-bench: backend %s, %lld layers, H %lld, %lld/%lld heads of %lld, %lld experts "
-              "top-%lld width %lld (int4 g%d, %.2f MB each), vocab %lld\n",
-              kernels::BackendKindName(kind), static_cast<long long>(c.num_hidden_layers),
-              static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
-              static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
-              static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
-              static_cast<long long>(c.moe_intermediate_size), group, expert_bytes / 1e6,
-              static_cast<long long>(c.vocab_size));
+  std::printf(
+      "moe-bench: backend %s, %lld layers, H %lld, %lld/%lld heads of %lld, %lld experts "
+      "top-%lld width %lld (int4 g%d, %.2f MB each), vocab %lld\n",
+      kernels::BackendKindName(kind), static_cast<long long>(c.num_hidden_layers),
+      static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
+      static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
+      static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
+      static_cast<long long>(c.moe_intermediate_size), group, expert_bytes / 1e6,
+      static_cast<long long>(c.vocab_size));
   std::printf("generated dense model in %.1f s, loaded model + resident experts in %.1f s\n",
               gen_s, load_s);
   std::printf("measured d2d copy: %.0f GB/s (bytes read + written)\n", copy_bps / 1e9);
@@ -1083,12 +1085,13 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> batches,
                        PositiveInts("batches", absl::GetFlag(FLAGS_batches)));
   if (!batches.empty()) {
-    std::printf("\ndecode steps of B sequences at context %lld: the bytes a step must read "
-                "(expert union under uniform routing, dense weights, KV) against the measured "
-                "copy bandwidth; KV/st: the KV read and the hybrids' recurrent state read and "
-                "written\n%-6s %10s %9s %8s %8s %8s %8s %11s %9s\n",
-                static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB",
-                "dense GB", "KV/st GB", "roofline/s", "fraction");
+    std::printf(
+        "\ndecode steps of B sequences at context %lld: the bytes a step must read "
+        "(expert union under uniform routing, dense weights, KV) against the measured "
+        "copy bandwidth; KV/st: the KV read and the hybrids' recurrent state read and "
+        "written\n%-6s %10s %9s %8s %8s %8s %8s %11s %9s\n",
+        static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB", "dense GB",
+        "KV/st GB", "roofline/s", "fraction");
   }
   for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
@@ -1160,7 +1163,8 @@ absl::Status Run() {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  moe::base::ParseFlags(argc, argv,
+  moe::base::ParseFlags(
+      argc, argv,
       "Times the whole forward pass on a synthetic model of a real shape (--shape: Qwen3-30B-A3B, "
       "the Qwen3.5 hybrids) and prints it next to the ceiling\n(tests/bench/moe_bench.cc's "
       "opening comment says what each figure is).\n"

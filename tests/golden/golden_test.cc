@@ -2,9 +2,9 @@
 // architecture (fixtures made by make_fixtures.py on the GPU machine). Built twice: golden_test
 // on the CPU backend (CI) and golden_gpu_test on CUDA (label gpu, run on the GPU machine).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -207,9 +207,10 @@ TEST_P(GoldenTest, PiecewisePrefillMatchesOneShot) {
     ASSERT_EQ(pieces.size(), whole.size());
     const double vs_whole = MaxRelError(pieces.data(), whole.data(), whole.size());
     const double vs_ref = MaxRelError(pieces.data(), ref_logits_.data(), whole.size());
-    std::printf("%s: pieces of %lld: max relative logit error %.3g against one prefill, %.3g "
-                "against transformers\n",
-                GetParam().c_str(), static_cast<long long>(piece), vs_whole, vs_ref);
+    std::printf(
+        "%s: pieces of %lld: max relative logit error %.3g against one prefill, %.3g "
+        "against transformers\n",
+        GetParam().c_str(), static_cast<long long>(piece), vs_whole, vs_ref);
     EXPECT_LT(vs_whole, cpu ? bound : CudaBound(1e-3)) << GetParam() << " pieces of " << piece;
     EXPECT_LT(vs_ref, 1e-4) << GetParam() << " pieces of " << piece;
   }

@@ -751,8 +751,7 @@ INSTANTIATE_TEST_SUITE_P(Cases, RouteParity,
                                            RouteCase{733, 64, 8, false},  // OLMoE
                                            RouteCase{5, 8, 2, true},      // Mixtral
                                            RouteCase{33, 256, 8, true},
-                                           RouteCase{3, 512, 32, false},
-                                           RouteCase{2, 7, 7, true},
+                                           RouteCase{3, 512, 32, false}, RouteCase{2, 7, 7, true},
                                            RouteCase{1, 32, 4, true, true, 1.f},  // LFM2-8B-A1B
                                            RouteCase{733, 64, 4, true, true, 1.5f},
                                            RouteCase{7, 8, 2, false, true, 2.5f},
@@ -1304,7 +1303,7 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Values(ConvCase{{1, 7, 64, 70, 130}, 333, 4, DType::kBF16},
                       ConvCase{{130, 1, 70, 7, 1, 64}, 37, 3, DType::kF32},
                       ConvCase{{1, 1, 1}, 8193, 4, DType::kF16},  // decode
-                      ConvCase{{2, 5}, 3, 8, DType::kF32},  // fewer tokens than the window
+                      ConvCase{{2, 5}, 3, 8, DType::kF32},        // fewer tokens than the window
                       ConvCase{{3}, 5, 2, DType::kF32},
                       // LFM2's short conv: no activation, with and without a bias
                       ConvCase{{1, 7, 64, 70, 130}, 333, 3, DType::kBF16, false, true},
@@ -1324,8 +1323,8 @@ class GatedDeltaRuleParity : public ::testing::TestWithParam<DeltaCase> {};
 
 TEST_P(GatedDeltaRuleParity, MatchesCpuWithState) {
   const DeltaCase c = GetParam();
-  std::mt19937 rng(static_cast<uint32_t>(c.NK * 1000 + c.NV * 100 + c.DK + c.DV * 7 +
-                                         c.tokens.size()));
+  std::mt19937 rng(
+      static_cast<uint32_t>(c.NK * 1000 + c.NV * 100 + c.DK + c.DV * 7 + c.tokens.size()));
   LinearSeqs seqs(c.tokens, int64_t{c.NV} * c.DK * c.DV, rng, /*conv=*/false);
   const int64_t C = 2 * int64_t{c.NK} * c.DK + int64_t{c.NV} * c.DV;
   const std::vector<float> qkv = Random(rng, seqs.T * C, -1.f, 1.f);

@@ -125,8 +125,7 @@ TEST(HybridModel, MissingOrMisshapenTensorIsNamed) {
   EXPECT_NE(st.message().find("model.layers.2.linear_attn.A_log"), std::string::npos) << st;
   st = rewrite("", "model.layers.0.linear_attn.conv1d.weight");
   EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
-  EXPECT_NE(st.message().find("model.layers.0.linear_attn.conv1d.weight"), std::string::npos)
-      << st;
+  EXPECT_NE(st.message().find("model.layers.0.linear_attn.conv1d.weight"), std::string::npos) << st;
 }
 
 TEST(ScriptedModel, GreedyOutputIsTheScriptForAnyPrompt) {

@@ -224,12 +224,22 @@ TEST(ModelConfigTest, ClearErrors) {
 }
 
 nlohmann::json Qwen35Text() {
-  return {{"model_type", "qwen3_5_moe_text"}, {"vocab_size", 100}, {"hidden_size", 16},
-          {"num_hidden_layers", 8}, {"num_attention_heads", 4}, {"num_key_value_heads", 2},
-          {"head_dim", 8}, {"moe_intermediate_size", 8}, {"shared_expert_intermediate_size", 8},
-          {"num_experts", 8}, {"num_experts_per_tok", 2}, {"max_position_embeddings", 64},
-          {"linear_num_key_heads", 2}, {"linear_num_value_heads", 4},
-          {"linear_key_head_dim", 8}, {"linear_value_head_dim", 6},
+  return {{"model_type", "qwen3_5_moe_text"},
+          {"vocab_size", 100},
+          {"hidden_size", 16},
+          {"num_hidden_layers", 8},
+          {"num_attention_heads", 4},
+          {"num_key_value_heads", 2},
+          {"head_dim", 8},
+          {"moe_intermediate_size", 8},
+          {"shared_expert_intermediate_size", 8},
+          {"num_experts", 8},
+          {"num_experts_per_tok", 2},
+          {"max_position_embeddings", 64},
+          {"linear_num_key_heads", 2},
+          {"linear_num_value_heads", 4},
+          {"linear_key_head_dim", 8},
+          {"linear_value_head_dim", 6},
           {"linear_conv_kernel_dim", 4}};
 }
 
@@ -256,9 +266,8 @@ TEST(ModelConfigTest, HybridLayersAndDefaults) {
   EXPECT_FALSE(c->IsLinearLayer(1));
   EXPECT_DOUBLE_EQ(c->rope.partial_rotary_factor, 0.5);
 
-  const nlohmann::json composite = {{"model_type", "qwen3_5_moe"},
-                                    {"text_config", Qwen35Text()},
-                                    {"eos_token_id", 7}};
+  const nlohmann::json composite = {
+      {"model_type", "qwen3_5_moe"}, {"text_config", Qwen35Text()}, {"eos_token_id", 7}};
   c = ParseModelConfig(composite.dump(), "");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->hidden_size, 16);
@@ -284,9 +293,9 @@ TEST(ModelConfigTest, HybridErrorsNameTheField) {
     EXPECT_NE(st.message().find(needle), std::string::npos) << st;
   };
   auto types = Qwen35Text();
-  types["layer_types"] = {"linear_attention", "full_attention", "mamba", "full_attention",
-                          "linear_attention", "full_attention", "linear_attention",
-                          "full_attention"};
+  types["layer_types"] = {"linear_attention", "full_attention",   "mamba",
+                          "full_attention",   "linear_attention", "full_attention",
+                          "linear_attention", "full_attention"};
   expect(types, absl::StatusCode::kUnimplemented, "layer_types[2] 'mamba'");
   auto count = Qwen35Text();
   count["layer_types"] = {"linear_attention", "full_attention"};
