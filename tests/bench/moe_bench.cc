@@ -5,7 +5,9 @@
 // fourth is gated full attention (16 / 2 heads of 256) and the others GatedDeltaNet (16 key / 32
 // value heads of 128), 256 experts top-8 of width 512 and a shared expert, vocabulary 248320;
 // --shape=qwen3.5-397b-a17b: its layer shape, hidden 4096, 512 experts top-10 of 1024, reported
-// per layer, with --layers small enough to fit). Dense weights bf16 (random), experts int4 group
+// per layer, with --layers small enough to fit; --shape=lfm2-8b-a1b: 24 layers, 18 short-conv
+// and 6 attention (32 / 8 heads of 64), the first 2 dense, 32 experts top-4 of 1792 with
+// expert-bias routing, vocabulary 65536, tied). Dense weights bf16 (random), experts int4 group
 // 64 (random codes, scales and offsets).
 //
 // The generator (WriteSyntheticModel) writes config.json + model.safetensors with the dense
@@ -79,7 +81,8 @@ ABSL_FLAG(std::string, model_dir, "/tmp/moe_bench_model", "Where the synthetic d
 ABSL_FLAG(std::string, backend, "cuda", "cuda or cpu");
 ABSL_FLAG(std::string, shape, "qwen3-30b-a3b",
           "Model shape: qwen3-30b-a3b, qwen3.5-35b-a3b (hybrid: GatedDeltaNet + gated "
-          "attention) or qwen3.5-397b-a17b (its layer shape; take few --layers to fit)");
+          "attention), qwen3.5-397b-a17b (its layer shape; take few --layers to fit) or "
+          "lfm2-8b-a1b (short conv + attention)");
 ABSL_FLAG(int64_t, layers, 0, "Layers (0: the shape's; Qwen3-30B-A3B 48, Qwen3.5-35B-A3B 40)");
 ABSL_FLAG(int64_t, experts, 0, "Experts per layer (0: the shape's)");
 ABSL_FLAG(int64_t, vocab, 0, "Vocabulary (0: the shape's)");
@@ -129,12 +132,15 @@ struct Shape {
   int64_t hidden, heads, kv_heads, head_dim, top_k, expert_width, layers, experts, vocab;
   int64_t shared_width = 0;  // the hybrids' shared expert
   int64_t linear_k_heads = 0, linear_v_heads = 0, linear_head_dim = 0;  // 0: no linear layers
+  int64_t conv_width = 0, dense_layers = 0, dense_width = 0;  // LFM2: short-conv layers
   bool hybrid() const { return linear_k_heads > 0; }
+  bool lfm2() const { return conv_width > 0; }
 };
 constexpr Shape kShapes[] = {
     {"qwen3-30b-a3b", 2048, 32, 4, 128, 8, 768, 48, 128, 151936},
     {"qwen3.5-35b-a3b", 2048, 16, 2, 256, 8, 512, 40, 256, 248320, 512, 16, 32, 128},
     {"qwen3.5-397b-a17b", 4096, 32, 2, 256, 10, 1024, 60, 512, 248320, 1024, 16, 64, 128},
+    {"lfm2-8b-a1b", 2048, 32, 8, 64, 4, 1792, 24, 32, 65536, 0, 0, 0, 0, 3, 2, 7168},
 };
 const Shape* FindShape(const std::string& name) {
   for (const Shape& shape : kShapes) {
@@ -174,10 +180,94 @@ struct Rng {
 };
 
 // config.json + model.safetensors (dense weights only, bf16) of the synthetic model.
+// LFM2-8B-A1B's layout (architectures.md §3): short-conv layers but at 2, 6, 10, 14, 18, 21
+// (l % 4 == 2 past 24), the first dense_layers layers dense, expert-bias routing, tied embeddings.
+absl::Status WriteSyntheticLfm2(const std::string& dir, int64_t layers, int64_t experts,
+                                int64_t vocab) {
+  const Shape& S = BenchShape();
+  const int64_t H = S.hidden, D = S.head_dim, q_dim = S.heads * D, kv_dim = S.kv_heads * D;
+  json types = json::array();
+  for (int64_t l = 0; l < layers; ++l) {
+    const bool full = l < 24 ? (l == 2 || l == 6 || l == 10 || l == 14 || l == 18 || l == 21)
+                             : l % 4 == 2;
+    types.push_back(full ? "full_attention" : "conv");
+  }
+  const json config = {
+      {"architectures", {"Lfm2MoeForCausalLM"}},
+      {"model_type", "lfm2_moe"},
+      {"vocab_size", vocab},
+      {"hidden_size", H},
+      {"num_hidden_layers", layers},
+      {"layer_types", types},
+      {"num_attention_heads", S.heads},
+      {"num_key_value_heads", S.kv_heads},
+      {"intermediate_size", S.dense_width},
+      {"moe_intermediate_size", S.expert_width},
+      {"num_experts", experts},
+      {"num_experts_per_tok", S.top_k},
+      {"num_dense_layers", S.dense_layers},
+      {"conv_L_cache", S.conv_width},
+      {"conv_bias", false},
+      {"use_expert_bias", true},
+      {"routed_scaling_factor", 1.0},
+      {"norm_topk_prob", true},
+      {"norm_eps", 1e-5},
+      {"max_position_embeddings", 128000},
+      {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+      {"tie_word_embeddings", true},
+      {"bos_token_id", 0},
+      {"eos_token_id", 1},
+      {"torch_dtype", "bfloat16"},
+  };
+  Rng rng{0x9e3779b97f4a7c15ull};
+  std::vector<std::vector<uint16_t>> storage;
+  std::vector<store::TensorToWrite> tensors;
+  auto add = [&](const std::string& name, std::vector<int64_t> shape, float half, float mean) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    auto& data = storage.emplace_back(n);
+    for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng.Uniform() - 1.f));
+    tensors.push_back({name, DType::kBF16, std::move(shape), nullptr});
+  };
+  add("model.embed_tokens.weight", {vocab, H}, 0.5f, 0.f);
+  for (int64_t l = 0; l < layers; ++l) {
+    const std::string p = absl::StrCat("model.layers.", l, ".");
+    add(p + "operator_norm.weight", {H}, 0.05f, 1.f);
+    add(p + "ffn_norm.weight", {H}, 0.05f, 1.f);
+    if (types[l] == "conv") {
+      add(p + "conv.in_proj.weight", {3 * H, H}, 0.035f, 0.f);
+      add(p + "conv.conv.weight", {H, 1, S.conv_width}, 0.3f, 0.f);
+      add(p + "conv.out_proj.weight", {H, H}, 0.035f, 0.f);
+    } else {
+      add(p + "self_attn.q_proj.weight", {q_dim, H}, 0.035f, 0.f);
+      add(p + "self_attn.k_proj.weight", {kv_dim, H}, 0.035f, 0.f);
+      add(p + "self_attn.v_proj.weight", {kv_dim, H}, 0.035f, 0.f);
+      add(p + "self_attn.out_proj.weight", {H, q_dim}, 0.035f, 0.f);
+      add(p + "self_attn.q_layernorm.weight", {D}, 0.05f, 1.f);
+      add(p + "self_attn.k_layernorm.weight", {D}, 0.05f, 1.f);
+    }
+    if (l < S.dense_layers) {
+      add(p + "feed_forward.w1.weight", {S.dense_width, H}, 0.035f, 0.f);
+      add(p + "feed_forward.w3.weight", {S.dense_width, H}, 0.035f, 0.f);
+      add(p + "feed_forward.w2.weight", {H, S.dense_width}, 0.035f, 0.f);
+    } else {
+      add(p + "feed_forward.gate.weight", {experts, H}, 0.3f, 0.f);
+      add(p + "feed_forward.expert_bias", {experts}, 0.5f, 0.f);
+    }
+  }
+  add("model.embedding_norm.weight", {H}, 0.05f, 1.f);
+  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
+  MOE_RETURN_IF_ERROR(
+      store::WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors));
+  std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
+  return absl::OkStatus();
+}
+
 absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t experts,
                                  int64_t vocab) {
   std::filesystem::create_directories(dir);
   const Shape& S = BenchShape();
+  if (S.lfm2()) return WriteSyntheticLfm2(dir, layers, experts, vocab);
   const int64_t H = S.hidden, D = S.head_dim, q_dim = S.heads * D, kv_dim = S.kv_heads * D;
   json config = {
       {"architectures", {"Qwen3MoeForCausalLM"}},
@@ -443,87 +533,108 @@ class ResidentInt4Provider final : public store::ExpertProvider {
 //   the hybrids' q_proj has q_dim more rows, the output gate) + q/k norms + the KV cache read
 //   (ctx * the cache format's bytes per position and layer; bf16: 2 * NKV * D * 2);
 //   per linear (GatedDeltaNet) layer: its projections (in_proj_qkv/z/b/a, out_proj, conv: bf16)
-//   + its recurrent and conv state, read and written (fp32, StateBytesPerLayer);
+//   + its recurrent and conv state, read and written (fp32, StateBytes); per LFM2 short-conv
+//   layer: in_proj [3H, H], out_proj [H, H] and the conv (bf16) + its conv state; a dense
+//   layer's MLP in place of router and experts;
 //   every layer: the two norms + the router (E*H bf16) + top-K experts (K * the int4 blob:
 //   3 * (I*H/2 codes + I*H/G * 4 bytes of fp16 {s, m})) + the shared expert (bf16) if any;
 //   once: the embedding row (H bf16), the final norm and the lm head (V*H bf16).
 // Qwen3-30B-A3B, G 64, ctx 512, bf16 cache: 48 * (37.75 + 0.52 + 21.23 + 1.05) MB + 622.3 MB =
 // 3.53 GB, so at 4.26 TB/s the roofline is ~1200 tokens/s. Activations (a few MB) are left out.
-double StateBytesPerLayer(const engine::ModelConfig& c) {
-  return 2.0 * 4 * static_cast<double>(c.LinearStateFloats());  // read + written, fp32
+// A sequence's state in `layer` (GatedDeltaNet's or LFM2's short conv), read and written, fp32.
+double StateBytes(const engine::ModelConfig& c, int64_t layer) {
+  return 2.0 * 4 * static_cast<double>(c.StateFloats(layer));
+}
+
+// The bf16 weights of `layer`'s token mixer, and of its MLP but the routed experts.
+double MixerWeightBytes(const engine::ModelConfig& c, int64_t layer) {
+  const double H = static_cast<double>(c.hidden_size);
+  if (c.IsLinearLayer(layer)) {
+    const double C = static_cast<double>(c.LinearConvChannels());
+    const double NV = static_cast<double>(c.linear_num_value_heads);
+    const double v_dim = NV * static_cast<double>(c.linear_value_head_dim);
+    return 2 * ((C + v_dim + 2 * NV) * H + H * v_dim +
+                C * static_cast<double>(c.linear_conv_kernel_dim));
+  }
+  if (c.IsConvLayer(layer)) {
+    return 2 * (4 * H * H + H * static_cast<double>(c.conv_L_cache));
+  }
+  const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
+  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
+  const double gate = c.arch.attention_output_gate ? q_dim : 0;
+  return 2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) +
+         2 * 2 * static_cast<double>(c.head_dim);
+}
+double MlpWeightBytes(const engine::ModelConfig& c, int64_t layer) {
+  const double H = static_cast<double>(c.hidden_size);
+  if (!c.IsSparseLayer(layer)) return 2 * 3 * H * static_cast<double>(c.intermediate_size);
+  const double SI = static_cast<double>(c.shared_expert_intermediate_size);
+  return 2 * static_cast<double>(c.num_experts) * H + (SI > 0 ? 2 * (3 * SI * H + H) : 0);
 }
 
 double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
                      double kv_bytes_per_position_layer) {
   const double H = static_cast<double>(c.hidden_size);
-  const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double gate = c.arch.attention_output_gate ? q_dim : 0;
-  const double attention = 2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) +
-                           2 * 2 * static_cast<double>(c.head_dim) +
-                           static_cast<double>(ctx) * kv_bytes_per_position_layer;
-  const double C = static_cast<double>(c.LinearConvChannels());
-  const double v_dim = static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim);
-  const double linear = 2 * ((C + v_dim + 2 * static_cast<double>(c.linear_num_value_heads)) * H +
-                             H * v_dim + C * static_cast<double>(c.linear_conv_kernel_dim)) +
-                        StateBytesPerLayer(c);
-  const double SI = static_cast<double>(c.shared_expert_intermediate_size);
-  const double moe = 2 * 2 * H + 2 * static_cast<double>(c.num_experts) * H +
-                     static_cast<double>(c.num_experts_per_tok) * expert_bytes +
-                     (SI > 0 ? 2 * (3 * SI * H + H) : 0);
   double total = 2 * H * 2 + 2 * static_cast<double>(c.vocab_size) * H;
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    total += (c.IsLinearLayer(l) ? linear : attention) + moe;
+    total += 2 * 2 * H + MixerWeightBytes(c, l) + MlpWeightBytes(c, l) + StateBytes(c, l);
+    if (c.KvLayerIndex(l) >= 0) total += static_cast<double>(ctx) * kv_bytes_per_position_layer;
+    if (c.IsSparseLayer(l)) {
+      total += static_cast<double>(c.num_experts_per_tok) * static_cast<double>(expert_bytes);
+    }
   }
   return total;
 }
 
 // The bytes a decode step of B sequences at context ctx must read, by kind: the dense weights
-// once (projections, norms, router, shared expert, lm head), each expert of a layer's union once
-// (the expected union of B tokens' top-K under uniform routing, E (1 - (1 - K/E)^B), which the
-// synthetic model's random router approaches), every sequence's KV and recurrent state.
+// once (projections, norms, router, shared expert, lm head), each expert of a sparse layer's
+// union once (the expected union of B tokens' top-K under uniform routing, E (1 - (1 - K/E)^B),
+// which the synthetic model's random router approaches), every sequence's KV and state.
 struct StepBytes {
   double dense = 0, experts = 0, kv = 0, union_per_layer = 0;
   double total() const { return dense + experts + kv; }
 };
 StepBytes DecodeStepBytes(const engine::ModelConfig& c, size_t expert_bytes, int64_t B,
                           int64_t ctx, double kv_bytes_per_position_layer) {
-  const double L = static_cast<double>(c.num_hidden_layers);
-  const double linear = L - static_cast<double>(c.NumKvLayers());
   const double E = static_cast<double>(c.num_experts), K = static_cast<double>(c.num_experts_per_tok);
+  double sparse = 0, state = 0;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    sparse += c.IsSparseLayer(l) ? 1 : 0;
+    state += StateBytes(c, l);
+  }
   StepBytes b;
   b.union_per_layer = E * (1 - std::pow(1 - K / E, static_cast<double>(B)));
-  b.experts = L * b.union_per_layer * static_cast<double>(expert_bytes);
+  b.experts = sparse * b.union_per_layer * static_cast<double>(expert_bytes);
   b.kv = static_cast<double>(B) *
-         (static_cast<double>(c.NumKvLayers() * ctx) * kv_bytes_per_position_layer +
-          linear * StateBytesPerLayer(c));
-  b.dense = BytesPerToken(c, expert_bytes, 0, 0) - L * K * static_cast<double>(expert_bytes) -
-            linear * StateBytesPerLayer(c);
+         (static_cast<double>(c.NumKvLayers() * ctx) * kv_bytes_per_position_layer + state);
+  b.dense = BytesPerToken(c, expert_bytes, 0, 0) - sparse * K * static_cast<double>(expert_bytes) -
+            state;
   return b;
 }
 
 // The matrix FLOPs of an n-token prefill: 2 per multiply-add of every projection a token runs
-// (attention or GatedDeltaNet, router, K experts, the shared expert, lm head for the last token),
-// causal attention's two products (2 * 2 * n^2 / 2 * NH * D per full layer) and the delta rule's
-// (~ 3 DK x DV products a token and value head: decay-read, write, read-out).
+// (attention, GatedDeltaNet or the short conv, router and K experts or the dense MLP, the shared
+// expert, lm head for the last token), causal attention's two products (2 * 2 * n^2 / 2 * NH * D
+// per full layer) and the delta rule's (~ 3 DK x DV products a token and value head:
+// decay-read, write, read-out).
 double PrefillFlops(const engine::ModelConfig& c, int64_t expert_width, int64_t n) {
   const double H = static_cast<double>(c.hidden_size), N = static_cast<double>(n);
   const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
-  const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
-  const double gate = c.arch.attention_output_gate ? q_dim : 0;
-  const double moe =
-      2 * static_cast<double>(c.num_experts) * H +
-      static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H * static_cast<double>(expert_width) +
-      2 * 3 * H * static_cast<double>(c.shared_expert_intermediate_size);
-  const double attention =
-      N * (2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) + moe) + 2 * N * N * q_dim;
-  const double C = static_cast<double>(c.LinearConvChannels());
-  const double v_dim = static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim);
-  const double linear = N * (2 * ((C + 2 * v_dim) * H + H * v_dim) + moe +
-                             2 * 3 * static_cast<double>(c.linear_key_head_dim) * v_dim);
   double total = 2 * H * static_cast<double>(c.vocab_size);
-  for (int64_t l = 0; l < c.num_hidden_layers; ++l)
-    total += c.IsLinearLayer(l) ? linear : attention;
+  for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
+    // bf16 weights: a token's FLOPs on them (2 a multiply-add) equal their bytes.
+    total += N * (MixerWeightBytes(c, l) + MlpWeightBytes(c, l));
+    if (c.IsSparseLayer(l)) {
+      total += N * static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H *
+               static_cast<double>(expert_width);
+    }
+    if (c.IsLinearLayer(l)) {
+      total += N * 2 * 3 * static_cast<double>(c.linear_key_head_dim) *
+               static_cast<double>(c.linear_num_value_heads * c.linear_value_head_dim);
+    } else if (c.KvLayerIndex(l) >= 0) {
+      total += 2 * N * N * q_dim;
+    }
+  }
   return total;
 }
 
@@ -582,7 +693,7 @@ absl::Status FillRandom(kernels::Backend& backend, const engine::ModelConfig& c,
   backend.CopyToDevice(k.data(), host_k.data(), host_k.size() * sizeof(float));
   backend.CopyToDevice(v.data(), host_v.data(), host_v.size() * sizeof(float));
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    if (c.IsLinearLayer(l)) continue;  // no KV (its state stays zero: speed does not depend on it)
+    if (c.KvLayerIndex(l) < 0) continue;  // no KV (its state stays zero: speed does not depend on it)
     // The split formats pick their outlier channels from this sample, as on a first prefill.
     MOE_RETURN_IF_ERROR(s.kv->EnsureCodecs(l, host_k.data(), host_v.data(), B * chunk));
     for (int64_t p0 = 0; p0 < ctx; p0 += chunk) {
@@ -1088,7 +1199,7 @@ absl::Status Run() {
     std::printf(
         "\ndecode steps of B sequences at context %lld: the bytes a step must read "
         "(expert union under uniform routing, dense weights, KV) against the measured "
-        "copy bandwidth; KV/st: the KV read and the hybrids' recurrent state read and "
+        "copy bandwidth; KV/st: the KV read and the hybrids' and LFM2's state read and "
         "written\n%-6s %10s %9s %8s %8s %8s %8s %11s %9s\n",
         static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB", "dense GB",
         "KV/st GB", "roofline/s", "fraction");
