@@ -155,6 +155,27 @@ absl::Status ReadEos(const json& j, std::vector<int32_t>* out) {
   return absl::OkStatus();
 }
 
+// config.json's layer_types: one entry per layer, each `first` or `second`; the error names the
+// count or the entry.
+absl::Status ReadLayerTypes(const json& cfg, int64_t layers, const std::string& first,
+                            const std::string& second, std::vector<std::string>* out) {
+  std::vector<std::string> types;
+  MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &types, true));
+  if (static_cast<int64_t>(types.size()) != layers) {
+    return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types.size(),
+                                                   " entries, num_hidden_layers is ", layers));
+  }
+  for (size_t i = 0; i < types.size(); ++i) {
+    if (types[i] != first && types[i] != second) {
+      return absl::UnimplementedError(absl::StrCat("config.json: layer_types[", i, "] '",
+                                                   types[i], "' is not supported (", first, ", ",
+                                                   second, ")"));
+    }
+  }
+  *out = std::move(types);
+  return absl::OkStatus();
+}
+
 // Resolves c->layer_types as transformers does for the family (SlidingWindowRule); needs
 // num_hidden_layers checked. qwen2_moe: sliding_window = use_sliding_window ? sliding_window :
 // None; layer_types from config.json, else "sliding_attention" where layer >= max_window_layers.
@@ -181,21 +202,7 @@ absl::Status ReadSlidingWindow(const json& cfg, ModelConfig* c) {
     return absl::OkStatus();
   }
   if (Has(cfg, "layer_types")) {
-    std::vector<std::string> types;
-    MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &types, true));
-    if (static_cast<int64_t>(types.size()) != L) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ", types.size(),
-                                                     " entries, num_hidden_layers is ", L));
-    }
-    for (size_t i = 0; i < types.size(); ++i) {
-      if (types[i] != "full_attention" && types[i] != "sliding_attention") {
-        return absl::UnimplementedError(absl::StrCat(
-            "config.json: layer_types[", i, "] '", types[i],
-            "' is not supported (full_attention, sliding_attention)"));
-      }
-    }
-    c->layer_types = std::move(types);
-    return absl::OkStatus();
+    return ReadLayerTypes(cfg, L, "full_attention", "sliding_attention", &c->layer_types);
   }
   int64_t max_window_layers = 28;  // transformers' Qwen2MoeConfig default
   MOE_RETURN_IF_ERROR(Read(cfg, "max_window_layers", &max_window_layers, false));
@@ -210,20 +217,8 @@ absl::Status ReadSlidingWindow(const json& cfg, ModelConfig* c) {
 absl::Status ReadHybridLayers(const json& cfg, ModelConfig* c) {
   const int64_t L = c->num_hidden_layers;
   if (Has(cfg, "layer_types")) {
-    MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &c->layer_types, true));
-    if (static_cast<int64_t>(c->layer_types.size()) != L) {
-      return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ",
-                                                     c->layer_types.size(),
-                                                     " entries, num_hidden_layers is ", L));
-    }
-    for (size_t i = 0; i < c->layer_types.size(); ++i) {
-      const std::string& t = c->layer_types[i];
-      if (t != "linear_attention" && t != "full_attention") {
-        return absl::UnimplementedError(
-            absl::StrCat("config.json: layer_types[", i, "] '", t,
-                         "' is not supported (linear_attention, full_attention)"));
-      }
-    }
+    MOE_RETURN_IF_ERROR(
+        ReadLayerTypes(cfg, L, "linear_attention", "full_attention", &c->layer_types));
   } else {
     int64_t interval = 4;  // transformers' default full_attention_interval
     MOE_RETURN_IF_ERROR(Read(cfg, "full_attention_interval", &interval, false));
@@ -272,19 +267,7 @@ absl::Status ReadConvLayers(const json& cfg, ModelConfig* c) {
         absl::StrCat("config.json: missing 'layer_types' (model_type '", c->arch.model_type,
                      "' requires it: one of conv, full_attention per layer)"));
   }
-  MOE_RETURN_IF_ERROR(Read(cfg, "layer_types", &c->layer_types, true));
-  if (static_cast<int64_t>(c->layer_types.size()) != L) {
-    return absl::InvalidArgumentError(absl::StrCat("config.json: layer_types has ",
-                                                   c->layer_types.size(),
-                                                   " entries, num_hidden_layers is ", L));
-  }
-  for (size_t i = 0; i < c->layer_types.size(); ++i) {
-    const std::string& t = c->layer_types[i];
-    if (t != "conv" && t != "full_attention") {
-      return absl::UnimplementedError(absl::StrCat("config.json: layer_types[", i, "] '", t,
-                                                   "' is not supported (conv, full_attention)"));
-    }
-  }
+  MOE_RETURN_IF_ERROR(ReadLayerTypes(cfg, L, "conv", "full_attention", &c->layer_types));
   c->conv_L_cache = 3;  // transformers' Lfm2MoeConfig default
   MOE_RETURN_IF_ERROR(Read(cfg, "conv_L_cache", &c->conv_L_cache, false));
   // 8: the widest conv the CUDA kernel holds in registers (kMaxConvWidth); LFM2 uses 3.

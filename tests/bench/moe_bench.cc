@@ -180,6 +180,31 @@ struct Rng {
 };
 
 // config.json + model.safetensors (dense weights only, bf16) of the synthetic model.
+// The synthetic dense weights, bf16, uniform in [mean - half, mean + half) (std half / sqrt(3)),
+// written with config.json into a model directory.
+class SyntheticTensors {
+ public:
+  void Add(const std::string& name, std::vector<int64_t> shape, float half, float mean) {
+    int64_t n = 1;
+    for (int64_t d : shape) n *= d;
+    auto& data = storage_.emplace_back(n);
+    for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng_.Uniform() - 1.f));
+    tensors_.push_back({name, DType::kBF16, std::move(shape), nullptr});
+  }
+  absl::Status Write(const std::string& dir, const json& config) {
+    for (size_t i = 0; i < tensors_.size(); ++i) tensors_[i].data = storage_[i].data();
+    MOE_RETURN_IF_ERROR(store::WriteSafetensors(
+        (std::filesystem::path(dir) / "model.safetensors").string(), tensors_));
+    std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
+    return absl::OkStatus();
+  }
+
+ private:
+  Rng rng_{0x9e3779b97f4a7c15ull};
+  std::vector<std::vector<uint16_t>> storage_;
+  std::vector<store::TensorToWrite> tensors_;
+};
+
 // LFM2-8B-A1B's layout (architectures.md §3): short-conv layers but at 2, 6, 10, 14, 18, 21
 // (l % 4 == 2 past 24), the first dense_layers layers dense, expert-bias routing, tied embeddings.
 absl::Status WriteSyntheticLfm2(const std::string& dir, int64_t layers, int64_t experts,
@@ -219,15 +244,9 @@ absl::Status WriteSyntheticLfm2(const std::string& dir, int64_t layers, int64_t 
       {"eos_token_id", 1},
       {"torch_dtype", "bfloat16"},
   };
-  Rng rng{0x9e3779b97f4a7c15ull};
-  std::vector<std::vector<uint16_t>> storage;
-  std::vector<store::TensorToWrite> tensors;
+  SyntheticTensors t;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, float half, float mean) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    auto& data = storage.emplace_back(n);
-    for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng.Uniform() - 1.f));
-    tensors.push_back({name, DType::kBF16, std::move(shape), nullptr});
+    t.Add(name, std::move(shape), half, mean);
   };
   add("model.embed_tokens.weight", {vocab, H}, 0.5f, 0.f);
   for (int64_t l = 0; l < layers; ++l) {
@@ -256,11 +275,7 @@ absl::Status WriteSyntheticLfm2(const std::string& dir, int64_t layers, int64_t 
     }
   }
   add("model.embedding_norm.weight", {H}, 0.05f, 1.f);
-  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
-  MOE_RETURN_IF_ERROR(
-      store::WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors));
-  std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
-  return absl::OkStatus();
+  return t.Write(dir, config);
 }
 
 absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t experts,
@@ -310,16 +325,9 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
         {"rope_type", "default"}, {"rope_theta", 1e7}, {"partial_rotary_factor", 0.25}};
     config["max_position_embeddings"] = 262144;
   }
-  Rng rng{0x9e3779b97f4a7c15ull};
-  std::vector<std::vector<uint16_t>> storage;
-  std::vector<store::TensorToWrite> tensors;
-  // Uniform in [mean - half, mean + half): std half / sqrt(3).
+  SyntheticTensors t;
   auto add = [&](const std::string& name, std::vector<int64_t> shape, float half, float mean) {
-    int64_t n = 1;
-    for (int64_t d : shape) n *= d;
-    auto& data = storage.emplace_back(n);
-    for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng.Uniform() - 1.f));
-    tensors.push_back({name, DType::kBF16, std::move(shape), nullptr});
+    t.Add(name, std::move(shape), half, mean);
   };
   // The hybrids' norms scale by 1 + w: w near 0 there.
   const float norm = S.hybrid() ? 0.f : 1.f;
@@ -359,11 +367,7 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
   }
   add("model.norm.weight", {H}, 0.05f, norm);
   add("lm_head.weight", {vocab, H}, 0.035f, 0.f);
-  for (size_t i = 0; i < tensors.size(); ++i) tensors[i].data = storage[i].data();
-  MOE_RETURN_IF_ERROR(
-      store::WriteSafetensors((std::filesystem::path(dir) / "model.safetensors").string(), tensors));
-  std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
-  return absl::OkStatus();
+  return t.Write(dir, config);
 }
 
 // A few distinct random int4 experts, each gate | up | down packed (each part a multiple of 16
