@@ -13,8 +13,8 @@
 //  - at most one (token, k) pair per expert on average (T K <= E, decode): group y is routed pair
 //    y, its matrices looked up by the kernels themselves from Route's expert ids;
 //  - more (batches, prefill chunks): PlanRoutedExpertsKernel sorts the pairs into per-expert
-//    groups (counts, offsets, rows), cut into chunks of at most kRoutedChunkSmall rows for the
-//    tensor-core matrix-vector kernel or kRoutedChunkLarge rows for the tensor-core GEMM, so that
+//    groups (counts, offsets, rows), cut into chunks of at most 8 or 16 rows for the tensor-core
+//    matrix-vector kernel or kRoutedChunkLarge rows for the tensor-core GEMM, so that
 //    each expert's weights are read once per chunk instead of once per pair.
 #include <algorithm>
 #include <vector>
@@ -26,11 +26,14 @@
 namespace moe::kernels {
 namespace {
 
-// Planned ExpertFfnRouted: rows per group. 8 is the tensor-core matrix-vector kernel's n (one
-// pass over the weights per chunk); 128 is two row tiles of the tensor-core GEMM (GemmMmaKernel),
-// past kMatVecMaxRows so that Dispatch picks it. The large chunk pays once an expert averages
-// more than kRoutedLargeFrom pairs (the weights are then re-read 4+ times by the small chunks).
+// Planned ExpertFfnRouted: rows per group. 8 and 16 are the tensor-core matrix-vector kernel's one
+// and two n-tiles (one pass over the weights per chunk); 16 once an expert averages more than 8
+// pairs (a decode batch of 256 on 128 experts top-8 averages 16: chunks of 8 read most experts
+// twice), 8 below (the two-tile kernel holds x for 16 rows: one block an SM). 128 is two row
+// tiles of the tensor-core GEMM (GemmMmaKernel), past kMatVecMaxRows so that Dispatch picks it;
+// it pays once an expert averages more than kRoutedLargeFrom pairs.
 constexpr int kRoutedChunkSmall = 8;
+constexpr int kRoutedChunkMid = 16;
 constexpr int kRoutedChunkLarge = 128;
 constexpr int64_t kRoutedLargeFrom = 32;
 constexpr int kPlanThreads = 1024;
@@ -295,7 +298,9 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
 void CudaBackend::PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const ExpertWeights& w0) {
   const int64_t n = a.num_tokens * a.top_k;
   const int E = a.experts->num_experts;
-  int64_t chunk = n > kRoutedLargeFrom * E ? kRoutedChunkLarge : kRoutedChunkSmall;
+  int64_t chunk = n > kRoutedLargeFrom * E    ? kRoutedChunkLarge
+                  : n > kRoutedChunkSmall * E ? kRoutedChunkMid
+                                              : kRoutedChunkSmall;
   if (routed_chunk_override_ > 0) chunk = routed_chunk_override_;
   // Each expert's last chunk may be partial: at most n / chunk full ones plus one per expert.
   const int64_t max_groups = std::min<int64_t>(n, n / chunk + E);

@@ -71,11 +71,15 @@ __device__ __forceinline__ void StoreC(const GemmParams& p, int64_t r, int64_t n
 
 // ---- the tensor-core matrix-vector kernels (int4: matmul_quant.cu, bf16: matmul.cu) -----------
 // A warp takes 16 weight rows (the M of mma.m16n8k16) against up to 8 rows of A (the N: one token
-// a column), K in chunks of 64 elements, optionally split over ws warps. x goes in as bf16 hi +
-// lo (16 bits of mantissa, two products), made once per block into shared memory.
+// a column) per n-tile, one or two n-tiles (int4: 16 rows of A, each weight fragment serving both),
+// K in chunks of 64 elements, optionally split over ws warps. x goes in as bf16 hi + lo (16 bits of
+// mantissa, two products), made once per block into shared memory.
 constexpr int kMmaWarps = 8;
+constexpr int kMmaThreads = kMmaWarps * kWarp;
 constexpr int kMmaChunk = 64;   // elements (codes) per chunk
-constexpr int kMmaTokens = 8;   // rows of A per launch: the n of m16n8k16
+constexpr int kMmaTokens = 8;   // rows of A per n-tile: the n of m16n8k16
+constexpr int kMmaMaxTiles = 2;                           // n-tiles a warp may take
+constexpr int kMmaSumStride = kMmaTokens * kMmaMaxTiles;  // xsum floats a chunk
 constexpr size_t kMmaMaxSmem = 100 * 1024;  // x fragments a block; leaves room for 2 blocks an SM
 
 // Shared memory of the x fragments: per row of A 64 words a chunk, [4 quarters][4 lanes t][4
@@ -84,7 +88,8 @@ constexpr size_t kMmaMaxSmem = 100 * 1024;  // x fragments a block; leaves room 
 __host__ __device__ constexpr int64_t MmaRowWords(int64_t chunks) { return chunks * 64 + 16; }
 __host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) {
   // fragments, per-(row, chunk, t) partial sums, per-(chunk, row) sums
-  return sizeof(uint32_t) * (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaTokens);
+  return sizeof(uint32_t) *
+         (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaSumStride);
 }
 
 // Where a tensor-core matrix-vector warp works: its block's x fragments in shared memory (StageMmaX
@@ -96,9 +101,8 @@ struct MmaWarp {
   int c_begin, c_end;
   uint32_t* xf;   // [row][chunk][4][t][4]
   float* xpart;   // [row][chunk][t]
-  float* xsum;    // [chunk][8 rows]
+  float* xsum;    // [chunk][kMmaSumStride rows]
   const uint32_t* xrow;  // lane g's row of x fragments at its t
-  bool has_x;     // lane g supplies row g of A (a column of B); zeros past nt
 
   template <int ws>
   __device__ __forceinline__ static MmaWarp Make(const GemmParams& p, const GemmGroup& grp,
@@ -118,17 +122,19 @@ struct MmaWarp {
     const int per_slice = (w.chunks + ws - 1) / ws;
     w.c_begin = warp % ws * per_slice;
     w.c_end = min(w.chunks, w.c_begin + per_slice);
-    w.has_x = w.g < w.nt;
     w.xrow = w.xf + w.g * w.row_words + 4 * w.t;
     return w;
   }
 
-  // The lane's x fragments of chunk c (StageMmaX's order), zeros where it supplies no row.
-  __device__ __forceinline__ void LoadX(int c, uint32_t (&xw)[16]) const {
+  // The lane's x fragments of chunk c for n-tile `tile` (row 8 tile + g; StageMmaX's order),
+  // zeros where it supplies no row.
+  __device__ __forceinline__ void LoadX(int c, uint32_t (&xw)[16], int tile = 0) const {
+    const bool has_x = kMmaTokens * tile + g < nt;
+    const uint32_t* at = xrow + kMmaTokens * tile * row_words + c * 64;
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
-      const uint4 q = has_x ? *reinterpret_cast<const uint4*>(xrow + c * 64 + 16 * v)
-                            : make_uint4(0u, 0u, 0u, 0u);
+      const uint4 q =
+          has_x ? *reinterpret_cast<const uint4*>(at + 16 * v) : make_uint4(0u, 0u, 0u, 0u);
       xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
     }
   }
@@ -137,8 +143,9 @@ struct MmaWarp {
 // The nt rows of A of group grp as x fragments in shared memory, and their sums per chunk: unit
 // (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order of the k-steps: k-step
 // s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0) and i + 1, i + 5 (b1), as
-// hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s. xsum[c][j]: sum of row j's chunk c (of
-// hi + lo: the values the products see), zero for j >= nt. Ends with a barrier.
+// hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s. xsum[c][j] (stride kMmaSumStride): sum
+// of row j's chunk c (of hi + lo: the values the products see), zero for j >= nt. Ends with a
+// barrier.
 __device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& grp, int nt,
                                           int chunks, uint32_t* xf, float* xpart, float* xsum) {
   const int64_t row_words = MmaRowWords(chunks);
@@ -171,51 +178,62 @@ __device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& 
     xpart[u] = sum;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < chunks * kMmaTokens; i += blockDim.x) {
-    const int c = i / kMmaTokens, j = i % kMmaTokens;
+  for (int i = threadIdx.x; i < chunks * kMmaSumStride; i += blockDim.x) {
+    const int c = i / kMmaSumStride, j = i % kMmaSumStride;
     const float* s4 = xpart + (j * chunks + c) * 4;
     xsum[i] = j < nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
   }
   __syncthreads();
 }
 
-// The end of a tensor-core matrix-vector warp: acc[m] = its mma accumulator (rows n0 + g and n0 +
-// g + 8, columns (rows of A) 2t and 2t + 1) of matrix m (gate, up); the ws K slices of a row
-// summed through `partial` ([kMmaWarps][NW * 4][kWarp] floats) in a fixed order, then stored
-// (SiLU(gate) * up for kGlu).
-template <bool kGlu, int ws>
+// The end of a tensor-core matrix-vector warp: acc[x][m] = its mma accumulator of n-tile x (rows
+// n0 + g and n0 + g + 8, columns (rows of A) 8x + 2t and 8x + 2t + 1) of matrix m (gate, up); the
+// ws K slices of a row summed through `partial` ([kMmaWarps][NT * NW * 4][kWarp] floats) in a
+// fixed order, then stored (SiLU(gate) * up for kGlu).
+template <bool kGlu, int ws, int NT>
 __device__ __forceinline__ void MmaMatVecStore(const GemmParams& p, const GemmGroup& grp,
-                                               int64_t n0, float (&acc)[kGlu ? 2 : 1][4],
+                                               int64_t n0, float (&acc)[NT][kGlu ? 2 : 1][4],
                                                float* partial) {
-  constexpr int NW = kGlu ? 2 : 1;
+  constexpr int NW = kGlu ? 2 : 1, kPer = NT * NW * 4;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane / 4, t = lane % 4;
   if constexpr (ws > 1) {
 #pragma unroll
-    for (int m = 0; m < NW; ++m) {
+    for (int x = 0; x < NT; ++x) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) partial[(warp * NW * 4 + 4 * m + i) * kWarp + lane] = acc[m][i];
+      for (int m = 0; m < NW; ++m) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          partial[(warp * kPer + (x * NW + m) * 4 + i) * kWarp + lane] = acc[x][m][i];
+        }
+      }
     }
     __syncthreads();
     if (warp % ws != 0) return;
 #pragma unroll
-    for (int m = 0; m < NW; ++m) {
+    for (int x = 0; x < NT; ++x) {
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        for (int s2 = 1; s2 < ws; ++s2) {
-          acc[m][i] += partial[((warp + s2) * NW * 4 + 4 * m + i) * kWarp + lane];
+      for (int m = 0; m < NW; ++m) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          for (int s2 = 1; s2 < ws; ++s2) {
+            acc[x][m][i] += partial[((warp + s2) * kPer + (x * NW + m) * 4 + i) * kWarp + lane];
+          }
         }
       }
     }
   }
   const int nt = static_cast<int>(grp.row_count);
 #pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const int64_t n = n0 + g + 8 * (i / 2);
-    const int j = 2 * t + i % 2;  // row of A
-    float v = acc[0][i];
-    if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[1][i];
-    if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
+  for (int x = 0; x < NT; ++x) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int64_t n = n0 + g + 8 * (i / 2);
+      const int j = kMmaTokens * x + 2 * t + i % 2;  // row of A
+      float v = acc[x][0][i];
+      if constexpr (kGlu) v = v / (1.f + expf(-v)) * acc[x][1][i];
+      if (n < p.N && j < nt) StoreC(p, grp.row_begin + j, n, v);
+    }
   }
 }
 
@@ -239,16 +257,16 @@ __device__ __forceinline__ void MmaRounds(int c_begin, int c_end, Load& load_rou
 
 // The tensor-core matrix-vector kernel of weight format Fmt (Int4Mma in matmul_quant.cu, Bf16Mma
 // in matmul.cu): Fmt::kAlign, the alignment in bytes its wide loads need of every matrix;
-// Fmt::kMaxSmem, the most shared memory a block may ask; Fmt::Body<kGlu, ws, kAligned>(p, grp,
-// partial), a warp's work. The body is instanced for aligned matrices and for others (byte
-// loads) and chosen once per block, so that its loop has no branch.
-// Block: kMmaWarps warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices;
-// grid (ceil(N / 16) * ws / kMmaWarps, groups). A group's row_count <= kMmaTokens.
+// Fmt::kMaxSmem, the most shared memory a block may ask; Fmt::kTiles, its n-tiles; Fmt::Body<kGlu,
+// ws, kAligned>(p, grp, partial), a warp's work. The body is instanced for aligned matrices and for
+// others (byte loads) and chosen once per block, so that its loop has no branch. Block: kMmaWarps
+// warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices; grid (ceil(N / 16) *
+// ws / kMmaWarps, groups). A group's row_count <= kMmaTokens * Fmt::kTiles.
 template <typename Fmt, bool kGlu, int ws>
-__global__ __launch_bounds__(kMmaWarps * kWarp, 2) void MmaMatVecKernel(const GemmParams p,
-                                                                      const GemmGroup single) {
+__global__ __launch_bounds__(kMmaThreads, Fmt::kTiles == 1 ? 2 : 1) void MmaMatVecKernel(
+    const GemmParams p, const GemmGroup single) {
   WaitForPriorKernel();
-  __shared__ float partial[ws > 1 ? kMmaWarps * (kGlu ? 8 : 4) * kWarp : 1];
+  __shared__ float partial[ws > 1 ? kMmaWarps * Fmt::kTiles * (kGlu ? 8 : 4) * kWarp : 1];
   const GemmGroup grp = GroupOf(p, single, blockIdx.y);
   if (grp.row_count == 0) return;  // block-uniform
   bool aligned = reinterpret_cast<uintptr_t>(grp.w) % Fmt::kAlign == 0;

@@ -5,8 +5,14 @@
 //
 // Precision: A is fp32; it enters as bf16 hi + lo (hi + lo = a to ~2^-16 relative), two products
 // per step. bf16 weights are exact operands. A quantized weight w = q s + m (s, m per group of
-// the row) enters as its code q, exact in bf16 for q < 256; each 32-wide k-tile lies in one group,
-// so its products sum_k a q are scaled once per tile: acc += s (sum_k a q) + m (sum_k a).
+// the row) enters as its code q, exact in bf16 for q < 256; each k-tile (32 or 64 wide) lies in one
+// group, so its products sum_k a q are scaled once per tile: acc += s (sum_k a q) + m (sum_k a).
+// k-tiles of 64 halve the barriers and the exposed load latency a product (decode batches of
+// 64-256 rows run one wave of blocks, each bound by its k-tile chain); 32 where K or the quant
+// group does not allow 64.
+#include <cstdlib>
+#include <cstring>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_common.cuh"
 #include "kernels/cuda/launch.cuh"
@@ -14,12 +20,13 @@
 namespace moe::kernels::cuda {
 namespace {
 
-// Block tile kTileM x kTileN of C, K in steps of kTileK; 8 warps as 2 (M) x 4 (N), each 32 x 32
-// of C: two m-tiles of 16 by four n-tiles of 8.
-constexpr int kTileM = kGemmTileRows, kTileN = kGemmTileCols, kTileK = 32, kGemmThreads = 256;
-// A tile row's bf16 pairs, padded so that the fragment loads of rows g = 0..7 (stride 20 words)
-// fall on 32 distinct banks.
-constexpr int kRowWords = kTileK / 2 + 4;
+// Block tile kTileM x kTileN of C, K in k-tiles of KT (32 or 64: a template parameter); 8 warps
+// as 2 (M) x 4 (N), each 32 x 32 of C: two m-tiles of 16 by four n-tiles of 8.
+constexpr int kTileM = kGemmTileRows, kTileN = kGemmTileCols, kGemmThreads = 256;
+// A tile row's bf16 pairs, padded by 4 words so that the fragment loads of rows g = 0..7 (stride
+// 20 or 36 words) fall on 32 distinct banks.
+template <int KT>
+constexpr int kRowWords = KT / 2 + 4;
 
 __device__ __forceinline__ uint32_t PackBf16(float lo_half, float hi_half) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo_half, hi_half);
@@ -33,38 +40,55 @@ __device__ __forceinline__ void LoadWordsBytewise(const uint8_t* p, uint32_t (&w
   for (int i = 0; i < n; ++i) w[i] = LoadU32Bytes(p + 4 * i);
 }
 
-// The weight formats. Each loader thread takes 16 consecutive elements [k, k + 16) of one weight
-// row: Load fetches them (aligned: the widest loads; otherwise byte by byte), Pairs makes them 8
-// bf16 pairs. Quantized ones also carry the row's {s, m} for the k-tile's group.
+// The n aligned little-endian words at p by the widest loads their count allows.
+template <int n>
+__device__ __forceinline__ void LoadWordsAligned(const uint8_t* p, uint32_t (&w)[n]) {
+  if constexpr (n % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < n / 4; ++i) {
+      const uint4 a = __ldg(reinterpret_cast<const uint4*>(p) + i);
+      w[4 * i] = a.x, w[4 * i + 1] = a.y, w[4 * i + 2] = a.z, w[4 * i + 3] = a.w;
+    }
+  } else if constexpr (n == 2) {
+    const uint2 a = __ldg(reinterpret_cast<const uint2*>(p));
+    w[0] = a.x, w[1] = a.y;
+  } else {
+    static_assert(n == 1, "1, 2 or a multiple of 4 words");
+    w[0] = __ldg(reinterpret_cast<const uint32_t*>(p));
+  }
+}
+
+// The weight formats. Each loader thread takes E consecutive elements [k, k + E) of one weight
+// row (E = KT / 2: 16 or 32): Load fetches them (aligned: the widest loads; otherwise byte by
+// byte), Pairs makes them E / 2 bf16 pairs. Quantized ones also carry the row's {s, m} for the
+// k-tile's group.
+template <int E>
 struct Bf16Weights {
   static constexpr bool kQuant = false;
-  uint32_t raw[8];
+  uint32_t raw[E / 2];
   __device__ __forceinline__ void Load(const GemmParams& p, const void* w, int64_t n, int64_t k,
                                        bool aligned) {
     const uint8_t* at = static_cast<const uint8_t*>(w) + (n * p.K + k) * 2;
     if (aligned) {
-      const uint4 a = __ldg(reinterpret_cast<const uint4*>(at));
-      const uint4 b = __ldg(reinterpret_cast<const uint4*>(at) + 1);
-      raw[0] = a.x, raw[1] = a.y, raw[2] = a.z, raw[3] = a.w;
-      raw[4] = b.x, raw[5] = b.y, raw[6] = b.z, raw[7] = b.w;
+      LoadWordsAligned(at, raw);
     } else {
       LoadWordsBytewise(at, raw);
     }
   }
   __device__ __forceinline__ void Zero() {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) raw[i] = 0u;
+    for (int i = 0; i < E / 2; ++i) raw[i] = 0u;
   }
-  __device__ __forceinline__ void Pairs(uint32_t (&out)[8]) const {
+  __device__ __forceinline__ void Pairs(uint32_t (&out)[E / 2]) const {
 #pragma unroll
-    for (int i = 0; i < 8; ++i) out[i] = raw[i];
+    for (int i = 0; i < E / 2; ++i) out[i] = raw[i];
   }
 };
 
-template <int B>
+template <int B, int E>
 struct QuantWeights {
   static constexpr bool kQuant = true;
-  static constexpr int kWords = B / 2;  // 16 codes of B bits
+  static constexpr int kWords = E * B / 32;  // E codes of B bits
   uint32_t raw[kWords];
   float2 sm;
   __device__ __forceinline__ void Load(const GemmParams& p, const void* w, int64_t n, int64_t k,
@@ -76,15 +100,7 @@ struct QuantWeights {
                             (n * groups + k / p.group_size) * 4;
     uint32_t pw;
     if (aligned) {
-      if constexpr (B == 8) {
-        const uint4 a = __ldg(reinterpret_cast<const uint4*>(codes));
-        raw[0] = a.x, raw[1] = a.y, raw[2] = a.z, raw[3] = a.w;
-      } else if constexpr (B == 4) {
-        const uint2 a = __ldg(reinterpret_cast<const uint2*>(codes));
-        raw[0] = a.x, raw[1] = a.y;
-      } else {
-        raw[0] = __ldg(reinterpret_cast<const uint32_t*>(codes));
-      }
+      LoadWordsAligned(codes, raw);
       pw = __ldg(reinterpret_cast<const uint32_t*>(params));
     } else {
       LoadWordsBytewise(codes, raw);
@@ -100,10 +116,10 @@ struct QuantWeights {
     for (int i = 0; i < kWords; ++i) raw[i] = 0u;
     sm = make_float2(0.f, 0.f);
   }
-  __device__ __forceinline__ void Pairs(uint32_t (&out)[8]) const {
+  __device__ __forceinline__ void Pairs(uint32_t (&out)[E / 2]) const {
     constexpr uint32_t kMask = (1u << B) - 1u;
 #pragma unroll
-    for (int i = 0; i < 8; ++i) {
+    for (int i = 0; i < E / 2; ++i) {
       const int bit0 = 2 * i * B, bit1 = bit0 + B;  // compile-time after unrolling
       const uint32_t q0 = (raw[bit0 / 32] >> (bit0 % 32)) & kMask;
       const uint32_t q1 = (raw[bit1 / 32] >> (bit1 % 32)) & kMask;
@@ -112,12 +128,13 @@ struct QuantWeights {
   }
 };
 
-// Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups or k_splits); K a multiple of kTileK, A rows
-// 16-byte aligned (LaunchGemmMma checks both), quantized groups a multiple of kTileK
-// (DispatchQuant: powers of two >= 32).
-template <typename Fmt>
+// Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups or k_splits); K a multiple of KT, A rows
+// 16-byte aligned, quantized groups a multiple of KT (LaunchGemmMma checks all three). Fmt's
+// loaders take KT / 2 elements.
+template <typename Fmt, int KT>
 __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParams p,
-                                                             const GemmGroup single) {
+                                                                 const GemmGroup single) {
+  constexpr int kTileK = KT, kRow = kRowWords<KT>, kA = KT / 4;  // kA: A floats a loader thread
   WaitForPriorKernel();
   // blockIdx.z: the K slice (one matrix only: no groups table, no routed groups)
   const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
@@ -129,16 +146,16 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
   if (m0 >= grp.row_count) return;  // block-uniform
-  __shared__ __align__(16) uint32_t a_hi[kTileM][kRowWords];
-  __shared__ __align__(16) uint32_t a_lo[kTileM][kRowWords];
-  __shared__ __align__(16) uint32_t w_s[kTileN][kRowWords];
+  __shared__ __align__(16) uint32_t a_hi[kTileM][kRow];
+  __shared__ __align__(16) uint32_t a_lo[kTileM][kRow];
+  __shared__ __align__(16) uint32_t w_s[kTileN][kRow];
   __shared__ float a_sum[kTileM];   // quantized: sum_k (a_hi + a_lo) over the k-tile, per row
   __shared__ float2 w_sm[kTileN];   // quantized: {s, m} of the k-tile's group, per weight row
 
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
   const int g = lane / 4, t = lane % 4;
-  // Loaders: A row tid / 4, k (tid % 4) 8 .. + 8; W row tid / 2, k (tid % 2) 16 .. + 16.
-  const int la = tid / 4, lka = (tid % 4) * 8, lw = tid / 2, lkw = (tid % 2) * 16;
+  // Loaders: A row tid / 4, k (tid % 4) kA .. + kA; W row tid / 2, k (tid % 2) KT / 2 .. + KT / 2.
+  const int la = tid / 4, lka = (tid % 4) * kA, lw = tid / 2, lkw = (tid % 2) * (KT / 2);
   const float* arow = nullptr;
   if (m0 + la < grp.row_count) {
     const int64_t r = grp.row_begin + m0 + la;
@@ -147,13 +164,15 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
   const bool has_w = n0 + lw < p.N;
   const bool aligned = (reinterpret_cast<uintptr_t>(grp.w) & 15) == 0;
 
-  float4 xa[2];
+  float4 xa[kA / 4];
   Fmt wf;
   auto load = [&](int64_t k0) {
-    xa[0] = xa[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int i = 0; i < kA / 4; ++i) xa[i] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (arow != nullptr) {
       const float4* x4 = reinterpret_cast<const float4*>(arow + k0 + lka);
-      xa[0] = x4[0], xa[1] = x4[1];
+#pragma unroll
+      for (int i = 0; i < kA / 4; ++i) xa[i] = x4[i];
     }
     if (has_w) {
       wf.Load(p, grp.w, n0 + lw, k0 + lkw, aligned);
@@ -162,17 +181,27 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
     }
   };
   auto stage = [&]() {
-    const float x[8] = {xa[0].x, xa[0].y, xa[0].z, xa[0].w, xa[1].x, xa[1].y, xa[1].z, xa[1].w};
-    uint32_t hi[4], lo[4];
+    uint32_t hi[kA / 2], lo[kA / 2];
     float sum = 0.f;
 #pragma unroll
-    for (int i = 0; i < 4; ++i) SplitBf16x2(x[2 * i], x[2 * i + 1], hi[i], lo[i], sum);
-    *reinterpret_cast<uint4*>(&a_hi[la][lka / 2]) = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    *reinterpret_cast<uint4*>(&a_lo[la][lka / 2]) = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-    uint32_t wp[8];
+    for (int i = 0; i < kA / 4; ++i) {
+      SplitBf16x2(xa[i].x, xa[i].y, hi[2 * i], lo[2 * i], sum);
+      SplitBf16x2(xa[i].z, xa[i].w, hi[2 * i + 1], lo[2 * i + 1], sum);
+    }
+#pragma unroll
+    for (int i = 0; i < kA / 8; ++i) {
+      *reinterpret_cast<uint4*>(&a_hi[la][lka / 2 + 4 * i]) =
+          make_uint4(hi[4 * i], hi[4 * i + 1], hi[4 * i + 2], hi[4 * i + 3]);
+      *reinterpret_cast<uint4*>(&a_lo[la][lka / 2 + 4 * i]) =
+          make_uint4(lo[4 * i], lo[4 * i + 1], lo[4 * i + 2], lo[4 * i + 3]);
+    }
+    uint32_t wp[KT / 4];
     wf.Pairs(wp);
-    *reinterpret_cast<uint4*>(&w_s[lw][lkw / 2]) = make_uint4(wp[0], wp[1], wp[2], wp[3]);
-    *reinterpret_cast<uint4*>(&w_s[lw][lkw / 2 + 4]) = make_uint4(wp[4], wp[5], wp[6], wp[7]);
+#pragma unroll
+    for (int i = 0; i < KT / 16; ++i) {
+      *reinterpret_cast<uint4*>(&w_s[lw][lkw / 2 + 4 * i]) =
+          make_uint4(wp[4 * i], wp[4 * i + 1], wp[4 * i + 2], wp[4 * i + 3]);
+    }
     if constexpr (Fmt::kQuant) {
       sum += __shfl_xor_sync(0xffffffffu, sum, 1);
       sum += __shfl_xor_sync(0xffffffffu, sum, 2);
@@ -259,10 +288,21 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
   }
 }
 
+// k-tiles of 64 where K and the quant groups allow, else 32. MOE_GEMM_KTILE=32 keeps 32 everywhere
+// (a measurement switch).
+int GemmKTile(const GemmParams& p) {
+  static const bool wide = [] {
+    const char* env = std::getenv("MOE_GEMM_KTILE");
+    return env == nullptr || std::strcmp(env, "32") != 0;
+  }();
+  const bool fits = p.K % 64 == 0 && (p.w_dtype == DType::kBF16 || p.group_size % 64 == 0);
+  return wide && fits ? 64 : 32;
+}
+
 }  // namespace
 
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  if (p.K % kTileK != 0 || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
+  if (p.K % 32 != 0 || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
   const bool split = p.k_splits > 1 && !p.has_groups();
@@ -270,11 +310,24 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
                   static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
                   static_cast<unsigned>(split ? p.k_splits : p.num_groups));
   auto launch = [&](auto kernel) { Launch(kernel, grid, kGemmThreads, 0, stream, p, single); };
+  const bool wide = GemmKTile(p) == 64;
   switch (p.w_dtype) {
-    case DType::kBF16: launch(GemmMmaKernel<Bf16Weights>); return true;
-    case DType::kQ8: launch(GemmMmaKernel<QuantWeights<8>>); return true;
-    case DType::kQ4: launch(GemmMmaKernel<QuantWeights<4>>); return true;
-    case DType::kQ2: launch(GemmMmaKernel<QuantWeights<2>>); return true;
+    case DType::kBF16:
+      wide ? launch(GemmMmaKernel<Bf16Weights<32>, 64>)
+           : launch(GemmMmaKernel<Bf16Weights<16>, 32>);
+      return true;
+    case DType::kQ8:
+      wide ? launch(GemmMmaKernel<QuantWeights<8, 32>, 64>)
+           : launch(GemmMmaKernel<QuantWeights<8, 16>, 32>);
+      return true;
+    case DType::kQ4:
+      wide ? launch(GemmMmaKernel<QuantWeights<4, 32>, 64>)
+           : launch(GemmMmaKernel<QuantWeights<4, 16>, 32>);
+      return true;
+    case DType::kQ2:
+      wide ? launch(GemmMmaKernel<QuantWeights<2, 32>, 64>)
+           : launch(GemmMmaKernel<QuantWeights<2, 16>, 32>);
+      return true;
     default: return false;
   }
 }

@@ -360,7 +360,7 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
   load_round(std::integral_constant<int, 0>{}, mw.c_begin);  // before x is staged
   StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
 
-  float acc[NW][4] = {};
+  float acc[1][NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
     constexpr int b = decltype(buffer)::value;
 #pragma unroll
@@ -380,14 +380,14 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
           const uint32_t a2 = __byte_perm(wa[i], wa[i + 2], 0x7632);
           const uint32_t a1 = __byte_perm(wb[i], wb[i + 2], 0x5410);
           const uint32_t a3 = __byte_perm(wb[i], wb[i + 2], 0x7632);
-          MmaBf16(acc[m], a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
-          MmaBf16(acc[m], a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+          MmaBf16(acc[0][m], a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
+          MmaBf16(acc[0][m], a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
         }
       }
     }
   };
   MmaRounds<kU>(mw.c_begin, c_end, load_round, compute_round);
-  MmaMatVecStore<kGlu, ws>(p, grp, mw.n0, acc, partial);
+  MmaMatVecStore<kGlu, ws, 1>(p, grp, mw.n0, acc, partial);
 }
 
 // One block an SM up to this much x (8 rows of K = 4096: 141 KB), two up to kMmaMaxSmem.
@@ -396,6 +396,7 @@ constexpr size_t kBf16MmaMaxSmem = 200 * 1024;
 struct Bf16Mma {
   static constexpr uintptr_t kAlign = 16;  // 16-byte weight loads
   static constexpr size_t kMaxSmem = kBf16MmaMaxSmem;
+  static constexpr int kTiles = 1;
   template <bool kGlu, int ws, bool kAligned>
   __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
@@ -512,16 +513,21 @@ __global__ void AddBiasKernel(float* out, int64_t T, int64_t N, const W* bias) {
   }
 }
 
+// bf16 matrices take the tensor-core GEMM past the tensor-core matrix-vector kernel's 8 rows of A:
+// the GEMM reads each weight once for up to 64 rows (K split where its tiles leave SMs idle), the
+// matrix-vector kernels once per 8. H200, decode tokens/s with the GEMM from 9 rows against from
+// 33: 12 sequences 970 / 728, 16 1,140 / 875, 24 1,745 / 1,134, 32 2,147 / 1,253, 48 equal
+// (tests/gpu_results/batched_stop40/r5_*; from 33 left 32 sequences slower a step than 64).
+constexpr int64_t kBf16GemmAboveRows = kMmaTokens;
+
 template <typename W>
 void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   if (p.glu()) {
     LaunchMatVec<W, true>(p, single, stream);
-  } else if (std::is_same_v<W, __nv_bfloat16> && p.max_rows > 32 &&
+  } else if (std::is_same_v<W, __nv_bfloat16> && p.max_rows > kBf16GemmAboveRows &&
              LaunchGemmMma(p, single, stream)) {
-    // bf16 past 32 rows of A: the tensor-core GEMM, which reads each weight once for up to 64
-    // rows where the matrix-vector kernel passes over them once per 8. H200, decode tokens/s
-    // with the GEMM from 9 rows against the matrix-vector kernel: 16 sequences 584 / 880, 32
-    // 1,028 / 1,130, 64 978 / 834 (tests/gpu_results/bf16_gemm_rows_stop18.txt).
+    // (Measured before the GEMM's K split, stop 18, 32 rows were the better threshold:
+    // tests/gpu_results/bf16_gemm_rows_stop18.txt.)
   } else if (p.max_rows <= kMatVecMaxRows) {
     LaunchMatVec<W, false>(p, single, stream);
   } else if (!LaunchGemmMma(p, single, stream)) {
@@ -582,11 +588,12 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   p.ldc = N;
   p.num_sms = num_sms_;
   p.group_size = w.group_size;
-  // Rows the tensor-core GEMM takes (bf16 past 32, quantized past kMatVecMaxRows) whose tiles
+  // Rows the tensor-core GEMM takes (bf16 past 8, quantized past kMatVecMaxRows) whose tiles
   // would not give every SM two blocks (decode batches: k/v projections and the router at 256
   // rows are 16 and 4 tiles): K split so that they do, each slice at least 8 k-tiles, into C
   // zeroed first. MOE_GEMM_SPLITK=0 turns it off (measurements).
-  const bool gemm = w.dtype == DType::kBF16 ? T > 32 : IsQuantized(w.dtype) && T > cuda::kMatVecMaxRows;
+  const bool gemm = w.dtype == DType::kBF16 ? T > cuda::kBf16GemmAboveRows
+                                            : IsQuantized(w.dtype) && T > cuda::kMatVecMaxRows;
   if (gemm && split_k_) {
     const int64_t tiles = cuda::CeilDiv(N, cuda::kGemmTileCols) * cuda::CeilDiv(T, cuda::kGemmTileRows);
     p.k_splits = static_cast<int>(std::min(2 * num_sms_ / tiles, std::max<int64_t>(1, K / (32 * 8))));

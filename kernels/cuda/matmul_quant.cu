@@ -269,12 +269,17 @@ __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
 }
 
 // The kernel below for group `grp`, its matrices 8-byte aligned (kAligned: 8- and 4-byte loads)
-// or not (byte loads). partial: [kMmaWarps][NW * 4][kWarp] floats when ws > 1.
-template <bool kGlu, int ws, bool kAligned>
+// or not (byte loads), NT n-tiles of 8 rows of A (2: each weight fragment serves 16 tokens, so an
+// expert with 9-16 tokens of a decode batch is read once, not twice). partial: [kMmaWarps][NT * NW
+// * 4][kWarp] floats when ws > 1.
+template <bool kGlu, int ws, bool kAligned, int NT>
 __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
-  constexpr int kU = kGlu ? 2 : 4;  // chunks a round; two rounds in flight (registers)
+  // Chunks a round; two rounds in flight (registers). (Twice the chunks for two n-tiles, to keep
+  // one block's 8 warps as many bytes in flight as two blocks have, was 9% slower at 256
+  // sequences: H200, tests/bench/NOTES.md.)
+  constexpr int kU = kGlu ? 2 : 4;
   extern __shared__ uint32_t xsmem[];
   const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem);
   const int t = mw.t;
@@ -330,81 +335,102 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
 
   StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
 
-  float acc[NW][4] = {};
+  float acc[NT][NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
     constexpr int b = decltype(buffer)::value;
 #pragma unroll
     for (int u = 0; u < kU; ++u) {
       const int c = c0 + u;
       if (c >= c_end) break;
-      uint32_t xw[16];
-      mw.LoadX(c, xw);
-      const float2 sx = *reinterpret_cast<const float2*>(mw.xsum + c * kMmaTokens + 2 * t);
 #pragma unroll
-      for (int m = 0; m < NW; ++m) {
-        float d[4] = {0.f, 0.f, 0.f, 0.f};
+      for (int x = 0; x < NT; ++x) {
+        if (x > 0 && mw.nt <= kMmaTokens) break;  // block-uniform: a chunk of at most 8 rows
+        uint32_t xw[16];
+        mw.LoadX(c, xw, x);
+        const float2 sx =
+            *reinterpret_cast<const float2*>(mw.xsum + c * kMmaSumStride + kMmaTokens * x + 2 * t);
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint32_t wa = s < 2 ? w[b][u][m][0].x : w[b][u][m][0].y;
-          const uint32_t wb = s < 2 ? w[b][u][m][1].x : w[b][u][m][1].y;
-          const int sh = 8 * (s % 2);
-          const uint32_t a0 = CodesAsBf16(wa, sh), a1 = CodesAsBf16(wb, sh);
-          const uint32_t a2 = CodesAsBf16(wa, sh + 4), a3 = CodesAsBf16(wb, sh + 4);
-          MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
-          MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
-        }
-        // d = (row g: columns 2t, 2t+1; row g + 8: the same); scale and offset per row.
+        for (int m = 0; m < NW; ++m) {
+          float d[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sm[b][u][m][h]));
-          const float off = fmaf(-128.f, f.x, f.y);  // m - 128 s
-          acc[m][2 * h] = fmaf(f.x, d[2 * h], fmaf(off, sx.x, acc[m][2 * h]));
-          acc[m][2 * h + 1] = fmaf(f.x, d[2 * h + 1], fmaf(off, sx.y, acc[m][2 * h + 1]));
+          for (int s = 0; s < 4; ++s) {
+            const uint32_t wa = s < 2 ? w[b][u][m][0].x : w[b][u][m][0].y;
+            const uint32_t wb = s < 2 ? w[b][u][m][1].x : w[b][u][m][1].y;
+            const int sh = 8 * (s % 2);
+            const uint32_t a0 = CodesAsBf16(wa, sh), a1 = CodesAsBf16(wb, sh);
+            const uint32_t a2 = CodesAsBf16(wa, sh + 4), a3 = CodesAsBf16(wb, sh + 4);
+            MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
+            MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+          }
+          // d = (row g: columns 2t, 2t+1; row g + 8: the same); scale and offset per row.
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sm[b][u][m][h]));
+            const float off = fmaf(-128.f, f.x, f.y);  // m - 128 s
+            acc[x][m][2 * h] = fmaf(f.x, d[2 * h], fmaf(off, sx.x, acc[x][m][2 * h]));
+            acc[x][m][2 * h + 1] = fmaf(f.x, d[2 * h + 1], fmaf(off, sx.y, acc[x][m][2 * h + 1]));
+          }
         }
       }
     }
   };
   MmaRounds<kU>(mw.c_begin, c_end, load_round, compute_round);
-  MmaMatVecStore<kGlu, ws>(p, grp, mw.n0, acc, partial);
+  MmaMatVecStore<kGlu, ws, NT>(p, grp, mw.n0, acc, partial);
 }
 
+// NT n-tiles: 1 (up to 8 rows of A, two blocks an SM) or 2 (9-16 rows: x of 16 rows at K = 2048
+// is 140 KB, so one block an SM, and its registers are not capped at 128: MmaMatVecKernel's
+// launch bounds).
+template <int NT>
 struct Int4Mma {
   static constexpr uintptr_t kAlign = 8;  // 8-byte code loads (the store aligns to 256 bytes)
-  static constexpr size_t kMaxSmem = kMmaMaxSmem;
+  static constexpr size_t kMaxSmem = NT == 1 ? kMmaMaxSmem : 200 * 1024;
+  static constexpr int kTiles = NT;
   template <bool kGlu, int ws, bool kAligned>
   __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
-    Int4MmaMatVec<kGlu, ws, kAligned>(p, grp, partial);
+    Int4MmaMatVec<kGlu, ws, kAligned, NT>(p, grp, partial);
   }
 };
 
-// Blocks of MmaMatVecKernel<Int4Mma, kGlu, *> an SM holds with `smem` bytes of x (registers: asked
+// Blocks of MmaMatVecKernel<Fmt, kGlu, *> an SM holds with `smem` bytes of x (registers: asked
 // once; shared memory: 228 KiB an SM, 1 KiB of it reserved per block).
-template <bool kGlu>
+template <typename Fmt, bool kGlu>
 int64_t Int4MmaBlocksPerSm(size_t smem) {
   static const int by_registers = [] {
     int n = 0;
-    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &n, MmaMatVecKernel<Int4Mma, kGlu, 8>, kMmaWarps * kWarp, 0));
+    MOE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, MmaMatVecKernel<Fmt, kGlu, 8>,
+                                                                 kMmaWarps * kWarp, 0));
     return n > 0 ? n : 1;
   }();
-  const size_t per_block = smem + sizeof(float) * kMmaWarps * (kGlu ? 8 : 4) * kWarp + 1024;
+  const size_t per_block =
+      smem + sizeof(float) * kMmaWarps * Fmt::kTiles * (kGlu ? 8 : 4) * kWarp + 1024;
   return std::max<int64_t>(1, std::min<int64_t>(by_registers, 228 * 1024 / per_block));
 }
 
-// The tensor-core path takes int4 with chunks inside groups, whole chunks, aligned rows, up to 8
+template <typename Fmt>
+void LaunchInt4MmaMatVecAs(const GemmParams& p, const GemmGroup& single, size_t smem,
+                           cudaStream_t stream) {
+  // K split over ws warps while the blocks still fit one wave: more loads in flight, and no
+  // second wave repeating the staging of x.
+  const int64_t per_sm =
+      p.glu() ? Int4MmaBlocksPerSm<Fmt, true>(smem) : Int4MmaBlocksPerSm<Fmt, false>(smem);
+  LaunchMmaMatVec<Fmt>(p, single, smem, p.num_sms * per_sm, stream);
+}
+
+// The tensor-core path takes int4 with chunks inside groups, whole chunks, aligned rows, up to 16
 // rows of A and shared memory for them; false when it does not apply.
 bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const int64_t chunks = p.K / kMmaChunk;
   const size_t smem = MmaSmemBytes(p.max_rows, chunks);
-  if (p.K % kMmaChunk != 0 || p.group_size < kMmaChunk || p.max_rows > kMmaTokens ||
-      smem > kMmaMaxSmem || (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
+  const bool two_tiles = p.max_rows > kMmaTokens;
+  if (p.K % kMmaChunk != 0 || p.group_size < kMmaChunk || p.max_rows > kMmaTokens * kMmaMaxTiles ||
+      smem > (two_tiles ? Int4Mma<2>::kMaxSmem : Int4Mma<1>::kMaxSmem) ||
+      (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
-  // K split over ws warps while the blocks still fit one wave: more loads in flight, and no
-  // second wave repeating the staging of x.
-  const int64_t per_sm = p.glu() ? Int4MmaBlocksPerSm<true>(smem) : Int4MmaBlocksPerSm<false>(smem);
-  LaunchMmaMatVec<Int4Mma>(p, single, smem, p.num_sms * per_sm, stream);
+  two_tiles ? LaunchInt4MmaMatVecAs<Int4Mma<2>>(p, single, smem, stream)
+            : LaunchInt4MmaMatVecAs<Int4Mma<1>>(p, single, smem, stream);
   return true;
 }
 

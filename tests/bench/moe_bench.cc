@@ -40,19 +40,22 @@
 // store's own on-disk contract), opened by ExpertStore with the device budget at each of
 // --store_vram_percents of the experts under each of --store_policies, and every expert in the
 // host tier (pinned memory from Backend::AllocateHost). A 512-token prefill loads most experts
-// from disk into the host tier and one Acquire of every expert the rest; then decode at batch 1
-// is timed and compared with its PCIe bound: the bytes that crossed PCIe (experts the steps read
-// in place from the host tier, StoreStats::host_reads, plus what the store copied up into the
-// device tier, its bytes in) / 52 GB/s + the all-resident step time.
+// from disk into the host tier and one Acquire of every expert the rest; then decode steps of
+// each of --store_batches sequences (1: after that prefill; more: random KV at --context, as the
+// batched runs) are timed and compared with their PCIe bound: the bytes that crossed PCIe
+// (experts the steps read in place from the host tier, StoreStats::host_reads, plus what the
+// store copied up into the device tier, its bytes in) / 52 GB/s + the all-resident step time
+// of the same batch.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
+#include <map>
 #include <memory>
 #include <numeric>
 #include <string>
@@ -102,6 +105,9 @@ ABSL_FLAG(std::string, store_vram_percents, "25",
           "Offload runs: shares of the experts in VRAM, in %, comma-separated");
 ABSL_FLAG(std::string, store_policies, "next_use",
           "Offload runs: the device tier's eviction policies to compare, comma-separated");
+ABSL_FLAG(std::string, store_batches, "1",
+          "Offload runs: concurrent sequences at context --context (each also in --batches, "
+          "whose all-resident step is the bound's compute part; 1 is always measured)");
 ABSL_FLAG(bool, store_prefetch, false,
           "Offload runs: prefetch each next layer's likely experts (the worker's --prefetch)");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "KV cache format of the runs above (paged, block 16)");
@@ -985,6 +991,17 @@ absl::Status CheckFlags() {
   for (const auto& [flag, value] : lists) MOE_RETURN_IF_ERROR(PositiveInts(flag, value).status());
   MOE_RETURN_IF_ERROR(
       PositiveInts("store_vram_percents", absl::GetFlag(FLAGS_store_vram_percents)).status());
+  // An offload run's bound needs the all-resident step of its batch: checked before the runs.
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> batches,
+                       PositiveInts("batches", absl::GetFlag(FLAGS_batches)));
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> store_batches,
+                       PositiveInts("store_batches", absl::GetFlag(FLAGS_store_batches)));
+  for (const int64_t B : store_batches) {
+    if (B != 1 && std::find(batches.begin(), batches.end(), B) == batches.end()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--store_batches: ", B, " is not in --batches (its all-resident step is the bound)"));
+    }
+  }
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_store_policies), ',', absl::SkipEmpty())) {
     store::PolicyOptions o;
@@ -998,12 +1015,13 @@ absl::Status CheckFlags() {
 }
 
 // One offload run: `percent` of the experts in VRAM under `policy`, every expert in the pinned
-// host tier, batch-1 decode timed after a prefill and two warm-up steps. A step reads what VRAM
+// host tier, decode steps of B sequences at context --context timed after the context (batch 1:
+// a prefill; more: random KV, as the batched runs) and two warm-up steps. A step reads what VRAM
 // lacks in place from the host tier and the store copies up what the policy admits: both cross
-// PCIe, so the bound is those bytes / 52 GB/s plus the all-resident step (`resident_s`).
+// PCIe, so the bound is those bytes / 52 GB/s plus the all-resident step of B (`resident_s`).
 absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint64_t slot,
                       int64_t percent, const std::string& policy, kernels::Backend& backend,
-                      kernels::KvFormat kv_format, double resident_s,
+                      kernels::KvFormat kv_format, int64_t B, double resident_s, Rng& rng,
                       const std::function<std::vector<int32_t>(int64_t)>& tokens) {
   const int64_t layers = Layers(), experts = Experts();
   const int64_t ctx = absl::GetFlag(FLAGS_context);
@@ -1023,8 +1041,12 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
   const int64_t ssteps = absl::GetFlag(FLAGS_store_steps);
   // Positions: the prompt, two warm-up steps and the timed ones.
   MOE_ASSIGN_OR_RETURN(PagedSeqs seq,
-                       MakePagedSeqs(*model, backend, kv_format, 1, ctx + ssteps + 2));
-  MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
+                       MakePagedSeqs(*model, backend, kv_format, B, ctx + ssteps + 2));
+  if (B == 1) {
+    MOE_RETURN_IF_ERROR(Prefill(*model, seq, tokens(ctx)));  // disk -> host tier
+  } else {
+    MOE_RETURN_IF_ERROR(FillRandom(backend, c, seq, ctx, rng));
+  }
   // Every expert into the host tier (the prefill touches most, not all: a decode step that
   // reads one from disk would be timed as disk, not as the host->device traffic bounded below).
   for (int32_t l = 0; l < static_cast<int32_t>(layers); ++l) {
@@ -1033,13 +1055,13 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
     MOE_ASSIGN_OR_RETURN(std::vector<store::ExpertHandle> handles, store_ptr->Acquire(l, all));
     for (store::ExpertHandle& h : handles) MOE_RETURN_IF_ERROR(h.ready.get());
   }
-  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
+  for (int i = 0; i < 2; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(B)));
   const store::StoreStats s0 = store_ptr->Stats();
   const engine::PhaseTimes p0 = model->phase_times();
   const auto t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < ssteps; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(1)));
-  const double per_tok = Seconds(t0, std::chrono::steady_clock::now()) /
-                         static_cast<double>(ssteps);
+  for (int64_t i = 0; i < ssteps; ++i) MOE_RETURN_IF_ERROR(DecodeStep(*model, seq, tokens(B)));
+  const double per_step_s =
+      Seconds(t0, std::chrono::steady_clock::now()) / static_cast<double>(ssteps);
   const store::StoreStats s1 = store_ptr->Stats();
   const auto per_step = [&](uint64_t a, uint64_t b) {
     return static_cast<double>(b - a) / static_cast<double>(ssteps);
@@ -1049,13 +1071,14 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
   const double hits = static_cast<double>(s1.device.hits - s0.device.hits);
   const double uses = hits + static_cast<double>(s1.device.misses - s0.device.misses);
   const double bound = (in_place + copied) / 52e9 + resident_s;
-  std::printf("%5lld%% %-10s %10.1f %8.1f%% %12.3f %12.3f %11.2f %11.2f %9.2f\n",
-              static_cast<long long>(percent), policy.c_str(), 1.0 / per_tok,
-              uses > 0 ? 100.0 * hits / uses : 0.0, (in_place + copied) / 1e9, in_place / 1e9,
-              per_tok * 1e3, bound * 1e3, per_tok / bound);
+  std::printf("%5lld%% %-10s %5lld %10.1f %8.1f%% %12.3f %12.3f %11.2f %11.2f %9.2f\n",
+              static_cast<long long>(percent), policy.c_str(), static_cast<long long>(B),
+              static_cast<double>(B) / per_step_s, uses > 0 ? 100.0 * hits / uses : 0.0,
+              (in_place + copied) / 1e9, in_place / 1e9, per_step_s * 1e3, bound * 1e3,
+              per_step_s / bound);
   if (absl::GetFlag(FLAGS_timings)) {
-    PrintTimings(absl::StrCat("decode, ", percent, "% in VRAM, ", policy).c_str(),
-                 Diff(p0, model->phase_times()), ssteps, c.num_hidden_layers);
+    PrintTimings(absl::StrCat("decode, ", percent, "% in VRAM, ", policy, ", batch ", B).c_str(),
+                 Diff(p0, model->phase_times()), B * ssteps, c.num_hidden_layers);
   }
   return absl::OkStatus();
 }
@@ -1208,6 +1231,7 @@ absl::Status Run() {
         static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB", "dense GB",
         "KV/st GB", "roofline/s", "fraction");
   }
+  std::map<int64_t, double> resident_step_s = {{1, 1.0 / tok_s}};  // the offload runs' bound
   for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
                          MakePagedSeqs(*model, *backend, kv_format, B, ctx + 2 * bsteps + 4));
@@ -1219,6 +1243,7 @@ absl::Status Run() {
     for (int64_t i = 0; i < bsteps; ++i) MOE_RETURN_IF_ERROR(step());
     const double s = Seconds(t0, std::chrono::steady_clock::now());
     const double batch_tok_s = static_cast<double>(B * bsteps) / s;
+    resident_step_s[B] = s / static_cast<double>(bsteps);
     const StepBytes need = DecodeStepBytes(c, expert_bytes, B, ctx, seqs.BytesPerPositionLayer());
     const double roofline_tok_s = static_cast<double>(B) * copy_bps / need.total();
     std::printf("%-6lld %10.1f %9.2f %8.1f %8.2f %8.2f %8.2f %11.0f %8.1f%%\n",
@@ -1262,13 +1287,18 @@ absl::Status Run() {
   MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> percents,
                        PositiveInts("store_vram_percents",
                                     absl::GetFlag(FLAGS_store_vram_percents)));
-  std::printf("%-6s %-10s %10s %9s %12s %12s %11s %11s %9s\n", "VRAM", "policy", "tokens/s",
-              "dev hits", "PCIe GB/tok", "(in place)", "ms/token", "PCIe bound", "ratio");
-  for (const int64_t percent : percents) {
-    for (absl::string_view policy :
-         absl::StrSplit(absl::GetFlag(FLAGS_store_policies), ',', absl::SkipEmpty())) {
-      MOE_RETURN_IF_ERROR(StoreRun(dir, store_dir, slot, percent, std::string(policy), *backend,
-                                   kv_format, 1.0 / tok_s, tokens));
+  MOE_ASSIGN_OR_RETURN(const std::vector<int64_t> store_batches,
+                       PositiveInts("store_batches", absl::GetFlag(FLAGS_store_batches)));
+  std::printf("%-6s %-10s %5s %10s %9s %12s %12s %11s %11s %9s\n", "VRAM", "policy", "B",
+              "tokens/s", "dev hits", "PCIe GB/step", "(in place)", "ms/step", "PCIe bound",
+              "ratio");
+  for (const int64_t B : store_batches) {
+    for (const int64_t percent : percents) {
+      for (absl::string_view policy :
+           absl::StrSplit(absl::GetFlag(FLAGS_store_policies), ',', absl::SkipEmpty())) {
+        MOE_RETURN_IF_ERROR(StoreRun(dir, store_dir, slot, percent, std::string(policy), *backend,
+                                     kv_format, B, resident_step_s.at(B), rng, tokens));
+      }
     }
   }
   return absl::OkStatus();

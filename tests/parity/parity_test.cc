@@ -104,6 +104,8 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{5, 1100, 2048, DType::kBF16, false},
                       MatMulCase{8, 64, 733, DType::kF32, false},
                       MatMulCase{9, 733, 129, DType::kBF16, false},  // two passes of 8 rows
+                      MatMulCase{16, 2048, 2048, DType::kBF16, false},  // GEMM from 9 rows
+                      MatMulCase{24, 512, 2048, DType::kBF16, true},
                       MatMulCase{33, 257, 67, DType::kF32, true},
                       MatMulCase{64, 2048, 2048, DType::kBF16, false},  // last matrix-vector size
                       MatMulCase{65, 733, 129, DType::kBF16, false},  // first tiled size
@@ -1020,9 +1022,9 @@ TEST_P(QuantMatMulParity, MatchesCpu) { RunMatMul(GetParam().mm, GetParam().grou
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, QuantMatMulParity,
-    ::testing::Values(QuantMatMulCase{{256, 128, 2048, DType::kQ4, true}, 64},  // K split 8
+    ::testing::Values(QuantMatMulCase{{256, 128, 2048, DType::kQ4, true}, 64},    // K split 8
                       QuantMatMulCase{{100, 512, 2048, DType::kQ8, false}, 128},  // K split 8
-                      QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 64},  // expert down
+                      QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 64},     // expert down
                       QuantMatMulCase{{1, 2048, 768, DType::kQ4, false}, 128},
                       QuantMatMulCase{{1, 768, 2048, DType::kQ4, false}, 64},  // expert gate/up
                       QuantMatMulCase{{1, 768, 2048, DType::kQ4, false}, 128},
@@ -1040,13 +1042,17 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{5, 100, 4096, DType::kQ2, true}, 32},   // split, 5 rows
                       QuantMatMulCase{{8, 64, 2048, DType::kQ8, false}, 64},
                       QuantMatMulCase{{2, 2048, 768, DType::kQ4, false}, 128},
-                      QuantMatMulCase{{9, 733, 129, DType::kQ4, false}, 64},  // two passes of 8
+                      QuantMatMulCase{{9, 733, 129, DType::kQ4, false}, 64},    // two passes of 8
+                      QuantMatMulCase{{12, 768, 2048, DType::kQ4, false}, 64},  // two n-tiles
+                      QuantMatMulCase{{16, 2048, 768, DType::kQ4, false}, 128},
+                      QuantMatMulCase{{13, 733, 2048, DType::kQ4, true}, 64},    // partial tiles
+                      QuantMatMulCase{{100, 300, 2048, DType::kQ4, false}, 32},  // GEMM, k-tile 32
                       QuantMatMulCase{{33, 257, 67, DType::kQ2, true}, 32},
                       QuantMatMulCase{{64, 768, 2048, DType::kQ4, false}, 64},  // last matvec size
-                      QuantMatMulCase{{65, 733, 129, DType::kQ4, false}, 64},  // first tiled size
+                      QuantMatMulCase{{65, 733, 129, DType::kQ4, false}, 64},   // first tiled size
                       QuantMatMulCase{{130, 300, 2048, DType::kQ8, false}, 128},
                       QuantMatMulCase{{512, 2048, 768, DType::kQ4, false}, 64},  // prefill
-                      QuantMatMulCase{{100, 200, 96, DType::kQ4, false}, 64},  // group past K
+                      QuantMatMulCase{{100, 200, 96, DType::kQ4, false}, 64},    // group past K
                       QuantMatMulCase{{257, 130, 2048, DType::kQ2, true}, 32},
                       QuantMatMulCase{{65, 1000, 256, DType::kQ8, false}, 256},
                       QuantMatMulCase{{1, 733, 2048, DType::kQ4, false}, 64},  // tensor cores
