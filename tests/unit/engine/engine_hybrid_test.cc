@@ -1,7 +1,8 @@
-// Engine with a hybrid model (linear-attention layers with a recurrent state per sequence): the
-// state budget is carved out of the KV budget, every path that restores or reuses a state
-// (snapshot prefix reuse, session turns, preemption, chunked prefill) gives the tokens of a cold
-// run, and slots are freed on finish, cancel and preemption.
+// Engine with a hybrid model (a per-sequence state beside the paged KV): the Qwen3.5 hybrid
+// (GatedDeltaNet layers: conv inputs and a recurrent state) and LFM2-MoE (short-conv layers: the
+// conv state). For both: the state budget is carved out of the KV budget, every path that
+// restores or reuses a state (snapshot prefix reuse, session turns, preemption, chunked prefill)
+// gives the tokens of a cold run, and slots are freed on finish, cancel and preemption.
 #include <algorithm>
 #include <map>
 #include <random>
@@ -15,25 +16,29 @@
 namespace moe::engine {
 namespace {
 
-class EngineHybridTest : public ::testing::Test {
+// The parameter: the model_type of the test model.
+class EngineHybridTest : public ::testing::TestWithParam<std::string> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    written_ = new absl::Status(WriteHybridModel(dir_->path()));
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    delete written_;
-  }
+  static void SetUpTestSuite() { dirs_ = new std::map<std::string, testing::TempDir>(); }
+  static void TearDownTestSuite() { delete dirs_; }
 
   void SetUp() override {
-    ASSERT_TRUE(written_->ok()) << *written_;
+    // Each model written once per process, on its first test.
+    const std::string& kind = GetParam();
+    if (!dirs_->count(kind)) {
+      const std::string& dir = (*dirs_)[kind].path();
+      const absl::Status written =
+          kind == "lfm2_moe" ? WriteLfm2Model(dir) : WriteHybridModel(dir);
+      ASSERT_TRUE(written.ok()) << written;
+    }
+    const std::string& dir = (*dirs_)[kind].path();
     backend_ = std::move(*kernels::MakeBackend(kernels::BackendKind::kCpu, {}));
-    auto model = Model::Load(dir_->path(), *backend_);
+    auto model = Model::Load(dir, *backend_);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
     ASSERT_GT(model_->state_bytes(), 0) << "the test model is not hybrid";
-    auto tok = Tokenizer::LoadFromDir(dir_->path());
+    ASSERT_EQ(model_->config().arch.model_type, kind);
+    auto tok = Tokenizer::LoadFromDir(dir);
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
   }
@@ -92,19 +97,17 @@ class EngineHybridTest : public ::testing::Test {
   }
   int64_t SlotBytes() const { return StatePool::SlotBytes(model_->state_bytes()); }
 
-  static testing::TempDir* dir_;
-  static absl::Status* written_;
+  static std::map<std::string, testing::TempDir>* dirs_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
 };
-testing::TempDir* EngineHybridTest::dir_ = nullptr;
-absl::Status* EngineHybridTest::written_ = nullptr;
+std::map<std::string, testing::TempDir>* EngineHybridTest::dirs_ = nullptr;
 
 // The engine's greedy tokens (paged KV, state slot, sampling on the backend, the prompt in one
 // chunk or in chunks of 8) are those of the model driven directly (contiguous KV and its own
 // state, argmax on the host), 160 tokens long.
-TEST_F(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
+TEST_P(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
   const std::vector<int32_t> prompt = Tokens(16, 99);
   const int64_t n = 160;
   auto kv = SequenceKv::Create(model_->config(), *backend_, 16 + n + 1);
@@ -129,7 +132,7 @@ TEST_F(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
   }
 }
 
-TEST_F(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
+TEST_P(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
   EngineOptions o;
   o.max_running = 4;
   o.max_sessions = 2;
@@ -158,7 +161,7 @@ TEST_F(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
             absl::StatusCode::kResourceExhausted);
 }
 
-TEST_F(EngineHybridTest, SlotsAreFreedOnFinishAndCancel) {
+TEST_P(EngineHybridTest, SlotsAreFreedOnFinishAndCancel) {
   auto engine = Make({});
   ASSERT_TRUE(engine->Add(Greedy("a", Tokens(30, 1), 50)).ok());
   ASSERT_TRUE(engine->Add(Greedy("b", Tokens(30, 2), 3)).ok());
@@ -170,7 +173,7 @@ TEST_F(EngineHybridTest, SlotsAreFreedOnFinishAndCancel) {
   EXPECT_EQ(engine->Stats().kv_bytes_used, 0);
 }
 
-TEST_F(EngineHybridTest, PrefixReuseStartsFromASnapshotAndKeepsTokens) {
+TEST_P(EngineHybridTest, PrefixReuseStartsFromASnapshotAndKeepsTokens) {
   EngineOptions o;
   o.block_size = 16;
   o.state_snapshot_blocks = 4;  // a snapshot every 64 tokens
@@ -196,7 +199,7 @@ TEST_F(EngineHybridTest, PrefixReuseStartsFromASnapshotAndKeepsTokens) {
   EXPECT_TRUE(engine->kv_cache()->CheckInvariants().ok());
 }
 
-TEST_F(EngineHybridTest, ReuseStopsAtTheDeepestSnapshot) {
+TEST_P(EngineHybridTest, ReuseStopsAtTheDeepestSnapshot) {
   EngineOptions o;
   o.block_size = 16;
   o.state_snapshot_blocks = 4;
@@ -213,7 +216,7 @@ TEST_F(EngineHybridTest, ReuseStopsAtTheDeepestSnapshot) {
   EXPECT_EQ(rb.tokens, Cold(b, 3));
 }
 
-TEST_F(EngineHybridTest, NoSnapshotsNoPrefixReuse) {
+TEST_P(EngineHybridTest, NoSnapshotsNoPrefixReuse) {
   EngineOptions o;
   o.state_snapshot_blocks = 0;
   auto engine = Make(o);
@@ -224,7 +227,7 @@ TEST_F(EngineHybridTest, NoSnapshotsNoPrefixReuse) {
   EXPECT_EQ(RunAll(*engine)["b"].final_event.usage.cached_prompt_tokens, 0);
 }
 
-TEST_F(EngineHybridTest, SessionTurnContinuesTheStateLikeAColdRun) {
+TEST_P(EngineHybridTest, SessionTurnContinuesTheStateLikeAColdRun) {
   EngineOptions o;
   o.block_size = 4;
   auto engine = Make(o);
@@ -263,16 +266,20 @@ TEST_F(EngineHybridTest, SessionTurnContinuesTheStateLikeAColdRun) {
 
 // A preempted sequence is recomputed (its decoded tokens become a prefill, in other chunks than
 // it first ran) and still gives the tokens it gets alone.
-TEST_F(EngineHybridTest, PreemptionUnderATinyBudgetKeepsTokens) {
+TEST_P(EngineHybridTest, PreemptionUnderATinyBudgetKeepsTokens) {
   EngineOptions tight;
   tight.block_size = 4;
   tight.max_running = 4;
   tight.max_sessions = 0;
   tight.state_snapshot_blocks = 0;
-  // 4 slots in half the budget, the KV blocks in the other half: the KV holds 4 · state_bytes,
-  // less than 4 running sequences of ~95 tokens need, so some are preempted.
-  tight.kv_budget_bytes = 8 * SlotBytes();
+  // 4 slots in at most half the budget, the KV blocks in the rest: 4 slots' bytes (the
+  // Qwen3.5 hybrid's large states) or 200 tokens (LFM2's small ones), less than 4 running
+  // sequences of ~95 tokens need, so some are preempted.
+  const int64_t kv_per_token = Make(tight)->Stats().kv_bytes_per_token;
+  tight.kv_budget_bytes = 4 * SlotBytes() + std::max(4 * SlotBytes(), 200 * kv_per_token);
   auto engine = Make(tight);
+  ASSERT_EQ(engine->Stats().state_slots_total, 4);
+  ASSERT_LT(engine->Stats().kv_blocks_total * tight.block_size, 4 * 95);
   std::vector<Request> reqs;
   std::map<std::string, std::vector<int32_t>> solo;
   for (int i = 0; i < 5; ++i) {
@@ -295,22 +302,22 @@ TEST_F(EngineHybridTest, PreemptionUnderATinyBudgetKeepsTokens) {
   EXPECT_TRUE(engine->kv_cache()->CheckInvariants().ok());
 }
 
-TEST_F(EngineHybridTest, FewerSlotsThanRunningMakesRequestsWait) {
+TEST_P(EngineHybridTest, FewerSlotsThanRunningMakesRequestsWait) {
   EngineOptions o;
   o.max_running = 8;
   o.max_sessions = 0;
   o.state_snapshot_blocks = 0;
   o.block_size = 4;
-  o.kv_budget_bytes = 4 * SlotBytes();  // 2 slots: half the budget
+  o.kv_budget_bytes = 6 * SlotBytes() - 1;  // 2 slots: under half the budget
   auto engine = Make(o);
   ASSERT_EQ(engine->Stats().state_slots_total, 2);
-  // The other half holds the four sequences' KV (4 x 9 positions in blocks of 4): the wait
-  // below is for slots, not blocks.
-  ASSERT_GE(engine->Stats().kv_blocks_total, 12);
+  // The rest holds two running sequences' KV (4 + 3 positions: 2 blocks of 4 each) and a
+  // waiting one's prompt block: the wait below is for slots, not blocks.
+  ASSERT_GE(engine->Stats().kv_blocks_total, 5);
   std::map<std::string, std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) {
     const std::string id = absl::StrCat("w", i);
-    prompts[id] = Tokens(5, 20 + i);
+    prompts[id] = Tokens(4, 20 + i);
     ASSERT_TRUE(engine->Add(Greedy(id, prompts[id], 4)).ok());
   }
   std::map<std::string, std::vector<int32_t>> first;
@@ -326,7 +333,7 @@ TEST_F(EngineHybridTest, FewerSlotsThanRunningMakesRequestsWait) {
   for (const auto& [id, prompt] : prompts) EXPECT_EQ(results[id].tokens, Cold(prompt, 4)) << id;
 }
 
-TEST_F(EngineHybridTest, ChunkedPrefillGivesTheTokensOfOneChunk) {
+TEST_P(EngineHybridTest, ChunkedPrefillGivesTheTokensOfOneChunk) {
   const std::vector<int32_t> prompt = Tokens(90, 30);
   auto run = [&](int64_t max_batch_tokens) {
     EngineOptions o;
@@ -346,7 +353,7 @@ TEST_F(EngineHybridTest, ChunkedPrefillGivesTheTokensOfOneChunk) {
 
 // Random adds, cancels and session turns under a tight budget: the pools' invariants hold after
 // every step and no slot or block leaks.
-TEST_F(EngineHybridTest, RandomOperationsLeakNoSlots) {
+TEST_P(EngineHybridTest, RandomOperationsLeakNoSlots) {
   EngineOptions o;
   o.block_size = 4;
   o.max_batch_tokens = 24;
@@ -383,6 +390,10 @@ TEST_F(EngineHybridTest, RandomOperationsLeakNoSlots) {
   EXPECT_EQ(engine->Stats().state_slots_used, 0);
   EXPECT_EQ(engine->Stats().kv_bytes_used, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineHybridTest,
+                         ::testing::Values(std::string("qwen3_5_moe"), std::string("lfm2_moe")),
+                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
 
 }  // namespace
 }  // namespace moe::engine
