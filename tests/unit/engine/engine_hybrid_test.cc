@@ -27,8 +27,7 @@ class EngineHybridTest : public ::testing::TestWithParam<std::string> {
     const std::string& kind = GetParam();
     if (!dirs_->count(kind)) {
       const std::string& dir = (*dirs_)[kind].path();
-      const absl::Status written =
-          kind == "lfm2_moe" ? WriteLfm2Model(dir) : WriteHybridModel(dir);
+      const absl::Status written = kind == "lfm2_moe" ? WriteLfm2Model(dir) : WriteHybridModel(dir);
       ASSERT_TRUE(written.ok()) << written;
     }
     const std::string& dir = (*dirs_)[kind].path();
