@@ -3,6 +3,9 @@
 // conv state). For both: the state budget is carved out of the KV budget, every path that
 // restores or reuses a state (snapshot prefix reuse, session turns, preemption, chunked prefill)
 // gives the tokens of a cold run, and slots are freed on finish, cancel and preemption.
+// The same with a 16-bit KV tail (kv_tail_tokens) in front of a compressed cache, whose rings
+// live in the state slots: on the plain qwen3_moe test model (the tail its only state) and on
+// LFM2 (conv state and tail in one slot).
 #include <algorithm>
 #include <map>
 #include <random>
@@ -16,18 +19,25 @@
 namespace moe::engine {
 namespace {
 
-// The parameter: the model_type of the test model.
-class EngineHybridTest : public ::testing::TestWithParam<std::string> {
+struct Case {
+  std::string model_type;  // of the test model
+  std::string kv_cache_dtype = "bf16";
+  int kv_tail_tokens = 0;
+};
+
+class EngineHybridTest : public ::testing::TestWithParam<Case> {
  protected:
   static void SetUpTestSuite() { dirs_ = new std::map<std::string, testing::TempDir>(); }
   static void TearDownTestSuite() { delete dirs_; }
 
   void SetUp() override {
     // Each model written once per process, on its first test.
-    const std::string& kind = GetParam();
+    const std::string& kind = GetParam().model_type;
     if (!dirs_->count(kind)) {
       const std::string& dir = (*dirs_)[kind].path();
-      const absl::Status written = kind == "lfm2_moe" ? WriteLfm2Model(dir) : WriteHybridModel(dir);
+      const absl::Status written = kind == "lfm2_moe"    ? WriteLfm2Model(dir)
+                                   : kind == "qwen3_moe" ? WriteDefaultModel(dir)
+                                                         : WriteHybridModel(dir);
       ASSERT_TRUE(written.ok()) << written;
     }
     const std::string& dir = (*dirs_)[kind].path();
@@ -35,15 +45,21 @@ class EngineHybridTest : public ::testing::TestWithParam<std::string> {
     auto model = Model::Load(dir, *backend_);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
-    ASSERT_GT(model_->state_bytes(), 0) << "the test model is not hybrid";
+    ASSERT_GT(StateBytes(), 0) << "the test model has no per-sequence state";
     ASSERT_EQ(model_->config().arch.model_type, kind);
     auto tok = Tokenizer::LoadFromDir(dir);
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
   }
 
+  // Every engine of a test gets the case's KV format and tail.
+  static EngineOptions WithCase(EngineOptions options) {
+    options.kv_cache_dtype = GetParam().kv_cache_dtype;
+    options.kv_tail_tokens = GetParam().kv_tail_tokens;
+    return options;
+  }
   std::unique_ptr<Engine> Make(const EngineOptions& options) {
-    auto engine = Engine::Create(*model_, *tokenizer_, options);
+    auto engine = Engine::Create(*model_, *tokenizer_, WithCase(options));
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(engine).value() : nullptr;
   }
@@ -94,7 +110,11 @@ class EngineHybridTest : public ::testing::TestWithParam<std::string> {
     EXPECT_EQ(r.final_event.finish, FinishReason::kLength);
     return r.tokens;
   }
-  int64_t SlotBytes() const { return StatePool::SlotBytes(model_->state_bytes()); }
+  // A sequence's state: the model's and the tail's rings.
+  int64_t StateBytes() const {
+    return model_->state_bytes() + PagedKv::TailBytes(model_->config(), GetParam().kv_tail_tokens);
+  }
+  int64_t SlotBytes() const { return StatePool::SlotBytes(StateBytes()); }
 
   static std::map<std::string, testing::TempDir>* dirs_;
   std::unique_ptr<kernels::Backend> backend_;
@@ -120,6 +140,7 @@ TEST_P(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
     item.tokens = absl::MakeConstSpan(&direct.back(), 1);
   }
+  std::vector<int32_t> first;
   for (int64_t mbt : {256, 8}) {
     EngineOptions o;
     o.prefix_reuse = false;
@@ -127,8 +148,14 @@ TEST_P(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
     auto engine = Make(o);
     ASSERT_TRUE(engine->Add(Greedy("x", prompt, n)).ok());
     const std::vector<int32_t> got = RunAll(*engine)["x"].tokens;
-    EXPECT_EQ(got, direct) << "max_batch_tokens " << mbt;
+    // A compressed cache is not the direct run's fp32 KV: there the chunkings agree.
+    if (GetParam().kv_tail_tokens == 0) {
+      EXPECT_EQ(got, direct) << "max_batch_tokens " << mbt;
+    }
+    if (first.empty()) first = got;
+    EXPECT_EQ(got, first) << "max_batch_tokens " << mbt;
   }
+  EXPECT_EQ(first.size(), static_cast<size_t>(n));
 }
 
 TEST_P(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
@@ -156,7 +183,7 @@ TEST_P(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
   EXPECT_EQ(Make(o)->Stats().state_slots_total, 6);
   // Not one slot in half the budget: no engine.
   o.kv_budget_bytes = SlotBytes();
-  EXPECT_EQ(Engine::Create(*model_, *tokenizer_, o).status().code(),
+  EXPECT_EQ(Engine::Create(*model_, *tokenizer_, WithCase(o)).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
@@ -391,8 +418,17 @@ TEST_P(EngineHybridTest, RandomOperationsLeakNoSlots) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, EngineHybridTest,
-                         ::testing::Values(std::string("qwen3_5_moe"), std::string("lfm2_moe")),
-                         [](const ::testing::TestParamInfo<std::string>& p) { return p.param; });
+                         ::testing::Values(Case{"qwen3_5_moe"}, Case{"lfm2_moe"},
+                                           Case{"qwen3_moe", "fp8_e4m3", 16},
+                                           Case{"lfm2_moe", "tq4", 16}),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           std::string name = p.param.model_type;
+                           if (p.param.kv_tail_tokens > 0) {
+                             name += absl::StrCat("_tail", p.param.kv_tail_tokens, "_",
+                                                  p.param.kv_cache_dtype);
+                           }
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace moe::engine
