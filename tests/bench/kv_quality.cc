@@ -8,6 +8,7 @@
 //
 // --tail W (> 0) adds, under each compressed format's row, its T8 with a 16-bit tail of the
 // newest W tokens (--kv_tail_tokens); T7 (attention outside the model) has no tail.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -106,8 +107,12 @@ int Run(int steps, int random_tokens, int tail) {
     for (kernels::KvFormat f : kFormats) {
       bench::AttentionQuality t7;
       bool supported = true;
+      // The mean over the attention layers (a hybrid's conv or linear layers have no Q/K/V).
+      const double attention_layers = static_cast<double>(std::count_if(
+          qkv->begin(), qkv->end(), [](const bench::LayerQkv& x) { return x.T > 0; }));
       for (size_t l = 0; l < qkv->size(); ++l) {
         const bench::LayerQkv& x = (*qkv)[l];
+        if (x.T == 0) continue;
         auto r = bench::MeasureAttention(f, x.q.data(), x.k.data(), x.v.data(), x.T,
                                          static_cast<int>(c.num_attention_heads),
                                          static_cast<int>(c.num_key_value_heads),
@@ -116,8 +121,8 @@ int Run(int steps, int random_tokens, int tail) {
           supported = false;
           break;
         }
-        t7.rel_l2 += r->rel_l2 / qkv->size();
-        t7.kl += r->kl / qkv->size();
+        t7.rel_l2 += r->rel_l2 / attention_layers;
+        t7.kl += r->kl / attention_layers;
       }
       if (!supported) {
         std::printf("| %s | %lld | %s | n/a (head_dim) | | | | |\n", m.name.c_str(),
