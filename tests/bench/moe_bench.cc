@@ -986,7 +986,8 @@ absl::Status CheckFlags() {
           absl::StrCat("--kv_tail_tokens must be >= 0 (0: none), got ", tail));
     }
     if (backend != "cpu") {
-      return absl::UnimplementedError("--kv_tail_tokens is not implemented on the cuda backend yet");
+      return absl::UnimplementedError(
+          "--kv_tail_tokens is not implemented on the cuda backend yet");
     }
   }
   auto format = [](const char* flag, absl::string_view name) {
