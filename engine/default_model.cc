@@ -1,6 +1,7 @@
 // WriteDefaultModel: config and weights of a 4-layer, 16-expert qwen3_moe, plus its tokenizer.
 // WriteScriptedModel: the same shape, with weights set so that greedy decoding emits a script.
 // WriteHybridModel: a Qwen3.5-MoE-shaped hybrid in the vision-language layout of real checkpoints.
+// WriteLfm2Model: an LFM2-MoE short-conv hybrid in the layout of real LFM2 checkpoints.
 #include "engine/default_model.h"
 
 #include <algorithm>
@@ -150,8 +151,13 @@ absl::Status ScriptWeights(const Tokenizer& tokenizer, const std::vector<std::st
   return absl::OkStatus();
 }
 
+// Which checkpoint layout WriteModel writes.
+enum class Layout { kQwen3Moe, kQwen35Hybrid, kLfm2Moe };
+
 absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
-                        const std::string& script, bool hybrid) {
+                        const std::string& script, Layout layout) {
+  const bool hybrid = layout == Layout::kQwen35Hybrid;
+  const bool lfm2 = layout == Layout::kLfm2Moe;
   std::error_code ec;
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
@@ -220,6 +226,39 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
               {"text_config", text},
               {"tie_word_embeddings", false}};
   }
+  // LFM2-MoE: short-conv layers 0 and 2, full attention 1 and 3, layer 0 a dense FFN, sigmoid
+  // routing with an expert bias, tied embeddings, LFM2's tensor names (as real checkpoints).
+  const int64_t L = 3, dense_I = 512;
+  if (lfm2) {
+    config = {{"architectures", {"Lfm2MoeForCausalLM"}},
+              {"model_type", "lfm2_moe"},
+              {"vocab_size", vocab},
+              {"hidden_size", H},
+              {"num_hidden_layers", layers},
+              {"num_attention_heads", heads},
+              {"num_key_value_heads", kv_heads},
+              {"intermediate_size", dense_I},
+              {"moe_intermediate_size", I},
+              {"num_experts", E},
+              {"num_experts_per_tok", 4},
+              {"num_dense_layers", 1},
+              {"layer_types", {"conv", "full_attention", "conv", "full_attention"}},
+              {"conv_L_cache", L},
+              {"conv_bias", false},
+              {"use_expert_bias", true},
+              {"routed_scaling_factor", 1.5},
+              {"norm_topk_prob", true},
+              {"norm_eps", 1e-5},
+              {"max_position_embeddings", 4096},
+              {"rope_parameters", {{"rope_type", "default"}, {"rope_theta", 1e6}}},
+              {"tie_word_embeddings", true},
+              {"bos_token_id", *eot},
+              {"eos_token_id", *eos},
+              {"torch_dtype", "bfloat16"}};
+    if (head_dim != H / heads) {
+      return absl::InvalidArgumentError("lfm2_moe: head_dim is hidden_size / heads (32)");
+    }
+  }
 
   // Weights: N(0, 0.02) projections, norms near 1, routers sharper so experts specialise.
   Gaussian rng(seed);
@@ -239,6 +278,39 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
     const std::string p = absl::StrCat(model, "layers.", l, ".");
     add(p + "input_layernorm.weight", {H}, 0.05f, norm_mean);
     add(p + "post_attention_layernorm.weight", {H}, 0.05f, norm_mean);
+    if (lfm2) {
+      add(p + "operator_norm.weight", {H}, 0.05f, 1.f);
+      add(p + "ffn_norm.weight", {H}, 0.05f, 1.f);
+      if (l % 2 == 0) {
+        add(p + "conv.in_proj.weight", {3 * H, H}, 0.06f, 0.f);  // B, C, X
+        add(p + "conv.conv.weight", {H, 1, L}, 0.3f, 0.f);
+        add(p + "conv.out_proj.weight", {H, H}, 0.06f, 0.f);
+      } else {
+        const std::string a = p + "self_attn.";
+        add(a + "q_proj.weight", {heads * D, H}, 0.06f, 0.f);
+        add(a + "k_proj.weight", {kv_heads * D, H}, 0.06f, 0.f);
+        add(a + "v_proj.weight", {kv_heads * D, H}, 0.06f, 0.f);
+        add(a + "out_proj.weight", {H, heads * D}, 0.06f, 0.f);
+        add(a + "q_layernorm.weight", {D}, 0.05f, 1.f);
+        add(a + "k_layernorm.weight", {D}, 0.05f, 1.f);
+      }
+      const std::string f = p + "feed_forward.";
+      if (l == 0) {  // num_dense_layers
+        add(f + "w1.weight", {dense_I, H}, 0.06f, 0.f);
+        add(f + "w3.weight", {dense_I, H}, 0.06f, 0.f);
+        add(f + "w2.weight", {H, dense_I}, 0.06f, 0.f);
+        continue;
+      }
+      add(f + "gate.weight", {E, H}, 0.2f, 0.f);
+      add(f + "expert_bias", {E}, 0.3f, 0.f);  // non-zero: the choice depends on it
+      for (int64_t e = 0; e < E; ++e) {
+        const std::string x = absl::StrCat(f, "experts.", e, ".");
+        add(x + "w1.weight", {I, H}, 0.06f, 0.f);
+        add(x + "w3.weight", {I, H}, 0.06f, 0.f);
+        add(x + "w2.weight", {H, I}, 0.06f, 0.f);
+      }
+      continue;
+    }
     if (hybrid) {
       const std::string m = p + "mlp.";
       add(m + "gate.weight", {E, H}, 0.2f, 0.f);
@@ -283,8 +355,12 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
       add(x + "down_proj.weight", {H, I}, 0.06f, 0.f);
     }
   }
-  add(model + "norm.weight", {H}, 0.05f, norm_mean);
-  add("lm_head.weight", {vocab, H}, 0.1f, 0.f);
+  if (lfm2) {
+    add(model + "embedding_norm.weight", {H}, 0.05f, 1.f);  // tied: no lm_head
+  } else {
+    add(model + "norm.weight", {H}, 0.05f, norm_mean);
+    add("lm_head.weight", {vocab, H}, 0.1f, 0.f);
+  }
   if (hybrid) {
     add("model.visual.patch_embed.proj.weight", {H, 8}, 0.06f, 0.f);
     add("mtp.fc.weight", {H, 2 * H}, 0.06f, 0.f);
@@ -307,16 +383,20 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
 }  // namespace
 
 absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed, int head_dim) {
-  return WriteModel(dir, seed, head_dim, /*script=*/"", /*hybrid=*/false);
+  return WriteModel(dir, seed, head_dim, /*script=*/"", Layout::kQwen3Moe);
 }
 
 absl::Status WriteHybridModel(const std::string& dir, uint64_t seed) {
-  return WriteModel(dir, seed, 32, /*script=*/"", /*hybrid=*/true);
+  return WriteModel(dir, seed, 32, /*script=*/"", Layout::kQwen35Hybrid);
+}
+
+absl::Status WriteLfm2Model(const std::string& dir, uint64_t seed) {
+  return WriteModel(dir, seed, 32, /*script=*/"", Layout::kLfm2Moe);
 }
 
 absl::Status WriteScriptedModel(const std::string& dir, const std::string& script) {
   if (script.empty()) return absl::InvalidArgumentError("script is empty");
-  return WriteModel(dir, 20261121, 32, script, /*hybrid=*/false);
+  return WriteModel(dir, 20261121, 32, script, Layout::kQwen3Moe);
 }
 
 }  // namespace moe::engine

@@ -23,6 +23,11 @@ absl::Status WriteDefaultModel(const std::string& dir, uint64_t seed = 20261121,
 // vision-tower and an MTP tensor that the engine skips. For tests of the recurrent state.
 absl::Status WriteHybridModel(const std::string& dir, uint64_t seed = 20261127);
 
+// The same shape as an LFM2-MoE short-conv hybrid (layers 0 and 2 short convolutions, 1 and 3
+// full attention, layer 0 a dense FFN, sigmoid routing with a random expert_bias, tied
+// embeddings), with lfm2_moe's config keys and tensor names. For tests of the conv state.
+absl::Status WriteLfm2Model(const std::string& dir, uint64_t seed = 20261128);
+
 // The same model with weights constructed so that greedy decoding emits `script` and then
 // <|im_end|>, for any prompt whose last token is not a piece of the script (tests that need a known output, e.g. a tool call). The script's pieces
 // become added tokens of the tokenizer. InvalidArgument when the script is empty or too long

@@ -33,7 +33,17 @@ absl::Status EngineOptions::Validate() const {
   if (state_snapshot_blocks < 0) {
     return absl::InvalidArgumentError("state_snapshot_blocks must be >= 0");
   }
-  return ParseCacheFormat(kv_cache_dtype).status();
+  if (kv_tail_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_tail_tokens must be >= 0 (0: no tail), got ", kv_tail_tokens));
+  }
+  MOE_ASSIGN_OR_RETURN(const kernels::KvFormat format, ParseCacheFormat(kv_cache_dtype));
+  if (kv_tail_tokens > 0 && format == kernels::KvFormat::kBf16) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_tail_tokens ", kv_tail_tokens,
+        ": a 16-bit tail needs a compressed kv_cache_dtype (bf16 is 16 bits already)"));
+  }
+  return absl::OkStatus();
 }
 
 struct Engine::Sequence {
@@ -99,8 +109,14 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Token
   o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
   o.head_dim = static_cast<int>(c.head_dim);
   o.block_size = options.block_size;
-  // Hybrid models: the state slots first (the rule is in engine.h), KV gets the rest.
-  const int64_t state_bytes = model.state_bytes();
+  if (options.kv_tail_tokens > 0 && model.backend().kind() != kernels::BackendKind::kCpu) {
+    return absl::UnimplementedError(absl::StrCat("--kv_tail_tokens is not implemented on the ",
+                                                 kernels::BackendKindName(model.backend().kind()),
+                                                 " backend yet"));
+  }
+  // Hybrid models and a KV tail: the state slots first (the rule is in engine.h), KV gets the
+  // rest.
+  const int64_t state_bytes = model.state_bytes() + PagedKv::TailBytes(c, options.kv_tail_tokens);
   const bool snapshots = options.prefix_reuse && options.state_snapshot_blocks > 0;
   int64_t state_slots = 0;
   int64_t kv_budget = options.kv_budget_bytes;
@@ -112,8 +128,8 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Token
     if (state_slots == 0) {
       return absl::ResourceExhaustedError(
           absl::StrCat("KV budget of ", options.kv_budget_bytes,
-                       " bytes: half of it holds no recurrent-state slot of ", slot_bytes,
-                       " bytes (the model's linear-attention layers)"));
+                       " bytes: half of it holds no per-sequence state slot of ", slot_bytes,
+                       " bytes (the model's linear-attention or conv layers, the KV tail)"));
     }
     kv_budget -= state_slots * slot_bytes;
   }
@@ -130,9 +146,10 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Token
   }
   engine->cache_ = std::make_unique<KvCache>(std::move(cache));
   engine->bytes_per_token_ = engine->cache_->Stats().bytes_per_token;
-  MOE_ASSIGN_OR_RETURN(engine->paged_,
-                       PagedKv::Create(c, model.backend(), format, options.block_size,
-                                       engine->cache_->Stats().total_blocks));
+  MOE_ASSIGN_OR_RETURN(
+      engine->paged_,
+      PagedKv::Create(c, model.backend(), format, options.block_size,
+                      engine->cache_->Stats().total_blocks, options.kv_tail_tokens));
   return engine;
 }
 

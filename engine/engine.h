@@ -7,8 +7,10 @@
 // freed, requeued to recompute its prompt and output so far). One thread owns an
 // Engine (it is not thread-safe); the worker hands it requests and cancels between steps.
 //
-// Hybrid models (Model::state_bytes() > 0: GatedDeltaNet layers keep a fixed-size recurrent
-// state per sequence instead of KV) also give every running sequence a slot of a StatePool
+// Hybrid models (Model::state_bytes() > 0: GatedDeltaNet or short-conv layers keep a
+// fixed-size state per sequence instead of KV) and every model with a KV tail
+// (kv_tail_tokens > 0: the tail's rings, PagedKv::TailBytes, follow the model's state in the
+// slot) also give every running sequence a slot of a StatePool
 // (engine/state_pool.h), passed as ForwardItem::state:
 // - Budget: the slots come out of kv_budget_bytes first, KV blocks get the rest. Slots wanted:
 //   max_running + max_sessions, plus max_running snapshot slots when snapshots are on
@@ -73,6 +75,11 @@ struct EngineOptions {
   // stops at the deepest snapshot; prefill chunks end at these boundaries); 0: no snapshots (no
   // prefix reuse for hybrid models). Ignored for models without state.
   int state_snapshot_blocks = 4;
+  // The 16-bit KV tail (--kv_tail_tokens): each sequence's newest this many keys and values
+  // also kept in bf16 in front of a compressed cache (engine/paged_kv.h), in its state slot, so
+  // that every model with a tail has state slots (and the hybrid rules below apply to it:
+  // prefix reuse from snapshots). 0: off. Needs a compressed kv_cache_dtype; CPU backend only.
+  int kv_tail_tokens = 0;
   absl::Status Validate() const;
 };
 

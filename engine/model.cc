@@ -203,6 +203,10 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
       return absl::InvalidArgumentError(absl::StrCat(
           "item ", i, ": the model has linear-attention or conv layers and needs a state"));
     }
+    if (item.paged != nullptr && item.paged->tail_tokens() > 0 && item.state == nullptr) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("item ", i, ": the KV cache has a 16-bit tail and needs a state for it"));
+    }
     for (size_t t = 0; t < item.tokens.size(); ++t) {
       const int32_t id = item.tokens[t];
       if (id < 0 || id >= c.vocab_size) {
@@ -441,6 +445,10 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
   auto flush = [&]() -> absl::Status {
     MOE_RETURN_IF_ERROR(backend_.PagedKvWrite(writes));
     MOE_RETURN_IF_ERROR(backend_.PagedAttention(reads));
+    // The tail's ring after the attention, which still reads its older positions.
+    if (!writes.empty() && writes[0].kv.tail != nullptr) {
+      MOE_RETURN_IF_ERROR(backend_.PagedKvTailWrite(writes));
+    }
     writes.clear();
     reads.clear();
     return absl::OkStatus();
@@ -457,7 +465,12 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
         MOE_RETURN_IF_ERROR(pk.EnsureCodecs(layer, k.data(), v.data(), T));
       }
       kernels::PagedKvWriteArgs w;
-      w.kv = pk.Layer(layer, item.block_table);
+      // The tail rings follow the model's own state in the item's state.
+      w.kv =
+          pk.Layer(layer, item.block_table,
+                   pk.tail_tokens() > 0
+                       ? static_cast<void*>(reinterpret_cast<uint8_t*>(item.state) + state_bytes())
+                       : nullptr);
       if (!writes.empty() && writes.back().kv.layer_base != w.kv.layer_base) {
         MOE_RETURN_IF_ERROR(flush());
       }
@@ -475,6 +488,8 @@ absl::Status Model::Attention(int64_t layer, absl::Span<const ForwardItem> batch
       a.num_heads = static_cast<int>(c.num_attention_heads);
       a.scale = 1.f / std::sqrt(static_cast<float>(D));
       a.sliding_window = c.SlidingWindow(layer);
+      a.k_new = w.k;
+      a.v_new = w.v;
       reads.push_back(a);
     }
     offset += n;

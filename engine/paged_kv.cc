@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "kernels/base/check.h"
 #include "kernels/base/status.h"
 
@@ -12,7 +13,11 @@ namespace moe::engine {
 absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
                                                          kernels::Backend& backend,
                                                          kernels::KvFormat format, int block_size,
-                                                         int32_t num_blocks) {
+                                                         int32_t num_blocks, int tail_tokens) {
+  if (tail_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_tail_tokens must be >= 0, got ", tail_tokens));
+  }
   const int D = static_cast<int>(c.head_dim), NKV = static_cast<int>(c.num_key_value_heads);
   // Every cache format has CUDA kernels (kernels/cuda/paged_kv_write.cu, paged_attention.cu).
   MOE_RETURN_IF_ERROR(CheckCacheFormat(format));
@@ -26,6 +31,7 @@ absl::StatusOr<std::unique_ptr<PagedKv>> PagedKv::Create(const ModelConfig& c,
   kv->num_blocks_ = num_blocks;
   kv->num_kv_heads_ = NKV;
   kv->head_dim_ = D;
+  kv->tail_tokens_ = tail_tokens;
   MOE_ASSIGN_OR_RETURN(kv->buffer_, backend.Allocate(static_cast<size_t>(storage.total_bytes())));
   kv->codecs_.resize(c.num_hidden_layers);
   kv->codec_ptrs_.resize(c.num_hidden_layers);
@@ -69,7 +75,13 @@ absl::Status PagedKv::EnsureCodecs(int64_t layer, const float* k, const float* v
   return absl::OkStatus();
 }
 
-kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table) const {
+int64_t PagedKv::TailBytes(const ModelConfig& c, int tail_tokens) {
+  return c.NumKvLayers() * tail_tokens * c.num_key_value_heads * 2 * c.head_dim *
+         static_cast<int64_t>(sizeof(uint16_t));
+}
+
+kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> block_table,
+                                     void* tail) const {
   kernels::PagedKvLayer kv;
   MOE_CHECK(kv_layer_[layer] >= 0) << "PagedKv::Layer: layer " << layer << " keeps no KV";
   kv.layer_base =
@@ -82,6 +94,12 @@ kernels::PagedKvLayer PagedKv::Layer(int64_t layer, absl::Span<const int32_t> bl
   kv.codecs = codec_ptrs_[layer].data();
   kv.num_kv_heads = num_kv_heads_;
   kv.head_dim = head_dim_;
+  if (tail_tokens_ > 0) {
+    MOE_CHECK(tail != nullptr) << "PagedKv::Layer: the cache has a tail and the sequence none";
+    kv.tail = static_cast<uint16_t*>(tail) +
+              kv_layer_[layer] * tail_tokens_ * num_kv_heads_ * 2 * head_dim_;
+    kv.tail_tokens = tail_tokens_;
+  }
   return kv;
 }
 

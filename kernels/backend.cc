@@ -81,7 +81,19 @@ void PagedAttentionStaged(Backend& backend, const PagedAttentionArgs& a) {
   backend.CopyToDevice(a.out, out.data(), n * sizeof(float));
 }
 
+absl::Status NoTail() {
+  return absl::UnimplementedError("--kv_tail_tokens is not implemented on the cuda backend yet");
+}
+
 }  // namespace
+
+// A tail (PagedKvLayer::tail) only on the CPU backend for now: the defaults refuse it.
+absl::Status Backend::PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch) {
+  for (const PagedKvWriteArgs& a : batch) {
+    if (a.kv.tail != nullptr) return NoTail();
+  }
+  return absl::OkStatus();
+}
 
 absl::Status Backend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
   for (const PagedKvWriteArgs& a : batch) MOE_RETURN_IF_ERROR(PagedKvWriteStaged(*this, a));
@@ -89,6 +101,9 @@ absl::Status Backend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
 }
 
 absl::Status Backend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
+  for (const PagedAttentionArgs& a : batch) {
+    if (a.kv.tail != nullptr) return NoTail();
+  }
   for (const PagedAttentionArgs& a : batch) PagedAttentionStaged(*this, a);
   return absl::OkStatus();
 }

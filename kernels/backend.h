@@ -159,6 +159,11 @@ struct PagedKvLayer {
   const KvCodec* const* codecs = nullptr;  // host memory, [NKV][2]: key codec, value codec
   int num_kv_heads = 0;
   int head_dim = 0;
+  // The 16-bit tail (--kv_tail_tokens W > 0; null: none): the sequence's ring of this layer,
+  // [W][NKV][2 (K, V)][D] bf16 in backend memory; slot p % W holds position p once
+  // PagedKvTailWrite has stored it. Every position is also in the compressed blocks.
+  uint16_t* tail = nullptr;
+  int tail_tokens = 0;  // W
 };
 
 // Quantizes T new keys and values (post-RoPE and q/k-norm) into positions start_pos.. of the
@@ -184,6 +189,13 @@ struct PagedAttentionArgs {
   int num_heads = 0;
   float scale = 1.f;
   int64_t sliding_window = 0;
+  // With a tail (kv.tail): query position p reads the keys and values of positions s > p - W
+  // in 16 bits and the older ones from the compressed blocks; s >= start_pos from these (the
+  // step's new K/V, [T, NKV, D], rounded to bf16), older ones from the ring, which must still
+  // hold [start_pos - W, start_pos): PagedKvTailWrite runs after the attention. The rule
+  // depends on p alone, so a prompt gives the same result in any chunking.
+  const float* k_new = nullptr;
+  const float* v_new = nullptr;
 };
 
 // Router: probs = softmax(logits[t]) over E; the K largest (ties to the lower expert id) are kept;
@@ -425,6 +437,11 @@ class Backend {
   // for the other formats. A write error names the position; elements before it are written.
   virtual absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch);
   virtual absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch);
+  // The tail's write: each element's last min(T, W) new tokens' K/V into its ring (kv.tail) in
+  // bf16, after the step's PagedAttention (which reads the ring's older positions). Elements
+  // without a tail are skipped. The CPU backend implements the tail; the defaults (and CUDA)
+  // refuse a tail with Unimplemented, here and in PagedAttention.
+  virtual absl::Status PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch);
   // A backend whose PagedKvWrite cannot know its verdict without waiting for the device (CUDA)
   // returns OK there and reports here the first rejected vector of the writes since the last
   // call (InvalidArgument naming position, kv-head and key/value); this waits for the device.

@@ -12,6 +12,7 @@ namespace moe::kernels {
 // The paged KV ops on host memory (kernels/cpu/paged_kv_write.cc, paged_attention.cc): the CPU
 // backend's implementation, and the Backend defaults' after staging tiles through host copies.
 absl::Status PagedKvWriteOnHost(const PagedKvWriteArgs& args);
+void PagedKvTailWriteOnHost(const PagedKvWriteArgs& args);
 // (query token, head) jobs [begin, end) of args.num_tokens · args.num_heads.
 void PagedAttentionOnHost(const PagedAttentionArgs& args, int64_t begin, int64_t end);
 // The tile of (the block holding position pos, kv_head, role: 0 K, 1 V) in `kv`.
@@ -45,6 +46,7 @@ class CpuBackend final : public Backend {
   void Attention(const AttentionArgs& args) override;
   absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) override;
   absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch) override;
+  absl::Status PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;

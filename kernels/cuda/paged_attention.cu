@@ -653,6 +653,12 @@ bool OneLaunch(absl::Span<const PagedAttentionArgs> batch) {
 
 absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
   if (batch.empty()) return absl::OkStatus();
+  for (const PagedAttentionArgs& e : batch) {
+    if (e.kv.tail != nullptr) {
+      return absl::UnimplementedError(
+          "--kv_tail_tokens is not implemented on the cuda backend yet");
+    }
+  }
   const cuda::PagedPath path = cuda::ChoosePath(batch[0].kv);
   if (path == cuda::PagedPath::kHost) return Backend::PagedAttention(batch);  // prod formats
   const PagedAttentionArgs& a = batch[0];

@@ -123,6 +123,7 @@ absl::Status Run() {
   options.kv_cache_dtype = loaded.kv_cache_dtype;
   options.block_size = loaded.kv_block_size;
   options.state_snapshot_blocks = loaded.state_snapshot_blocks;
+  options.kv_tail_tokens = loaded.kv_tail_tokens;
   options.max_batch_tokens =
       absl::GetFlag(FLAGS_max_batch_tokens) > 0
           ? absl::GetFlag(FLAGS_max_batch_tokens)

@@ -25,6 +25,10 @@ ABSL_FLAG(std::string, backend, "cpu", "Compute backend: cpu or cuda");
 ABSL_FLAG(int32_t, threads, 0, "CPU backend threads; 0 uses every hardware thread");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
           "KV cache format: bf16, fp8_e4m3, tq4, tq3.5, tq3, tq2.5, tq2");
+ABSL_FLAG(int32_t, kv_tail_tokens, 0,
+          "Keep each sequence's newest this many keys and values also in bf16, in front of a "
+          "compressed --kv_cache_dtype (fp8_e4m3, tq*): every query reads its newest this many "
+          "positions exactly, older ones compressed. 0: off. CPU backend only for now");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(int32_t, state_snapshot_blocks, 4,
           "Hybrid models (linear-attention layers): keep a recurrent-state snapshot every this "
@@ -134,6 +138,11 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const char* who) {
   m.kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
   m.kv_block_size = absl::GetFlag(FLAGS_kv_block_size);
   m.state_snapshot_blocks = absl::GetFlag(FLAGS_state_snapshot_blocks);
+  m.kv_tail_tokens = absl::GetFlag(FLAGS_kv_tail_tokens);
+  if (m.kv_tail_tokens < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--kv_tail_tokens must be >= 0 (0: off), got ", m.kv_tail_tokens));
+  }
   const engine::ModelConfig& c = m.model->config();
   MOE_LOG(INFO) << who << " loaded " << m.dir << " (" << c.arch.model_type << ", "
                 << c.num_hidden_layers << " layers, " << c.num_experts << " experts) on "

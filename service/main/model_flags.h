@@ -26,6 +26,7 @@ struct LoadedModel {
   std::string kv_cache_dtype;
   int32_t kv_block_size = 0;
   int32_t state_snapshot_blocks = 0;
+  int32_t kv_tail_tokens = 0;
   bool gpu = false;
 };
 

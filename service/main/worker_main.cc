@@ -112,6 +112,7 @@ absl::Status Run() {
   eopts.kv_cache_dtype = loaded.kv_cache_dtype;
   eopts.block_size = loaded.kv_block_size;
   eopts.state_snapshot_blocks = loaded.state_snapshot_blocks;
+  eopts.kv_tail_tokens = loaded.kv_tail_tokens;
   eopts.max_batch_tokens = absl::GetFlag(FLAGS_max_batch_tokens);
   if (eopts.max_batch_tokens == 0) eopts.max_batch_tokens = loaded.gpu ? 2048 : 256;
   eopts.max_context = absl::GetFlag(FLAGS_max_context);

@@ -4,7 +4,11 @@
 // random weights say little), plus T7 on random Gaussian Q/K/V at head_dim 128. Prints a
 // markdown table.
 //
-//   build/tests/bench/kv-quality [--steps N] [--random_tokens N]
+//   build/tests/bench/kv-quality [--steps N] [--random_tokens N] [--tail W]
+//
+// --tail W (> 0) adds, under each compressed format's row, its T8 with a 16-bit tail of the
+// newest W tokens (--kv_tail_tokens); T7 (attention outside the model) has no tail.
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -45,7 +49,7 @@ const kernels::KvFormat kFormats[] = {kernels::KvFormat::kBf16, kernels::KvForma
                                       kernels::KvFormat::kTq3,  kernels::KvFormat::kTq2p5,
                                       kernels::KvFormat::kTq2};
 
-int Run(int steps, int random_tokens) {
+int Run(int steps, int random_tokens, int tail) {
   auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
   if (!backend.ok()) return 1;
   testing::TempDir d32, d128;
@@ -59,7 +63,7 @@ int Run(int steps, int random_tokens) {
     std::vector<int32_t> prompt;
   };
   std::vector<Entry> models;
-  for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe"}) {
+  for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "lfm2_moe"}) {
     const std::string dir = std::string(MOE_SOURCE_DIR) + "/tests/golden/fixtures/" + arch;
     std::ifstream in(dir + "/expected.json");
     const auto j = nlohmann::json::parse(in);
@@ -103,8 +107,12 @@ int Run(int steps, int random_tokens) {
     for (kernels::KvFormat f : kFormats) {
       bench::AttentionQuality t7;
       bool supported = true;
+      // The mean over the attention layers (a hybrid's conv or linear layers have no Q/K/V).
+      const double attention_layers = static_cast<double>(std::count_if(
+          qkv->begin(), qkv->end(), [](const bench::LayerQkv& x) { return x.T > 0; }));
       for (size_t l = 0; l < qkv->size(); ++l) {
         const bench::LayerQkv& x = (*qkv)[l];
+        if (x.T == 0) continue;
         auto r = bench::MeasureAttention(f, x.q.data(), x.k.data(), x.v.data(), x.T,
                                          static_cast<int>(c.num_attention_heads),
                                          static_cast<int>(c.num_key_value_heads),
@@ -113,8 +121,8 @@ int Run(int steps, int random_tokens) {
           supported = false;
           break;
         }
-        t7.rel_l2 += r->rel_l2 / qkv->size();
-        t7.kl += r->kl / qkv->size();
+        t7.rel_l2 += r->rel_l2 / attention_layers;
+        t7.kl += r->kl / attention_layers;
       }
       if (!supported) {
         std::printf("| %s | %lld | %s | n/a (head_dim) | | | | |\n", m.name.c_str(),
@@ -130,6 +138,18 @@ int Run(int steps, int random_tokens) {
       std::printf("| %s | %lld | %s | %.4f | %.2e | %.2e | %.2e | %.3f (%lld) |\n", m.name.c_str(),
                   static_cast<long long>(c.head_dim), kernels::KvFormatName(f), t7.rel_l2, t7.kl,
                   t8->mean_kl, t8->max_kl, t8->agreement, static_cast<long long>(t8->positions));
+      if (tail > 0 && f != kernels::KvFormat::kBf16) {
+        auto t8t = bench::MeasureNextToken(**model, f, m.prompt, steps, tail);
+        if (!t8t.ok()) {
+          std::fprintf(stderr, "%s %s tail %d: %s\n", m.name.c_str(), kernels::KvFormatName(f),
+                       tail, std::string(t8t.status().message()).c_str());
+          return 1;
+        }
+        std::printf("| %s | %lld | %s + bf16 tail %d | | | %.2e | %.2e | %.3f (%lld) |\n",
+                    m.name.c_str(), static_cast<long long>(c.head_dim), kernels::KvFormatName(f),
+                    tail, t8t->mean_kl, t8t->max_kl, t8t->agreement,
+                    static_cast<long long>(t8t->positions));
+      }
       std::fflush(stdout);
     }
   }
@@ -153,10 +173,15 @@ int Run(int steps, int random_tokens) {
 }  // namespace moe
 
 int main(int argc, char** argv) {
-  int steps = 256, random_tokens = 256;
+  int steps = 256, random_tokens = 256, tail = 0;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--random_tokens") == 0) random_tokens = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--tail") == 0) tail = std::atoi(argv[i + 1]);
   }
-  return moe::Run(steps, random_tokens);
+  if (tail < 0) {
+    std::fprintf(stderr, "--tail must be >= 0, got %d\n", tail);
+    return 2;
+  }
+  return moe::Run(steps, random_tokens, tail);
 }

@@ -150,14 +150,27 @@ absl::StatusOr<std::vector<LayerQkv>> CaptureQkv(engine::Model& model,
 }
 
 absl::StatusOr<NextTokenQuality> MeasureNextToken(engine::Model& model, kernels::KvFormat format,
-                                                  const std::vector<int32_t>& prompt, int steps) {
+                                                  const std::vector<int32_t>& prompt, int steps,
+                                                  int tail_tokens) {
   const engine::ModelConfig& c = model.config();
   const int bs = 16;
   const int64_t total = static_cast<int64_t>(prompt.size()) + steps;
   const int32_t blocks = static_cast<int32_t>((total + bs - 1) / bs);
   MOE_ASSIGN_OR_RETURN(auto ref_kv, engine::PagedKv::Create(c, model.backend(), kernels::KvFormat::kBf16,
                                                             bs, blocks));
-  MOE_ASSIGN_OR_RETURN(auto fmt_kv, engine::PagedKv::Create(c, model.backend(), format, bs, blocks));
+  MOE_ASSIGN_OR_RETURN(
+      auto fmt_kv, engine::PagedKv::Create(c, model.backend(), format, bs, blocks, tail_tokens));
+  // Each run's state (a hybrid's layers; the format's tail rings after it), zeroed.
+  const int64_t ref_bytes = model.state_bytes();
+  const int64_t fmt_bytes = ref_bytes + engine::PagedKv::TailBytes(c, tail_tokens);
+  MOE_ASSIGN_OR_RETURN(
+      kernels::Buffer ref_state,
+      model.backend().Allocate(static_cast<size_t>(std::max<int64_t>(ref_bytes, 4))));
+  MOE_ASSIGN_OR_RETURN(
+      kernels::Buffer fmt_state,
+      model.backend().Allocate(static_cast<size_t>(std::max<int64_t>(fmt_bytes, 4))));
+  model.backend().Zero(ref_state.data(), static_cast<size_t>(std::max<int64_t>(ref_bytes, 4)));
+  model.backend().Zero(fmt_state.data(), static_cast<size_t>(std::max<int64_t>(fmt_bytes, 4)));
   std::vector<int32_t> table(blocks);
   for (int32_t i = 0; i < blocks; ++i) table[i] = i;
   const int64_t V = c.vocab_size;
@@ -171,8 +184,10 @@ absl::StatusOr<NextTokenQuality> MeasureNextToken(engine::Model& model, kernels:
     a.paged = ref_kv.get();
     a.block_table = table;
     a.start = pos;
+    a.state = static_cast<float*>(ref_state.data());
     engine::ForwardItem b = a;
     b.paged = fmt_kv.get();
+    b.state = static_cast<float*>(fmt_state.data());
     MOE_RETURN_IF_ERROR(model.Forward({&a, 1}, false, &lr));
     MOE_RETURN_IF_ERROR(model.Forward({&b, 1}, false, &lf));
     pos += static_cast<int64_t>(input.size());

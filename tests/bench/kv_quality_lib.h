@@ -43,8 +43,10 @@ struct NextTokenQuality {
   int64_t positions = 0;
 };
 // Prefills `prompt`, then decodes `steps` tokens, teacher-forced on the bf16 cache's greedy
-// tokens, with one paged cache in bf16 and one in `format`; compares every step's logits.
+// tokens, with one paged cache in bf16 and one in `format` (with a 16-bit tail of `tail_tokens`
+// when > 0: engine/paged_kv.h); compares every step's logits. Hybrid models get their states.
 absl::StatusOr<NextTokenQuality> MeasureNextToken(engine::Model& model, kernels::KvFormat format,
-                                                  const std::vector<int32_t>& prompt, int steps);
+                                                  const std::vector<int32_t>& prompt, int steps,
+                                                  int tail_tokens = 0);
 
 }  // namespace moe::bench

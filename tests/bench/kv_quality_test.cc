@@ -1,5 +1,6 @@
 // T7 of the TurboQuant spec: attention-output error and attention-probability KL against the bf16
-// cache must improve monotonically with bits, on random and on real (model) Q/K/V.
+// cache must improve monotonically with bits, on random and on real (model) Q/K/V. T8 with the
+// 16-bit KV tail: it lowers the next-token KL, to ~0 when it covers every position.
 #include <algorithm>
 #include <random>
 #include <string>
@@ -76,6 +77,34 @@ TEST(KvQualityTest, GoldenFixturesQkvImproveWithBits) {
     SCOPED_TRACE(arch);
     ExpectModelMonotone(std::string(MOE_SOURCE_DIR) + "/tests/golden/fixtures/" + arch,
                         {KvFormat::kTq2, KvFormat::kTq3, KvFormat::kTq4, KvFormat::kFp8E4m3});
+  }
+}
+
+// T8 with the 16-bit KV tail (--kv_tail_tokens): a tail that covers every position reads the
+// whole cache in bf16, so the next-token distributions are the bf16 cache's (KL ~0, the same
+// argmax); a shorter one lowers the KL of every compressed format on the default model.
+TEST(KvQualityTest, TailLowersNextTokenKl) {
+  testing::TempDir dir;
+  ASSERT_TRUE(engine::WriteDefaultModel(dir.path()).ok());
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok());
+  auto model = engine::Model::Load(dir.path(), **backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<int32_t> prompt(24);
+  std::mt19937 rng(5);
+  for (int32_t& t : prompt) t = static_cast<int32_t>(rng() % 600);
+  const int steps = 40;
+  for (KvFormat f : {KvFormat::kFp8E4m3, KvFormat::kTq4, KvFormat::kTq2}) {
+    auto none = MeasureNextToken(**model, f, prompt, steps);
+    auto some = MeasureNextToken(**model, f, prompt, steps, 16);
+    auto all = MeasureNextToken(**model, f, prompt, steps, 128);  // > 24 + 40 positions
+    ASSERT_TRUE(none.ok() && some.ok() && all.ok());
+    std::printf("%-8s T8 KL mean: no tail %.3e, tail 16 %.3e, tail 128 %.3e\n",
+                kernels::KvFormatName(f), none->mean_kl, some->mean_kl, all->mean_kl);
+    EXPECT_GT(none->mean_kl, 0) << kernels::KvFormatName(f);
+    EXPECT_LT(some->mean_kl, none->mean_kl) << kernels::KvFormatName(f);
+    EXPECT_LT(all->max_kl, 1e-6) << kernels::KvFormatName(f);
+    EXPECT_EQ(all->agreement, 1.0) << kernels::KvFormatName(f);
   }
 }
 

@@ -111,6 +111,9 @@ ABSL_FLAG(std::string, store_batches, "1",
 ABSL_FLAG(bool, store_prefetch, false,
           "Offload runs: prefetch each next layer's likely experts (the worker's --prefetch)");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "KV cache format of the runs above (paged, block 16)");
+ABSL_FLAG(int32_t, kv_tail_tokens, 0,
+          "16-bit KV tail of every run's cache (engine/paged_kv.h; CPU backend only): each "
+          "sequence's newest this many keys/values also in bf16; 0: none");
 ABSL_FLAG(std::string, kv_formats, "",
           "KV sweep: formats to time at --kv_contexts x --kv_batches, e.g. "
           "bf16,fp8_e4m3,tq4,tq3,tq2 (empty: no sweep)");
@@ -655,8 +658,9 @@ struct PagedSeqs {
   std::unique_ptr<engine::PagedKv> kv;
   std::vector<std::vector<int32_t>> tables;
   std::vector<int64_t> lengths;
-  kernels::Buffer states;    // the hybrids: each sequence's recurrent state, zeroed
+  kernels::Buffer states;    // each sequence's state (a hybrid's layers, the KV tail), zeroed
   int64_t state_floats = 0;  // per sequence
+  int64_t model_state_bytes = 0;
   float* state(size_t i) const {
     return state_floats > 0 ? states.f32() + i * state_floats : nullptr;
   }
@@ -671,16 +675,20 @@ absl::StatusOr<PagedSeqs> MakePagedSeqs(const engine::Model& model, kernels::Bac
   const engine::ModelConfig& c = model.config();
   const int64_t per_seq = (capacity + kBlockSize - 1) / kBlockSize;
   PagedSeqs s;
+  const int tail = absl::GetFlag(FLAGS_kv_tail_tokens);
   MOE_ASSIGN_OR_RETURN(s.kv, engine::PagedKv::Create(c, backend, format, kBlockSize,
-                                                     static_cast<int32_t>(B * per_seq)));
+                                                     static_cast<int32_t>(B * per_seq), tail));
   for (int64_t i = 0; i < B; ++i) {
     std::vector<int32_t>& t = s.tables.emplace_back(per_seq);
     std::iota(t.begin(), t.end(), static_cast<int32_t>(i * per_seq));
   }
   s.lengths.assign(B, 0);
-  s.state_floats = model.state_bytes() / static_cast<int64_t>(sizeof(float));
+  // The tail's rings after the model's state (engine/paged_kv.h); whole floats.
+  const int64_t state_bytes = model.state_bytes() + engine::PagedKv::TailBytes(c, tail);
+  s.state_floats = state_bytes / static_cast<int64_t>(sizeof(float));
+  s.model_state_bytes = model.state_bytes();
   if (s.state_floats > 0) {
-    MOE_ASSIGN_OR_RETURN(s.states, backend.Allocate(B * model.state_bytes()));
+    MOE_ASSIGN_OR_RETURN(s.states, backend.Allocate(B * state_bytes));
     backend.Zero(s.states.data(), s.states.bytes());
   }
   return s;
@@ -710,7 +718,11 @@ absl::Status FillRandom(kernels::Backend& backend, const engine::ModelConfig& c,
       const int64_t n = std::min(chunk, ctx - p0);
       std::vector<kernels::PagedKvWriteArgs> writes(B);
       for (int64_t i = 0; i < B; ++i) {
-        writes[i].kv = s.kv->Layer(l, s.tables[i]);
+        // (A tail's ring stays zero here: speed does not depend on its values.)
+        writes[i].kv = s.kv->Layer(
+            l, s.tables[i],
+            s.kv->tail_tokens() > 0 ? reinterpret_cast<uint8_t*>(s.state(i)) + s.model_state_bytes
+                                    : nullptr);
         writes[i].k = k.f32() + i * n * row;
         writes[i].v = v.f32() + i * n * row;
         writes[i].num_tokens = n;
@@ -973,6 +985,16 @@ absl::Status CheckFlags() {
   const std::string backend = absl::GetFlag(FLAGS_backend);
   if (backend != "cuda" && backend != "cpu") {
     return absl::InvalidArgumentError(absl::StrCat("--backend=", backend, ": cuda or cpu"));
+  }
+  if (const int tail = absl::GetFlag(FLAGS_kv_tail_tokens); tail != 0) {
+    if (tail < 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--kv_tail_tokens must be >= 0 (0: none), got ", tail));
+    }
+    if (backend != "cpu") {
+      return absl::UnimplementedError(
+          "--kv_tail_tokens is not implemented on the cuda backend yet");
+    }
   }
   auto format = [](const char* flag, absl::string_view name) {
     const absl::Status s = engine::ParseCacheFormat(name).status();

@@ -659,6 +659,26 @@ TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
   }
 }
 
+// The 16-bit KV tail is CPU-only for now: CUDA refuses a tail in both calls with a clear
+// Unimplemented (no half-working path), before touching any memory; the engine refuses it at
+// Create (engine/engine.cc). The CPU kernels are tested in tests/unit/kernels/cpu_backend_test.
+TEST(PagedKvTail, CudaRefusesATailClearly) {
+  uint16_t ring[8] = {};
+  kernels::PagedKvWriteArgs w;
+  w.kv.tail = ring;
+  w.kv.tail_tokens = 2;
+  w.num_tokens = 1;
+  kernels::PagedAttentionArgs a;
+  a.kv = w.kv;
+  a.num_tokens = 1;
+  for (const absl::Status& st : {Gpu().PagedAttention({a}), Gpu().PagedKvTailWrite({w})}) {
+    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
+    EXPECT_NE(st.message().find("--kv_tail_tokens is not implemented on the cuda backend yet"),
+              absl::string_view::npos)
+        << st;
+  }
+}
+
 // ---- Route -------------------------------------------------------------------------------------
 struct RouteCase {
   int64_t T;

@@ -1,7 +1,11 @@
-// Engine with a hybrid model (linear-attention layers with a recurrent state per sequence): the
-// state budget is carved out of the KV budget, every path that restores or reuses a state
-// (snapshot prefix reuse, session turns, preemption, chunked prefill) gives the tokens of a cold
-// run, and slots are freed on finish, cancel and preemption.
+// Engine with a hybrid model (a per-sequence state beside the paged KV): the Qwen3.5 hybrid
+// (GatedDeltaNet layers: conv inputs and a recurrent state) and LFM2-MoE (short-conv layers: the
+// conv state). For both: the state budget is carved out of the KV budget, every path that
+// restores or reuses a state (snapshot prefix reuse, session turns, preemption, chunked prefill)
+// gives the tokens of a cold run, and slots are freed on finish, cancel and preemption.
+// The same with a 16-bit KV tail (kv_tail_tokens) in front of a compressed cache, whose rings
+// live in the state slots: on the plain qwen3_moe test model (the tail its only state) and on
+// LFM2 (conv state and tail in one slot).
 #include <algorithm>
 #include <map>
 #include <random>
@@ -15,31 +19,47 @@
 namespace moe::engine {
 namespace {
 
-class EngineHybridTest : public ::testing::Test {
+struct Case {
+  std::string model_type;  // of the test model
+  std::string kv_cache_dtype = "bf16";
+  int kv_tail_tokens = 0;
+};
+
+class EngineHybridTest : public ::testing::TestWithParam<Case> {
  protected:
-  static void SetUpTestSuite() {
-    dir_ = new testing::TempDir();
-    written_ = new absl::Status(WriteHybridModel(dir_->path()));
-  }
-  static void TearDownTestSuite() {
-    delete dir_;
-    delete written_;
-  }
+  static void SetUpTestSuite() { dirs_ = new std::map<std::string, testing::TempDir>(); }
+  static void TearDownTestSuite() { delete dirs_; }
 
   void SetUp() override {
-    ASSERT_TRUE(written_->ok()) << *written_;
+    // Each model written once per process, on its first test.
+    const std::string& kind = GetParam().model_type;
+    if (!dirs_->count(kind)) {
+      const std::string& dir = (*dirs_)[kind].path();
+      const absl::Status written = kind == "lfm2_moe"    ? WriteLfm2Model(dir)
+                                   : kind == "qwen3_moe" ? WriteDefaultModel(dir)
+                                                         : WriteHybridModel(dir);
+      ASSERT_TRUE(written.ok()) << written;
+    }
+    const std::string& dir = (*dirs_)[kind].path();
     backend_ = std::move(*kernels::MakeBackend(kernels::BackendKind::kCpu, {}));
-    auto model = Model::Load(dir_->path(), *backend_);
+    auto model = Model::Load(dir, *backend_);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::move(*model);
-    ASSERT_GT(model_->state_bytes(), 0) << "the test model is not hybrid";
-    auto tok = Tokenizer::LoadFromDir(dir_->path());
+    ASSERT_GT(StateBytes(), 0) << "the test model has no per-sequence state";
+    ASSERT_EQ(model_->config().arch.model_type, kind);
+    auto tok = Tokenizer::LoadFromDir(dir);
     ASSERT_TRUE(tok.ok()) << tok.status();
     tokenizer_ = std::move(*tok);
   }
 
+  // Every engine of a test gets the case's KV format and tail.
+  static EngineOptions WithCase(EngineOptions options) {
+    options.kv_cache_dtype = GetParam().kv_cache_dtype;
+    options.kv_tail_tokens = GetParam().kv_tail_tokens;
+    return options;
+  }
   std::unique_ptr<Engine> Make(const EngineOptions& options) {
-    auto engine = Engine::Create(*model_, *tokenizer_, options);
+    auto engine = Engine::Create(*model_, *tokenizer_, WithCase(options));
     EXPECT_TRUE(engine.ok()) << engine.status();
     return engine.ok() ? std::move(engine).value() : nullptr;
   }
@@ -90,21 +110,23 @@ class EngineHybridTest : public ::testing::Test {
     EXPECT_EQ(r.final_event.finish, FinishReason::kLength);
     return r.tokens;
   }
-  int64_t SlotBytes() const { return StatePool::SlotBytes(model_->state_bytes()); }
+  // A sequence's state: the model's and the tail's rings.
+  int64_t StateBytes() const {
+    return model_->state_bytes() + PagedKv::TailBytes(model_->config(), GetParam().kv_tail_tokens);
+  }
+  int64_t SlotBytes() const { return StatePool::SlotBytes(StateBytes()); }
 
-  static testing::TempDir* dir_;
-  static absl::Status* written_;
+  static std::map<std::string, testing::TempDir>* dirs_;
   std::unique_ptr<kernels::Backend> backend_;
   std::unique_ptr<Model> model_;
   std::unique_ptr<Tokenizer> tokenizer_;
 };
-testing::TempDir* EngineHybridTest::dir_ = nullptr;
-absl::Status* EngineHybridTest::written_ = nullptr;
+std::map<std::string, testing::TempDir>* EngineHybridTest::dirs_ = nullptr;
 
 // The engine's greedy tokens (paged KV, state slot, sampling on the backend, the prompt in one
 // chunk or in chunks of 8) are those of the model driven directly (contiguous KV and its own
 // state, argmax on the host), 160 tokens long.
-TEST_F(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
+TEST_P(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
   const std::vector<int32_t> prompt = Tokens(16, 99);
   const int64_t n = 160;
   auto kv = SequenceKv::Create(model_->config(), *backend_, 16 + n + 1);
@@ -118,6 +140,7 @@ TEST_F(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
     item.tokens = absl::MakeConstSpan(&direct.back(), 1);
   }
+  std::vector<int32_t> first;
   for (int64_t mbt : {256, 8}) {
     EngineOptions o;
     o.prefix_reuse = false;
@@ -125,11 +148,17 @@ TEST_F(EngineHybridTest, GreedyTokensAreTheModelsDrivenDirectly) {
     auto engine = Make(o);
     ASSERT_TRUE(engine->Add(Greedy("x", prompt, n)).ok());
     const std::vector<int32_t> got = RunAll(*engine)["x"].tokens;
-    EXPECT_EQ(got, direct) << "max_batch_tokens " << mbt;
+    // A compressed cache is not the direct run's fp32 KV: there the chunkings agree.
+    if (GetParam().kv_tail_tokens == 0) {
+      EXPECT_EQ(got, direct) << "max_batch_tokens " << mbt;
+    }
+    if (first.empty()) first = got;
+    EXPECT_EQ(got, first) << "max_batch_tokens " << mbt;
   }
+  EXPECT_EQ(first.size(), static_cast<size_t>(n));
 }
 
-TEST_F(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
+TEST_P(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
   EngineOptions o;
   o.max_running = 4;
   o.max_sessions = 2;
@@ -154,11 +183,11 @@ TEST_F(EngineHybridTest, StateIsCarvedOutOfTheKvBudget) {
   EXPECT_EQ(Make(o)->Stats().state_slots_total, 6);
   // Not one slot in half the budget: no engine.
   o.kv_budget_bytes = SlotBytes();
-  EXPECT_EQ(Engine::Create(*model_, *tokenizer_, o).status().code(),
+  EXPECT_EQ(Engine::Create(*model_, *tokenizer_, WithCase(o)).status().code(),
             absl::StatusCode::kResourceExhausted);
 }
 
-TEST_F(EngineHybridTest, SlotsAreFreedOnFinishAndCancel) {
+TEST_P(EngineHybridTest, SlotsAreFreedOnFinishAndCancel) {
   auto engine = Make({});
   ASSERT_TRUE(engine->Add(Greedy("a", Tokens(30, 1), 50)).ok());
   ASSERT_TRUE(engine->Add(Greedy("b", Tokens(30, 2), 3)).ok());
@@ -170,7 +199,7 @@ TEST_F(EngineHybridTest, SlotsAreFreedOnFinishAndCancel) {
   EXPECT_EQ(engine->Stats().kv_bytes_used, 0);
 }
 
-TEST_F(EngineHybridTest, PrefixReuseStartsFromASnapshotAndKeepsTokens) {
+TEST_P(EngineHybridTest, PrefixReuseStartsFromASnapshotAndKeepsTokens) {
   EngineOptions o;
   o.block_size = 16;
   o.state_snapshot_blocks = 4;  // a snapshot every 64 tokens
@@ -196,7 +225,7 @@ TEST_F(EngineHybridTest, PrefixReuseStartsFromASnapshotAndKeepsTokens) {
   EXPECT_TRUE(engine->kv_cache()->CheckInvariants().ok());
 }
 
-TEST_F(EngineHybridTest, ReuseStopsAtTheDeepestSnapshot) {
+TEST_P(EngineHybridTest, ReuseStopsAtTheDeepestSnapshot) {
   EngineOptions o;
   o.block_size = 16;
   o.state_snapshot_blocks = 4;
@@ -213,7 +242,7 @@ TEST_F(EngineHybridTest, ReuseStopsAtTheDeepestSnapshot) {
   EXPECT_EQ(rb.tokens, Cold(b, 3));
 }
 
-TEST_F(EngineHybridTest, NoSnapshotsNoPrefixReuse) {
+TEST_P(EngineHybridTest, NoSnapshotsNoPrefixReuse) {
   EngineOptions o;
   o.state_snapshot_blocks = 0;
   auto engine = Make(o);
@@ -224,7 +253,7 @@ TEST_F(EngineHybridTest, NoSnapshotsNoPrefixReuse) {
   EXPECT_EQ(RunAll(*engine)["b"].final_event.usage.cached_prompt_tokens, 0);
 }
 
-TEST_F(EngineHybridTest, SessionTurnContinuesTheStateLikeAColdRun) {
+TEST_P(EngineHybridTest, SessionTurnContinuesTheStateLikeAColdRun) {
   EngineOptions o;
   o.block_size = 4;
   auto engine = Make(o);
@@ -263,16 +292,20 @@ TEST_F(EngineHybridTest, SessionTurnContinuesTheStateLikeAColdRun) {
 
 // A preempted sequence is recomputed (its decoded tokens become a prefill, in other chunks than
 // it first ran) and still gives the tokens it gets alone.
-TEST_F(EngineHybridTest, PreemptionUnderATinyBudgetKeepsTokens) {
+TEST_P(EngineHybridTest, PreemptionUnderATinyBudgetKeepsTokens) {
   EngineOptions tight;
   tight.block_size = 4;
   tight.max_running = 4;
   tight.max_sessions = 0;
   tight.state_snapshot_blocks = 0;
-  // 4 slots in half the budget, the KV blocks in the other half: the KV holds 4 · state_bytes,
-  // less than 4 running sequences of ~95 tokens need, so some are preempted.
-  tight.kv_budget_bytes = 8 * SlotBytes();
+  // 4 slots in at most half the budget, the KV blocks in the rest: 4 slots' bytes (the
+  // Qwen3.5 hybrid's large states) or 200 tokens (LFM2's small ones), less than 4 running
+  // sequences of ~95 tokens need, so some are preempted.
+  const int64_t kv_per_token = Make(tight)->Stats().kv_bytes_per_token;
+  tight.kv_budget_bytes = 4 * SlotBytes() + std::max(4 * SlotBytes(), 200 * kv_per_token);
   auto engine = Make(tight);
+  ASSERT_EQ(engine->Stats().state_slots_total, 4);
+  ASSERT_LT(engine->Stats().kv_blocks_total * tight.block_size, 4 * 95);
   std::vector<Request> reqs;
   std::map<std::string, std::vector<int32_t>> solo;
   for (int i = 0; i < 5; ++i) {
@@ -295,22 +328,22 @@ TEST_F(EngineHybridTest, PreemptionUnderATinyBudgetKeepsTokens) {
   EXPECT_TRUE(engine->kv_cache()->CheckInvariants().ok());
 }
 
-TEST_F(EngineHybridTest, FewerSlotsThanRunningMakesRequestsWait) {
+TEST_P(EngineHybridTest, FewerSlotsThanRunningMakesRequestsWait) {
   EngineOptions o;
   o.max_running = 8;
   o.max_sessions = 0;
   o.state_snapshot_blocks = 0;
   o.block_size = 4;
-  o.kv_budget_bytes = 4 * SlotBytes();  // 2 slots: half the budget
+  o.kv_budget_bytes = 6 * SlotBytes() - 1;  // 2 slots: under half the budget
   auto engine = Make(o);
   ASSERT_EQ(engine->Stats().state_slots_total, 2);
-  // The other half holds the four sequences' KV (4 x 9 positions in blocks of 4): the wait
-  // below is for slots, not blocks.
-  ASSERT_GE(engine->Stats().kv_blocks_total, 12);
+  // The rest holds two running sequences' KV (4 + 3 positions: 2 blocks of 4 each) and a
+  // waiting one's prompt block: the wait below is for slots, not blocks.
+  ASSERT_GE(engine->Stats().kv_blocks_total, 5);
   std::map<std::string, std::vector<int32_t>> prompts;
   for (int i = 0; i < 4; ++i) {
     const std::string id = absl::StrCat("w", i);
-    prompts[id] = Tokens(5, 20 + i);
+    prompts[id] = Tokens(4, 20 + i);
     ASSERT_TRUE(engine->Add(Greedy(id, prompts[id], 4)).ok());
   }
   std::map<std::string, std::vector<int32_t>> first;
@@ -326,7 +359,7 @@ TEST_F(EngineHybridTest, FewerSlotsThanRunningMakesRequestsWait) {
   for (const auto& [id, prompt] : prompts) EXPECT_EQ(results[id].tokens, Cold(prompt, 4)) << id;
 }
 
-TEST_F(EngineHybridTest, ChunkedPrefillGivesTheTokensOfOneChunk) {
+TEST_P(EngineHybridTest, ChunkedPrefillGivesTheTokensOfOneChunk) {
   const std::vector<int32_t> prompt = Tokens(90, 30);
   auto run = [&](int64_t max_batch_tokens) {
     EngineOptions o;
@@ -346,7 +379,7 @@ TEST_F(EngineHybridTest, ChunkedPrefillGivesTheTokensOfOneChunk) {
 
 // Random adds, cancels and session turns under a tight budget: the pools' invariants hold after
 // every step and no slot or block leaks.
-TEST_F(EngineHybridTest, RandomOperationsLeakNoSlots) {
+TEST_P(EngineHybridTest, RandomOperationsLeakNoSlots) {
   EngineOptions o;
   o.block_size = 4;
   o.max_batch_tokens = 24;
@@ -383,6 +416,19 @@ TEST_F(EngineHybridTest, RandomOperationsLeakNoSlots) {
   EXPECT_EQ(engine->Stats().state_slots_used, 0);
   EXPECT_EQ(engine->Stats().kv_bytes_used, 0);
 }
+
+INSTANTIATE_TEST_SUITE_P(Models, EngineHybridTest,
+                         ::testing::Values(Case{"qwen3_5_moe"}, Case{"lfm2_moe"},
+                                           Case{"qwen3_moe", "fp8_e4m3", 16},
+                                           Case{"lfm2_moe", "tq4", 16}),
+                         [](const ::testing::TestParamInfo<Case>& p) {
+                           std::string name = p.param.model_type;
+                           if (p.param.kv_tail_tokens > 0) {
+                             name += absl::StrCat("_tail", p.param.kv_tail_tokens, "_",
+                                                  p.param.kv_cache_dtype);
+                           }
+                           return name;
+                         });
 
 }  // namespace
 }  // namespace moe::engine

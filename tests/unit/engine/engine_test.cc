@@ -465,5 +465,23 @@ TEST_F(EngineTest, CompressedFormatsRun) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// The KV tail's options: a negative length and a tail in front of a bf16 cache are refused,
+// naming the option.
+TEST_F(EngineTest, KvTailOptionsAreChecked) {
+  EngineOptions o;
+  o.kv_cache_dtype = "fp8_e4m3";
+  o.kv_tail_tokens = -1;
+  absl::Status st = Engine::Create(*model_, *tokenizer_, o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("kv_tail_tokens must be >= 0"), std::string::npos) << st;
+  o.kv_cache_dtype = "bf16";
+  o.kv_tail_tokens = 8;
+  st = Engine::Create(*model_, *tokenizer_, o).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(st.message().find("compressed kv_cache_dtype"), std::string::npos) << st;
+  o.kv_cache_dtype = "tq4";
+  EXPECT_TRUE(Engine::Create(*model_, *tokenizer_, o).ok());
+}
+
 }  // namespace
 }  // namespace moe::engine

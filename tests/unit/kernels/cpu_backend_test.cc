@@ -7,6 +7,7 @@
 
 #include "gtest/gtest.h"
 #include "kernels/base/bytes.h"
+#include "kernels/tensor.h"
 
 namespace moe::kernels {
 namespace {
@@ -238,6 +239,139 @@ TEST(CpuBackendTest, PagedAttentionMatchesContiguousAndStagedDefaults) {
       }
       const double tol = format == KvFormat::kBf16 ? 1e-2 : format == KvFormat::kFp8E4m3 ? 6e-2 : 0.5;
       EXPECT_LT(err / ref, tol) << KvFormatName(format) << " window " << window;
+    }
+  }
+}
+
+// The 16-bit tail (PagedKvLayer::tail): query p reads positions s > p - W as the bf16 of their
+// keys and values and older ones from the compressed blocks, so the output is the attention over
+// exactly that mix (W >= the sequence: exact bf16 attention), whatever the chunking of the steps
+// (the ring written after each step's attention, PagedKvTailWrite). W = 0 (no tail) is today's
+// compressed attention. Checked against a reference built from Dequantize and bf16 rounding.
+TEST(CpuBackendTest, PagedAttentionTailReadsEachQuerysNewestPositionsInBf16) {
+  CpuBackend cpu(2);
+  const int NH = 4, NKV = 2, D = 32, bs = 4, G = NH / NKV;
+  const int64_t S = 23;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> g;
+  std::vector<float> q(S * NH * D), k(S * NKV * D), v(S * NKV * D);
+  for (float& x : q) x = g(rng);
+  for (float& x : k) x = g(rng);
+  for (float& x : v) x = g(rng);
+  const std::vector<int32_t> table = {5, 0, 3, 7, 1, 6};
+  const float scale = 1.f / std::sqrt(float(D));
+  for (KvFormat format : {KvFormat::kFp8E4m3, KvFormat::kTq4, KvFormat::kTq2}) {
+    std::vector<KvCodec> codecs;
+    for (int h = 0; h < NKV; ++h) {
+      for (KvRole role : {KvRole::kKey, KvRole::kValue}) {
+        KvCodecOptions o;
+        o.format = format;
+        o.head_dim = D;
+        o.role = role;
+        o.kv_head = h;
+        codecs.push_back(*KvCodec::Create(o));
+      }
+    }
+    std::vector<const KvCodec*> ptrs;
+    for (const KvCodec& c : codecs) ptrs.push_back(&c);
+    const int64_t tile = codecs[0].tile_bytes(bs);
+    std::vector<uint8_t> store(8 * 2 * NKV * tile);
+    PagedKvLayer layer;
+    layer.layer_base = store.data();
+    layer.block_stride = 2 * NKV * tile;
+    layer.tile_bytes = tile;
+    layer.block_size = bs;
+    layer.block_table = table.data();
+    layer.codecs = ptrs.data();
+    layer.num_kv_heads = NKV;
+    layer.head_dim = D;
+    // The output of the steps `chunks` with a tail of W (0: none) and a fresh ring.
+    auto run = [&](int W, const std::vector<int64_t>& chunks) {
+      std::vector<uint16_t> ring(std::max(W, 1) * NKV * 2 * D, 0xFFFF);  // NaN until written
+      std::vector<float> out(S * NH * D);
+      int64_t start = 0;
+      for (int64_t n : chunks) {
+        PagedKvWriteArgs w;
+        w.kv = layer;
+        if (W > 0) {
+          w.kv.tail = ring.data();
+          w.kv.tail_tokens = W;
+        }
+        w.k = k.data() + start * NKV * D;
+        w.v = v.data() + start * NKV * D;
+        w.num_tokens = n;
+        w.start_pos = start;
+        EXPECT_TRUE(cpu.PagedKvWrite({w}).ok());
+        PagedAttentionArgs a;
+        a.kv = w.kv;
+        a.out = out.data() + start * NH * D;
+        a.q = q.data() + start * NH * D;
+        a.num_tokens = n;
+        a.start_pos = start;
+        a.num_heads = NH;
+        a.scale = scale;
+        a.k_new = w.k;
+        a.v_new = w.v;
+        EXPECT_TRUE(cpu.PagedAttention({a}).ok());
+        EXPECT_TRUE(cpu.PagedKvTailWrite({w}).ok());
+        start += n;
+      }
+      return out;
+    };
+    // The attention of every query over dequantized positions s <= p - W and bf16 ones after.
+    auto reference = [&](int W) {
+      std::vector<float> out(S * NH * D), x(D);
+      for (int64_t p = 0; p < S; ++p) {
+        for (int h = 0; h < NH; ++h) {
+          const int kvh = h / G;
+          std::vector<double> sc(p + 1), acc(D, 0.0);
+          std::vector<std::vector<float>> vals(p + 1, std::vector<float>(D));
+          double mx = -1e300, den = 0;
+          for (int64_t s = 0; s <= p; ++s) {
+            for (int role = 0; role < 2; ++role) {
+              float* y = role == 0 ? x.data() : vals[s].data();
+              if (s > p - W) {
+                const float* src = (role == 0 ? k : v).data() + (s * NKV + kvh) * D;
+                for (int j = 0; j < D; ++j) y[j] = Bf16ToF32(F32ToBf16(src[j]));
+              } else {
+                ptrs[2 * kvh + role]->Dequantize(ConstKvTile{PagedTileAt(layer, s, kvh, role), bs},
+                                                 int(s % bs), y);
+              }
+            }
+            double dot = 0;
+            for (int j = 0; j < D; ++j) dot += double(q[(p * NH + h) * D + j]) * x[j];
+            sc[s] = scale * dot;
+            mx = std::max(mx, sc[s]);
+          }
+          for (int64_t s = 0; s <= p; ++s) den += (sc[s] = std::exp(sc[s] - mx));
+          for (int64_t s = 0; s <= p; ++s) {
+            for (int j = 0; j < D; ++j) acc[j] += sc[s] / den * vals[s][j];
+          }
+          for (int j = 0; j < D; ++j) out[(p * NH + h) * D + j] = float(acc[j]);
+        }
+      }
+      return out;
+    };
+    auto rel_err = [](const std::vector<float>& a, const std::vector<float>& b) {
+      double err = 0, ref = 0;
+      for (size_t i = 0; i < a.size(); ++i) {
+        err = std::max(err, double(std::abs(a[i] - b[i])));
+        ref = std::max(ref, double(std::abs(b[i])));
+      }
+      return err / ref;
+    };
+    const std::vector<int64_t> one_step = {S}, two = {15, 8}, odd = {7, 7, 1, 6, 2};
+    const std::vector<int64_t> decode(S, 1);
+    for (int W : {0, 5, 64}) {
+      const std::vector<float> out = run(W, two);
+      for (const auto& chunks : {one_step, odd, decode}) {
+        EXPECT_EQ(run(W, chunks), out) << KvFormatName(format) << " W " << W;
+      }
+      EXPECT_LT(rel_err(out, reference(W)), 2e-5) << KvFormatName(format) << " W " << W;
+      if (W > 0) {
+        // The tail changes the result: the compressed reading differs by its quantization.
+        EXPECT_GT(rel_err(out, reference(0)), 1e-3) << KvFormatName(format) << " W " << W;
+      }
     }
   }
 }
