@@ -27,11 +27,12 @@ namespace moe::kernels {
 namespace {
 
 // Planned ExpertFfnRouted: rows per group. 8 and 16 are the tensor-core matrix-vector kernel's one
-// and two n-tiles (one pass over the weights per chunk); 16 once an expert averages more than 8
-// pairs (a decode batch of 256 on 128 experts top-8 averages 16: chunks of 8 read most experts
-// twice), 8 below (the two-tile kernel holds x for 16 rows: one block an SM). 128 is two row
-// tiles of the tensor-core GEMM (GemmMmaKernel), past kMatVecMaxRows so that Dispatch picks it;
-// it pays once an expert averages more than kRoutedLargeFrom pairs.
+// and two n-tiles (one pass over the weights per chunk); 16 for int4 experts (the format with a
+// two-tile kernel) once an expert averages more than 8 pairs (a decode batch of 256 on 128
+// experts top-8 averages 16: chunks of 8 pass over most experts twice; +2% a step, H200), 8
+// below (the two-tile kernel holds x for 16 rows: one block an SM). 128 is two row tiles of the
+// tensor-core GEMM (GemmMmaKernel), past kMatVecMaxRows so that Dispatch picks it; it pays once
+// an expert averages more than kRoutedLargeFrom pairs.
 constexpr int kRoutedChunkSmall = 8;
 constexpr int kRoutedChunkMid = 16;
 constexpr int kRoutedChunkLarge = 128;
@@ -298,9 +299,10 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
 void CudaBackend::PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const ExpertWeights& w0) {
   const int64_t n = a.num_tokens * a.top_k;
   const int E = a.experts->num_experts;
-  int64_t chunk = n > kRoutedLargeFrom * E    ? kRoutedChunkLarge
-                  : n > kRoutedChunkSmall * E ? kRoutedChunkMid
-                                              : kRoutedChunkSmall;
+  const bool two_tiles = w0.gate.dtype == DType::kQ4 && n > kRoutedChunkSmall * E;
+  int64_t chunk = n > kRoutedLargeFrom * E ? kRoutedChunkLarge
+                  : two_tiles              ? kRoutedChunkMid
+                                           : kRoutedChunkSmall;
   if (routed_chunk_override_ > 0) chunk = routed_chunk_override_;
   // Each expert's last chunk may be partial: at most n / chunk full ones plus one per expert.
   const int64_t max_groups = std::min<int64_t>(n, n / chunk + E);
