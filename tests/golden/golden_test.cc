@@ -562,7 +562,10 @@ TEST(Lfm2WeightsTest, ExpertBiasUnderEitherNameOrNamedWhenMissing) {
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
                                            "qwen3_5_moe", "qwen3_next", "lfm2_moe",
-                                           "lfm2_moe_conv_bias", "trained_default"));
+                                           "lfm2_moe_conv_bias", "trained_default",
+                                           // published int4 checkpoints (make_fixtures.py QUANT)
+                                           "qwen3_moe_gptq", "qwen3_moe_gptq_g128",
+                                           "qwen3_moe_ct"));
 
 }  // namespace
 }  // namespace moe::engine
