@@ -97,9 +97,8 @@ absl::Status WriteDenseSafetensors(const Checkpoint& checkpoint, const std::stri
     }
     const uint64_t bytes = out.bytes();
     if (kernels::IsQuantized(dtype)) {
-      quant[name] = {{"dtype", kernels::DTypeName(dtype)},
-                     {"group_size", out.group_size},
-                     {"shape", shape}};
+      quant[name] = {
+          {"dtype", kernels::DTypeName(dtype)}, {"group_size", out.group_size}, {"shape", shape}};
       shape = {static_cast<int64_t>(bytes)};
     }
     header[name] = {{"dtype", kernels::IsQuantized(dtype) ? "U8" : SafetensorsDType(dtype)},

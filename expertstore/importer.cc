@@ -248,8 +248,9 @@ absl::Status ImportOptions::Validate() const {
       return base::Annotate(s, "import: format");
     }
   }
-  for (const auto& [field, f] : {std::pair{"dense_format", dense_format},
-                                  std::pair{"lm_head_format", lm_head_format.value_or(dense_format)}}) {
+  for (const auto& [field, f] :
+       {std::pair{"dense_format", dense_format},
+        std::pair{"lm_head_format", lm_head_format.value_or(dense_format)}}) {
     if (f == kernels::DType::kQ2) {
       return absl::InvalidArgumentError(
           absl::StrCat("import: ", field, " int2 is not offered (too lossy)"));

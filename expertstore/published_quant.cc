@@ -32,8 +32,8 @@ namespace {
 using nlohmann::json;
 
 absl::Status Refuse(const std::string& key, const json& value, const std::string& why) {
-  return absl::UnimplementedError(absl::StrCat("config.json quantization_config.", key, " = ",
-                                               value.dump(), ": ", why));
+  return absl::UnimplementedError(
+      absl::StrCat("config.json quantization_config.", key, " = ", value.dump(), ": ", why));
 }
 
 // The scheme a quantization_config asks for, once validated.
@@ -88,8 +88,10 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
         }
       }
       const json w = g.value("weights", json());
-      const std::pair<const char*, json> want[] = {{"num_bits", 4},         {"type", "int"},
-                                                   {"symmetric", true},     {"strategy", "group"},
+      const std::pair<const char*, json> want[] = {{"num_bits", 4},
+                                                   {"type", "int"},
+                                                   {"symmetric", true},
+                                                   {"strategy", "group"},
                                                    {"dynamic", false}};
       for (const auto& [key, value] : want) {
         if (!w.is_object() || w.value(key, json()) != value) {
@@ -120,11 +122,14 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
                   "AWQ int4 has zero points (asymmetric), which the int4 format cannot hold "
                   "exactly (m = -z*s is not exact in fp16): not supported");
   }
-  return Refuse("quant_method", method, "supported: gptq (4-bit symmetric), compressed-tensors "
-                                        "(pack-quantized int4 symmetric)");
+  return Refuse("quant_method", method,
+                "supported: gptq (4-bit symmetric), compressed-tensors "
+                "(pack-quantized int4 symmetric)");
 }
 
-std::string Shape(const std::vector<int64_t>& s) { return absl::StrCat("[", absl::StrJoin(s, ","), "]"); }
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
 
 uint32_t Nibble(const uint8_t* words, int64_t word, int j) {
   uint32_t w;
@@ -148,9 +153,8 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
   const std::string packed_suffix = gptq ? ".qweight" : ".weight_packed";
   for (const auto& [name, info] : tensors_) {  // a float tensor where packed int32 belongs
     if (absl::EndsWith(name, packed_suffix)) {
-      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor '", name, "': dtype ",
-                                                     kernels::DTypeName(info.dtype),
-                                                     ", expected I32"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": tensor '", name, "': dtype ", kernels::DTypeName(info.dtype), ", expected I32"));
     }
   }
   std::vector<std::string> modules;
@@ -167,12 +171,14 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor '", tensor, "': ", why));
     };
     if (packed.dtype != "I32") return bad(packed_name, "dtype " + packed.dtype + ", expected I32");
-    if (packed.shape.size() != 2) return bad(packed_name, "shape " + Shape(packed.shape) + " is not 2-D");
+    if (packed.shape.size() != 2)
+      return bad(packed_name, "shape " + Shape(packed.shape) + " is not 2-D");
     // N outputs (our rows), K inputs (our columns).
     int64_t N = 0, K = 0;
     const std::string scale_name = m + (gptq ? ".scales" : ".weight_scale");
     auto scale_it = tensors_.find(scale_name);
-    if (scale_it == tensors_.end()) return bad(scale_name, "missing (the scales of " + packed_name + ")");
+    if (scale_it == tensors_.end())
+      return bad(scale_name, "missing (the scales of " + packed_name + ")");
     const TensorInfo& scale_info = scale_it->second;
     if (gptq) {
       K = packed.shape[0] * 8;
@@ -257,9 +263,9 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     for (int64_t n = 0; n < N; ++n) {
       uint8_t* row = out.data() + n * row_bytes;
       for (int64_t k = 0; k < K; ++k) {
-        const uint32_t q = gptq ? Nibble(packed.data, (k / 8) * N + n, static_cast<int>(k % 8))
-                                : Nibble(packed.data, n * packed.shape[1] + k / 8,
-                                         static_cast<int>(k % 8));
+        const uint32_t q =
+            gptq ? Nibble(packed.data, (k / 8) * N + n, static_cast<int>(k % 8))
+                 : Nibble(packed.data, n * packed.shape[1] + k / 8, static_cast<int>(k % 8));
         row[k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
       }
     }
@@ -269,7 +275,8 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       for (int64_t r = 0; r < K / g; ++r) {
         const float s = scales.at(gptq ? r * N + n : n * (K / g) + r);
         const uint16_t s16 = kernels::F32ToF16(s), m16 = kernels::F32ToF16(-8.f * s);
-        if (!std::isfinite(s) || kernels::F16ToF32(s16) != s || kernels::F16ToF32(m16) != -8.f * s) {
+        if (!std::isfinite(s) || kernels::F16ToF32(s16) != s ||
+            kernels::F16ToF32(m16) != -8.f * s) {
           return bad(scale_name, absl::StrCat("scale ", s, " (output ", n, ", group ", r,
                                               ") is not exact in fp16"));
         }

@@ -132,7 +132,8 @@ int Verify(const std::string& store_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  moe::base::ParseFlags(argc, argv,
+  moe::base::ParseFlags(
+      argc, argv,
       "Converts a Hugging Face MoE checkpoint into a model store directory.\n"
       "Usage: moe-import --model_dir=DIR --store_dir=DIR [--format=int4 --group_size=64] "
       "[--dense_format=int4 --lm_head_format=int8] "

@@ -51,9 +51,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
-#include <functional>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <future>
 #include <memory>
 #include <numeric>
@@ -200,9 +200,8 @@ DType LmHeadFormat() {
 // Bytes of a dense [rows, cols] matrix in `format` (bf16 or quantized with --group).
 double MatrixBytes(DType format, double rows, double cols) {
   if (!kernels::IsQuantized(format)) return 2 * rows * cols;
-  return static_cast<double>(kernels::QuantizedBytes(format, static_cast<int64_t>(rows),
-                                                     static_cast<int64_t>(cols),
-                                                     absl::GetFlag(FLAGS_group)));
+  return static_cast<double>(kernels::QuantizedBytes(
+      format, static_cast<int64_t>(rows), static_cast<int64_t>(cols), absl::GetFlag(FLAGS_group)));
 }
 
 // config.json + model.safetensors (dense weights only, bf16) of the synthetic model.
@@ -228,8 +227,7 @@ class SyntheticTensors {
     }
     const std::filesystem::path bf16 = std::filesystem::path(dir) / "bf16";
     std::filesystem::create_directories(bf16);
-    MOE_RETURN_IF_ERROR(
-        store::WriteSafetensors((bf16 / "model.safetensors").string(), tensors_));
+    MOE_RETURN_IF_ERROR(store::WriteSafetensors((bf16 / "model.safetensors").string(), tensors_));
     std::filesystem::copy_file(std::filesystem::path(dir) / "config.json", bf16 / "config.json",
                                std::filesystem::copy_options::overwrite_existing);
     MOE_ASSIGN_OR_RETURN(const engine::ModelConfig c, engine::LoadModelConfig(bf16.string()));
@@ -463,8 +461,8 @@ absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t lay
                                              const ExpertTemplates& t) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(std::filesystem::path(dir) / "blobs");
-  const store::BlobLayout L =
-      store::ComputeBlobLayout(ExpertFormat(), group, BenchShape().hidden, BenchShape().expert_width);
+  const store::BlobLayout L = store::ComputeBlobLayout(ExpertFormat(), group, BenchShape().hidden,
+                                                       BenchShape().expert_width);
   const std::string file = "blobs/000001.blob";
   std::ofstream out(std::filesystem::path(dir) / file, std::ios::binary);
   std::vector<uint8_t> blob(L.length);
@@ -636,8 +634,8 @@ double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t 
   const DType lm_head = c.tie_word_embeddings ? DType::kBF16 : LmHeadFormat();
   double total = 2 * H * 2 + MatrixBytes(lm_head, static_cast<double>(c.vocab_size), H);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    total += 2 * 2 * H + MixerWeightBytes(c, l, DenseFormat()) + MlpWeightBytes(c, l, DenseFormat()) +
-             StateBytes(c, l);
+    total += 2 * 2 * H + MixerWeightBytes(c, l, DenseFormat()) +
+             MlpWeightBytes(c, l, DenseFormat()) + StateBytes(c, l);
     if (c.KvLayerIndex(l) >= 0) total += static_cast<double>(ctx) * kv_bytes_per_position_layer;
     if (c.IsSparseLayer(l)) {
       total += static_cast<double>(c.num_experts_per_tok) * static_cast<double>(expert_bytes);
@@ -1042,7 +1040,10 @@ absl::Status CheckFlags() {
       return absl::InvalidArgumentError(absl::StrCat(
           "--", flag, "=", name, ": ", expert ? "int4 or int8" : "bf16, int8 or int4"));
     }
-    MOE_RETURN_IF_ERROR(kernels::ValidateQuantFormat(DType::kQ4, absl::GetFlag(FLAGS_group)));
+  }
+  if (absl::Status s = kernels::ValidateQuantFormat(DType::kQ4, absl::GetFlag(FLAGS_group));
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--group: ", s.message()));
   }
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
@@ -1214,7 +1215,7 @@ absl::Status Run() {
     MOE_ASSIGN_OR_RETURN(one_seq,
                          MakePagedSeqs(*model, *backend, kv_format, 1, dctx + 2 * steps + 4));
     MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(dctx)));  // warms up
-    for (int i = 0; i < 2; ++i) {  // warm-up decode steps
+    for (int i = 0; i < 2; ++i) {                                 // warm-up decode steps
       MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
     }
     const engine::PhaseTimes before = model->phase_times();
@@ -1256,9 +1257,9 @@ absl::Status Run() {
       model->set_exact_timings(false);
       PrintTimings("decode, batch 1, synchronized per phase", Diff(e0, model->phase_times()), steps,
                    c.num_hidden_layers);
-      std::printf("  (synchronized run: %.2f ms/token)\n", exact_s * 1e3 / static_cast<double>(steps));
+      std::printf("  (synchronized run: %.2f ms/token)\n",
+                  exact_s * 1e3 / static_cast<double>(steps));
     }
-
   }
 
   MOE_RETURN_IF_ERROR(SampleTimes(*backend, c.vocab_size, rng));

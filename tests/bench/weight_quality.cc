@@ -140,8 +140,9 @@ std::string Measure(const std::string& arch, const Reference& ref, const Formats
 int Run() {
   auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
   if (!backend.ok()) return 1;
-  std::printf("| fixture | experts | dense | max rel logit error | next-token KL mean | KL max | "
-              "greedy agreement |\n|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| fixture | experts | dense | max rel logit error | next-token KL mean | KL max | "
+      "greedy agreement |\n|---|---|---|---|---|---|---|\n");
   for (const char* arch : {"qwen3_moe", "qwen2_moe", "mixtral", "olmoe", "qwen3_5_moe",
                            "qwen3_next", "lfm2_moe", "lfm2_moe_conv_bias"}) {
     const Reference ref = LoadReference(arch);

@@ -242,8 +242,8 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
     so.device_budget_bytes = so.host_budget_bytes = 64 << 20;
     auto model = Model::Load(dir.path(), **backend, so);
     ASSERT_TRUE(model.ok()) << model.status();
-    auto kv = SequenceKv::Create((*model)->config(), **backend,
-                                 static_cast<int64_t>(ref.tokens.size()));
+    auto kv =
+        SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(ref.tokens.size()));
     ASSERT_TRUE(kv.ok());
     const ForwardItem item{ref.tokens, kv->get()};
     std::vector<float> logits;
@@ -259,9 +259,10 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
       agree += std::max_element(row, row + ref.vocab) - row == ref.tokens[p + 1];
       ++total;
     }
-    std::printf("%s imported (experts int4 g%d as published): max rel logit error %.3g, greedy "
-                "agreement %d/%d\n", arch.c_str(), gate->group_size, max_err / max_ref, agree,
-                total);
+    std::printf(
+        "%s imported (experts int4 g%d as published): max rel logit error %.3g, greedy "
+        "agreement %d/%d\n",
+        arch.c_str(), gate->group_size, max_err / max_ref, agree, total);
     EXPECT_LT(max_err / max_ref, 1e-4) << arch;
     EXPECT_EQ(agree, total) << arch;
   }

@@ -600,13 +600,15 @@ TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
   const auto h = nlohmann::json::parse((*file)->data() + 8, (*file)->data() + 8 + header);
   std::vector<float> ref(h["logits"]["shape"][0].get<size_t>() *
                          h["logits"]["shape"][1].get<size_t>());
-  std::memcpy(ref.data(), (*file)->data() + 8 + header + h["logits"]["data_offsets"][0].get<size_t>(),
+  std::memcpy(ref.data(),
+              (*file)->data() + 8 + header + h["logits"]["data_offsets"][0].get<size_t>(),
               ref.size() * sizeof(float));
   auto error_of = [&](const std::string& dir) -> double {
     auto model = Model::Load(dir, **backend);
     EXPECT_TRUE(model.ok()) << model.status();
     if (!model.ok()) return 0;
-    auto kv = SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(tokens.size()));
+    auto kv =
+        SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(tokens.size()));
     const ForwardItem item{tokens, kv->get()};
     std::vector<float> logits;
     EXPECT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
@@ -631,8 +633,10 @@ TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
   const double as_written = error_of(same.path());
   const double wrong_reversed = error_of(reversed.path());
   const double wrong_awq = error_of(awq.path());
-  std::printf("GPTQ fixture: max relative logit error %.3g as written, %.3g nibbles reversed, "
-              "%.3g in AWQ's order\n", as_written, wrong_reversed, wrong_awq);
+  std::printf(
+      "GPTQ fixture: max relative logit error %.3g as written, %.3g nibbles reversed, "
+      "%.3g in AWQ's order\n",
+      as_written, wrong_reversed, wrong_awq);
   EXPECT_LT(as_written, 1e-4);
   EXPECT_GT(wrong_reversed, 1e-2);
   EXPECT_GT(wrong_awq, 1e-2);

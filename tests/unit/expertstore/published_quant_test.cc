@@ -40,11 +40,13 @@ void WriteFile(const testing::TempDir& dir, const std::vector<Raw>& tensors) {
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');
   const uint64_t n = text.size();
-  dir.Write("model.safetensors", std::string(reinterpret_cast<const char*>(&n), 8) + text + payload);
+  dir.Write("model.safetensors",
+            std::string(reinterpret_cast<const char*>(&n), 8) + text + payload);
 }
 
 void WriteConfig(const testing::TempDir& dir, const json& quant) {
-  dir.Write("config.json", json{{"model_type", "qwen3_moe"}, {"quantization_config", quant}}.dump());
+  dir.Write("config.json",
+            json{{"model_type", "qwen3_moe"}, {"quantization_config", quant}}.dump());
 }
 
 // A [N=8 outputs, K=64 inputs] matrix: code of (n, k) = (3n + 5k) % 16, scale of (n, group r)
@@ -109,8 +111,13 @@ json CtConfig(int64_t g) {
              {{"targets", {"Linear"}},
               {"input_activations", nullptr},
               {"weights",
-               {{"num_bits", 4}, {"type", "int"}, {"symmetric", true}, {"strategy", "group"},
-                {"group_size", g}, {"dynamic", false}, {"actorder", nullptr}}}}}}}};
+               {{"num_bits", 4},
+                {"type", "int"},
+                {"symmetric", true},
+                {"strategy", "group"},
+                {"group_size", g},
+                {"dynamic", false},
+                {"actorder", nullptr}}}}}}}};
 }
 
 void ExpectExact(const Checkpoint& ckpt, int64_t g) {
@@ -126,7 +133,9 @@ void ExpectExact(const Checkpoint& ckpt, int64_t g) {
   }
 }
 
-absl::Status OpenStatus(const testing::TempDir& dir) { return Checkpoint::Open(dir.path()).status(); }
+absl::Status OpenStatus(const testing::TempDir& dir) {
+  return Checkpoint::Open(dir.path()).status();
+}
 
 TEST(PublishedQuantTest, GptqSymmetricRepacksExactly) {
   for (int64_t g : {32, 64}) {
@@ -214,7 +223,8 @@ TEST(PublishedQuantTest, MalformedTensorsAreNamed) {
     t[2].shape = {N, K / 32};
     WriteFile(dir, t);
     WriteConfig(dir, GptqConfig(32));
-    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.scales': shape [8,2], expected [2,8]");
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
+                  "'m.scales': shape [8,2], expected [2,8]");
   }
   // A group size that does not divide the width (K = 64, group 128 would leave half a group;
   // 256 > K likewise).
