@@ -25,6 +25,9 @@ absl::StatusOr<store::ImportOptions> ImportOptionsFor(const ModelConfig& config,
   for (const auto& [name, info] : checkpoint.tensors()) {
     if (!expert_tensors.contains(name)) o.dense_tensors.push_back(name);
   }
+  // The embedding is a table rows are gathered from, not a matrix product: it keeps its dtype
+  // (the CUDA gather reads dense tables only), and so does a lm head tied to it.
+  o.dense_full_precision.push_back("model.embed_tokens.weight");
   // Routers stay in full precision when dense weights are quantized (ARCHITECTURE.md: formats).
   for (int64_t l = 0; l < config.num_hidden_layers; ++l) {
     const std::string block = absl::StrCat("model.layers.", l, ".", config.arch.moe_block, ".");

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "kernels/base/status.h"
+#include "kernels/quant.h"
 
 namespace moe::engine {
 namespace {
@@ -27,16 +28,30 @@ class Loader {
                                                 const std::vector<int64_t>& shape,
                                                 const std::vector<int64_t>& rows) {
     MOE_ASSIGN_OR_RETURN(kernels::TensorView host, checkpoint_.Get(name, shape));
+    const auto* src = static_cast<const uint8_t*>(host.data);
+    std::vector<uint8_t> gathered;  // one copy to the device, not one a row
     if (kernels::IsQuantized(host.dtype)) {
-      return absl::UnimplementedError(absl::StrCat(
-          "tensor '", name, "': its rows are regrouped at load, so it cannot be quantized"));
-    }
-    const size_t row_bytes = host.bytes() / shape[0];
-    std::vector<uint8_t> gathered(rows.size() *
-                                  row_bytes);  // one copy to the device, not one a row
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::memcpy(gathered.data() + i * row_bytes,
-                  static_cast<const uint8_t*>(host.data) + rows[i] * row_bytes, row_bytes);
+      // A quantized matrix (quant.h) is codes [rows, RowBytes] then params [rows, groups, 2]:
+      // both gathered by row, into the layout of the smaller matrix.
+      if (host.rank != 2) {
+        return absl::UnimplementedError(absl::StrCat("tensor '", name, "': quantized, not 2-D"));
+      }
+      const int64_t cols = shape[1], n = static_cast<int64_t>(rows.size());
+      const int64_t code_bytes = kernels::QuantRowBytes(host.dtype, cols);
+      const int64_t param_bytes = kernels::QuantGroups(cols, host.group_size) * 4;
+      gathered.assign(kernels::QuantizedBytes(host.dtype, n, cols, host.group_size), 0);
+      const uint8_t* params = src + kernels::QuantParamsOffset(host.dtype, shape[0], cols);
+      uint8_t* out_params = gathered.data() + kernels::QuantParamsOffset(host.dtype, n, cols);
+      for (int64_t i = 0; i < n; ++i) {
+        std::memcpy(gathered.data() + i * code_bytes, src + rows[i] * code_bytes, code_bytes);
+        std::memcpy(out_params + i * param_bytes, params + rows[i] * param_bytes, param_bytes);
+      }
+    } else {
+      const size_t row_bytes = host.bytes() / shape[0];
+      gathered.resize(rows.size() * row_bytes);
+      for (size_t i = 0; i < rows.size(); ++i) {
+        std::memcpy(gathered.data() + i * row_bytes, src + rows[i] * row_bytes, row_bytes);
+      }
     }
     MOE_ASSIGN_OR_RETURN(kernels::Buffer storage, backend_.Allocate(gathered.size()));
     backend_.CopyToDevice(storage.data(), gathered.data(), gathered.size());

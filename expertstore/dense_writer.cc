@@ -10,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "absl/container/flat_hash_set.h"
@@ -30,9 +31,8 @@ const char* SafetensorsDType(kernels::DType t) {
 }
 
 // Writes `bytes` to path via path.tmp + fsync + rename + fsync of the directory.
-absl::Status WriteFileAtomically(const std::string& dir, const std::string& name,
-                                 const std::vector<uint8_t>& bytes) {
-  const std::string path = absl::StrCat(dir, "/", name), tmp = path + ".tmp";
+absl::Status WriteFileAtomically(const std::string& path, const std::vector<uint8_t>& bytes) {
+  const std::string tmp = path + ".tmp";
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
   if (fd < 0) return absl::InternalError(absl::StrCat("open ", tmp, ": ", std::strerror(errno)));
   size_t done = 0;
@@ -52,7 +52,8 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
   if (std::rename(tmp.c_str(), path.c_str()) != 0) {
     return absl::InternalError(absl::StrCat("rename ", tmp, ": ", std::strerror(errno)));
   }
-  const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  const std::string dir = std::filesystem::path(path).parent_path().string();
+  const int dfd = ::open(dir.empty() ? "." : dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   if (dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
@@ -62,7 +63,7 @@ absl::Status WriteFileAtomically(const std::string& dir, const std::string& name
 
 }  // namespace
 
-absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::string& store_dir,
+absl::Status WriteDenseSafetensors(const Checkpoint& checkpoint, const std::string& path,
                                    const ImportOptions& options) {
   std::vector<std::string> names = options.dense_tensors;
   std::sort(names.begin(), names.end());
@@ -82,17 +83,22 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
     if (!v.ok()) return base::Annotate(v.status(), "dense weights");
     std::vector<int64_t> shape(v->shape.begin(), v->shape.begin() + v->rank);
     // Quantized formats apply to matrices only; vectors (norms, biases) and the tensors the
-    // caller keeps (routers) stay in their checkpoint dtype.
-    kernels::DType dtype = options.dense_format;
+    // caller keeps (routers) stay in their checkpoint dtype. A tensor already quantized (a
+    // published int4 checkpoint) keeps its own bits: re-quantizing would only add error.
+    kernels::DType dtype = name == options.lm_head_tensor
+                               ? options.lm_head_format.value_or(options.dense_format)
+                               : options.dense_format;
     if (kernels::IsQuantized(dtype) && (v->rank != 2 || keep.contains(name))) dtype = v->dtype;
+    if (kernels::IsQuantized(v->dtype)) dtype = v->dtype;
     kernels::TensorView out = *v;
     out.dtype = dtype;
-    out.group_size = kernels::IsQuantized(dtype) ? options.group_size : 0;
+    if (!kernels::IsQuantized(v->dtype)) {
+      out.group_size = kernels::IsQuantized(dtype) ? options.group_size : 0;
+    }
     const uint64_t bytes = out.bytes();
     if (kernels::IsQuantized(dtype)) {
-      quant[name] = {{"dtype", kernels::DTypeName(dtype)},
-                     {"group_size", options.group_size},
-                     {"shape", shape}};
+      quant[name] = {
+          {"dtype", kernels::DTypeName(dtype)}, {"group_size", out.group_size}, {"shape", shape}};
       shape = {static_cast<int64_t>(bytes)};
     }
     header[name] = {{"dtype", kernels::IsQuantized(dtype) ? "U8" : SafetensorsDType(dtype)},
@@ -111,7 +117,9 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
   std::memcpy(file.data() + 8, text.data(), text.size());
   uint8_t* data = file.data() + 8 + text.size();
   for (const Planned& p : planned) {
-    if (kernels::IsQuantized(p.dtype)) {
+    if (kernels::IsQuantized(p.src.dtype)) {
+      std::memcpy(data + p.offset, p.src.data, p.bytes);
+    } else if (kernels::IsQuantized(p.dtype)) {
       absl::StatusOr<kernels::TensorView> q =
           kernels::Quantize(p.src, p.dtype, options.group_size, data + p.offset);
       if (!q.ok()) return base::Annotate(q.status(), "dense weights");
@@ -119,7 +127,13 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
       kernels::ConvertDense(p.src, p.dtype, data + p.offset);
     }
   }
-  MOE_RETURN_IF_ERROR(WriteFileAtomically(store_dir, "dense.safetensors", file));
+  return WriteFileAtomically(path, file);
+}
+
+absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::string& store_dir,
+                                   const ImportOptions& options) {
+  MOE_RETURN_IF_ERROR(
+      WriteDenseSafetensors(checkpoint, absl::StrCat(store_dir, "/dense.safetensors"), options));
 
   StoreManifest manifest;
   manifest.model = options.model;
@@ -128,9 +142,9 @@ absl::Status WriteDenseAndManifest(const Checkpoint& checkpoint, const std::stri
   manifest.group_size = kernels::IsQuantized(options.format) ? options.group_size : 0;
   manifest.num_experts = static_cast<int64_t>(options.experts.size());
   manifest.dense_format = kernels::WeightFormatName(options.dense_format);
-  manifest.num_dense_tensors = static_cast<int64_t>(names.size());
+  manifest.num_dense_tensors = static_cast<int64_t>(options.dense_tensors.size());
   const std::string mtext = ManifestText(manifest);
-  return WriteFileAtomically(store_dir, kManifestFile,
+  return WriteFileAtomically(absl::StrCat(store_dir, "/", kManifestFile),
                              std::vector<uint8_t>(mtext.begin(), mtext.end()));
 }
 

@@ -166,7 +166,17 @@ absl::StatusOr<BlobLocation> BuildBlob(const Checkpoint& ckpt, const ExpertTenso
   const std::pair<const kernels::TensorView*, uint64_t> parts[] = {
       {&gate, layout.gate_offset}, {&up, layout.up_offset}, {&down, layout.down_offset}};
   for (const auto& [src, offset] : parts) {
-    if (kernels::IsQuantized(loc.dtype)) {
+    if (kernels::IsQuantized(src->dtype)) {
+      // A published int4 checkpoint's expert (repacked at load): its own bits, copied.
+      if (src->dtype != loc.dtype || src->group_size != loc.group_size) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            who, ": the checkpoint's experts are ", kernels::WeightFormatName(src->dtype),
+            " group ", src->group_size, " (quantization_config); the import asks ",
+            kernels::WeightFormatName(loc.dtype), " group ", loc.group_size,
+            ": import with that format and group size"));
+      }
+      std::memcpy(blob->data() + offset, src->data, src->bytes());
+    } else if (kernels::IsQuantized(loc.dtype)) {
       absl::StatusOr<kernels::TensorView> q =
           kernels::Quantize(*src, loc.dtype, loc.group_size, blob->data() + offset);
       if (!q.ok()) return base::Annotate(q.status(), who);
@@ -238,12 +248,17 @@ absl::Status ImportOptions::Validate() const {
       return base::Annotate(s, "import: format");
     }
   }
-  if (dense_format == kernels::DType::kQ2) {
-    return absl::InvalidArgumentError("import: dense_format int2 is not offered (too lossy)");
-  }
-  if (kernels::IsQuantized(dense_format)) {
-    if (absl::Status s = kernels::ValidateQuantFormat(dense_format, group_size); !s.ok()) {
-      return base::Annotate(s, "import: dense_format");
+  for (const auto& [field, f] :
+       {std::pair{"dense_format", dense_format},
+        std::pair{"lm_head_format", lm_head_format.value_or(dense_format)}}) {
+    if (f == kernels::DType::kQ2) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("import: ", field, " int2 is not offered (too lossy)"));
+    }
+    if (kernels::IsQuantized(f)) {
+      if (absl::Status s = kernels::ValidateQuantFormat(f, group_size); !s.ok()) {
+        return base::Annotate(s, absl::StrCat("import: ", field));
+      }
     }
   }
   if (max_blob_file_bytes < kBlobAlignment) {

@@ -18,6 +18,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,11 @@ struct ImportOptions {
   // tensors named in dense_full_precision (routers). Default: kBF16.
   std::vector<std::string> dense_tensors;
   kernels::DType dense_format = kernels::DType::kBF16;
+  // The lm head's format when set (same choices as dense_format); unset: dense_format. Its
+  // tensor: lm_head_tensor (a lm head tied to the embedding is the embedding, which callers
+  // keep in dense_full_precision).
+  std::optional<kernels::DType> lm_head_format;
+  std::string lm_head_tensor = "lm_head.weight";
   std::vector<std::string> dense_full_precision;
   uint64_t max_blob_file_bytes = uint64_t{4} << 30;  // Default: 4 GiB per blob file
   uint64_t sync_bytes = uint64_t{256} << 20;  // Blobs per fsync + index batch. Default: 256 MiB.

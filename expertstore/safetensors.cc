@@ -57,6 +57,15 @@ MappedFile::~MappedFile() {
 
 namespace {
 
+// Bytes per element of the dtypes kept aside as Checkpoint::RawTensor; 0 for any other.
+uint64_t RawDTypeSize(const std::string& s) {
+  if (s == "I64") return 8;
+  if (s == "I32") return 4;
+  if (s == "I16") return 2;
+  if (s == "I8" || s == "U8" || s == "F8_E4M3" || s == "F8_E5M2") return 1;
+  return 0;
+}
+
 absl::StatusOr<kernels::DType> ParseDType(const std::string& s, const std::string& where) {
   if (s == "F32") return kernels::DType::kF32;
   if (s == "F16") return kernels::DType::kF16;
@@ -110,8 +119,10 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
       if (quantized && entry.at("dtype").get<std::string>() != "U8") {
         return absl::InvalidArgumentError(absl::StrCat(where, ": quantized but not stored as U8"));
       }
-      if (!quantized) {
-        MOE_ASSIGN_OR_RETURN(info.dtype, ParseDType(entry.at("dtype").get<std::string>(), where));
+      const std::string dtype = entry.at("dtype").get<std::string>();
+      const uint64_t raw_size = quantized ? 0 : RawDTypeSize(dtype);
+      if (!quantized && raw_size == 0) {
+        MOE_ASSIGN_OR_RETURN(info.dtype, ParseDType(dtype, where));
       }
       uint64_t numel = 1;
       for (const auto& d : (quantized ? quant[name].at("shape") : entry.at("shape"))) {
@@ -125,7 +136,7 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
                                                   " than the ", data_size, " data bytes hold"));
         }
       }
-      uint64_t want_bytes = numel * kernels::DTypeSize(info.dtype);
+      uint64_t want_bytes = numel * (raw_size > 0 ? raw_size : kernels::DTypeSize(info.dtype));
       if (quantized) {
         const std::string q = quant[name].at("dtype").get<std::string>();
         info.dtype = q == "Q8"   ? kernels::DType::kQ8
@@ -158,10 +169,14 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
       }
       info.file = file.get();
       info.offset = data_start + begin;
-      if (tensors_.count(name)) {
+      if (tensors_.count(name) || raw_.count(name)) {
         return absl::InvalidArgumentError(absl::StrCat(where, ": tensor appears in two files"));
       }
-      tensors_.emplace(name, std::move(info));
+      if (raw_size > 0) {
+        raw_.emplace(name, RawTensor{dtype, info.shape, file->data() + info.offset, info.bytes});
+      } else {
+        tensors_.emplace(name, std::move(info));
+      }
     } catch (const json::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(where, ": malformed entry: ", e.what()));
     }
@@ -228,6 +243,14 @@ absl::Status Checkpoint::NormalizeNames() {
 
 absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::Open(const std::string& dir) {
   MOE_ASSIGN_OR_RETURN(std::unique_ptr<Checkpoint> ckpt, OpenFiles(dir));
+  MOE_RETURN_IF_ERROR(ckpt->RepackPublishedQuant(dir));
+  if (!ckpt->raw_.empty()) {
+    const auto& [name, raw] = *ckpt->raw_.begin();
+    return absl::UnimplementedError(
+        absl::StrCat(dir, ": tensor '", name, "': dtype ", raw.dtype,
+                     " is not supported (F32, F16, BF16; integer tensors only as the packed "
+                     "weights of a quantization_config the engine implements)"));
+  }
   MOE_RETURN_IF_ERROR(ckpt->NormalizeNames());
   return ckpt;
 }
@@ -260,7 +283,7 @@ absl::StatusOr<std::unique_ptr<Checkpoint>> Checkpoint::OpenFiles(const std::str
       MOE_RETURN_IF_ERROR(ckpt->AddFile((fs::path(dir) / shard).string()));
     }
     for (const auto& [name, shard] : index["weight_map"].items()) {
-      if (!ckpt->Has(name)) {
+      if (!ckpt->Has(name) && !ckpt->raw_.count(name)) {
         return absl::DataLossError(absl::StrCat(index_path.string(), ": tensor '", name,
                                                 "' is not in its shard ", shard.get<std::string>()));
       }
@@ -292,7 +315,7 @@ absl::StatusOr<kernels::TensorView> Checkpoint::Get(
     return absl::InvalidArgumentError(absl::StrCat("tensor '", name, "' has rank > 4"));
   }
   kernels::TensorView v;
-  v.data = info.file->data() + info.offset;
+  v.data = info.data != nullptr ? info.data : info.file->data() + info.offset;
   v.dtype = info.dtype;
   v.group_size = info.group_size;
   v.rank = static_cast<int>(info.shape.size());

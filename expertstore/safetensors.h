@@ -45,6 +45,9 @@ struct TensorInfo {
   const MappedFile* file = nullptr;
   uint64_t offset = 0;  // absolute, in file
   uint64_t bytes = 0;
+  // Set for a tensor repacked at load from a published quantized layout (published_quant.cc):
+  // its bytes, owned by the Checkpoint (file and offset then name the source's qweight).
+  const uint8_t* data = nullptr;
 };
 
 // All tensors of a checkpoint directory, by name. The views stay valid while this object lives.
@@ -70,8 +73,21 @@ class Checkpoint {
   static absl::StatusOr<std::unique_ptr<Checkpoint>> OpenFiles(const std::string& dir);
   absl::Status AddFile(const std::string& path);
   absl::Status NormalizeNames();
+  // config.json's quantization_config (published_quant.cc): the quantized modules of a GPTQ or
+  // compressed-tensors checkpoint become kQ4 tensors "X.weight"; anything else is refused.
+  absl::Status RepackPublishedQuant(const std::string& dir);
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
+  std::vector<std::vector<uint8_t>> repacked_;  // the bytes of the tensors with TensorInfo::data
+  // Tensors of an integer or fp8 dtype ("I32", "I64", "F8_E4M3", ...): no kernel reads them; a
+  // published quantized layout consumes them (RepackPublishedQuant), any left over is refused.
+  struct RawTensor {
+    std::string dtype;
+    std::vector<int64_t> shape;
+    const uint8_t* data = nullptr;
+    uint64_t bytes = 0;
+  };
+  std::map<std::string, RawTensor> raw_;
 };
 
 // A tensor to write: `data` holds numel(shape) elements of `dtype`, row-major.

@@ -28,11 +28,19 @@ ABSL_FLAG(std::string, model_dir, "",
 ABSL_FLAG(std::string, store_dir, "",
           "Store directory to write (created; an existing one resumes)");
 ABSL_FLAG(std::string, model, "", "Model id recorded in the index. Default: the model_dir's name");
-ABSL_FLAG(std::string, format, "bf16", "Expert format: bf16, f16, f32, int8, int4, int2");
-ABSL_FLAG(int32_t, group_size, 64, "Group size of quantized formats: 32, 64, 128 or 256");
+ABSL_FLAG(std::string, format, "",
+          "Expert format: bf16, f16, f32, int8, int4, int2. Default: bf16, or for a published "
+          "int4 checkpoint (GPTQ, compressed-tensors: config.json's quantization_config) its "
+          "experts' own int4, copied without re-quantizing");
+ABSL_FLAG(int32_t, group_size, 0,
+          "Group size of quantized formats: 32, 64, 128 or 256. Default: 64, or a published "
+          "int4 checkpoint's own");
 ABSL_FLAG(std::string, dense_format, "bf16",
           "Dense weight format: bf16, f16, f32, int8, int4 (quantized: matrices only, with "
-          "--group_size; norms, biases and routers keep the checkpoint's dtype)");
+          "--group_size; norms, biases, routers and the embedding keep the checkpoint's dtype)");
+ABSL_FLAG(std::string, lm_head_format, "",
+          "The lm head's format: bf16, f16, f32, int8, int4. Default: --dense_format. (The "
+          "embedding, and a lm head tied to it, keep the checkpoint's dtype)");
 ABSL_FLAG(std::string, max_blob_file_bytes, "4GiB", "Size at which a new blob file is started");
 ABSL_FLAG(bool, verify, false,
           "Re-read every indexed blob and check its checksum and header (after the import, or "
@@ -124,9 +132,11 @@ int Verify(const std::string& store_dir) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  moe::base::ParseFlags(argc, argv,
+  moe::base::ParseFlags(
+      argc, argv,
       "Converts a Hugging Face MoE checkpoint into a model store directory.\n"
       "Usage: moe-import --model_dir=DIR --store_dir=DIR [--format=int4 --group_size=64] "
+      "[--dense_format=int4 --lm_head_format=int8] "
       "[--verify]\n       moe-import --store_dir=DIR --verify",
       __FILE__);
   const std::string model_dir = absl::GetFlag(FLAGS_model_dir);
@@ -149,13 +159,29 @@ int main(int argc, char** argv) {
       options->model = std::filesystem::path(model_dir).lexically_normal().parent_path().filename();
     }
   }
-  auto format = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_format));
-  if (!format.ok()) return Fail(base::Annotate(format.status(), "--format"));
-  options->format = *format;
-  options->group_size = absl::GetFlag(FLAGS_group_size);
+  // Experts already quantized in the checkpoint are copied, never re-quantized: their format is
+  // the default, and flags asking another are refused by the importer, naming both.
+  options->format = kernels::DType::kBF16;
+  options->group_size = 64;
+  if (auto first = (*ckpt)->Get(options->experts.front().gate);
+      first.ok() && kernels::IsQuantized(first->dtype)) {
+    options->format = first->dtype;
+    options->group_size = first->group_size;
+  }
+  if (!absl::GetFlag(FLAGS_format).empty()) {
+    auto format = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_format));
+    if (!format.ok()) return Fail(base::Annotate(format.status(), "--format"));
+    options->format = *format;
+  }
+  if (absl::GetFlag(FLAGS_group_size) != 0) options->group_size = absl::GetFlag(FLAGS_group_size);
   auto dense = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_dense_format));
   if (!dense.ok()) return Fail(base::Annotate(dense.status(), "--dense_format"));
   options->dense_format = *dense;
+  if (!absl::GetFlag(FLAGS_lm_head_format).empty()) {
+    auto lm_head = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_lm_head_format));
+    if (!lm_head.ok()) return Fail(base::Annotate(lm_head.status(), "--lm_head_format"));
+    options->lm_head_format = *lm_head;
+  }
   auto max_file = base::ParseBytes(absl::GetFlag(FLAGS_max_blob_file_bytes));
   if (!max_file.ok()) return Fail(base::Annotate(max_file.status(), "--max_blob_file_bytes"));
   options->max_blob_file_bytes = *max_file;

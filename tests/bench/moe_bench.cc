@@ -7,8 +7,10 @@
 // --shape=qwen3.5-397b-a17b: its layer shape, hidden 4096, 512 experts top-10 of 1024, reported
 // per layer, with --layers small enough to fit; --shape=lfm2-8b-a1b: 24 layers, 18 short-conv
 // and 6 attention (32 / 8 heads of 64), the first 2 dense, 32 experts top-4 of 1792 with
-// expert-bias routing, vocabulary 65536, tied). Dense weights bf16 (random), experts int4 group
-// 64 (random codes, scales and offsets).
+// expert-bias routing, vocabulary 65536, tied). Dense weights bf16 (random) or, with
+// --dense_format / --lm_head_format int8|int4, quantized by moe-import's dense writer (routers and
+// the embedding stay bf16); experts --expert_format (int4 default, or int8) group --group 64
+// (random codes, scales and offsets).
 //
 // The generator (WriteSyntheticModel) writes config.json + model.safetensors with the dense
 // weights only; the experts never touch the disk: ResidentInt4Provider (an ExpertProvider) puts
@@ -68,8 +70,10 @@
 #include "absl/strings/str_split.h"
 #include "engine/kv_storage.h"
 #include "engine/model.h"
+#include "engine/store_import.h"
 #include "expertstore/blob_format.h"
 #include "expertstore/blob_index.h"
+#include "expertstore/dense_writer.h"
 #include "expertstore/expert_provider.h"
 #include "expertstore/expert_store.h"
 #include "expertstore/policy.h"
@@ -89,8 +93,15 @@ ABSL_FLAG(std::string, shape, "qwen3-30b-a3b",
 ABSL_FLAG(int64_t, layers, 0, "Layers (0: the shape's; Qwen3-30B-A3B 48, Qwen3.5-35B-A3B 40)");
 ABSL_FLAG(int64_t, experts, 0, "Experts per layer (0: the shape's)");
 ABSL_FLAG(int64_t, vocab, 0, "Vocabulary (0: the shape's)");
-ABSL_FLAG(int32_t, group, 64, "int4 group size of the experts");
+ABSL_FLAG(int32_t, group, 64, "Group size of the quantized weights (experts and dense)");
+ABSL_FLAG(std::string, expert_format, "int4", "Format of the experts: int4 or int8");
+ABSL_FLAG(std::string, dense_format, "bf16",
+          "Format of the dense matrices (attention, shared expert, dense MLP; as moe-import "
+          "--dense_format: routers and the embedding stay bf16): bf16, int8 or int4");
+ABSL_FLAG(std::string, lm_head_format, "", "Format of the lm head. Default: --dense_format");
 ABSL_FLAG(int64_t, context, 512, "Context of the batch-1 decode and the batched runs");
+ABSL_FLAG(std::string, decode_contexts, "",
+          "Contexts of the batch-1 decode, e.g. 512,4096 (one model for all). Default: --context");
 ABSL_FLAG(std::string, prompt, "512,2048", "Prompt lengths of the time-to-first-token runs");
 ABSL_FLAG(double, peak_tflops, 989,
           "Dense bf16 tensor-core peak for the prefill FLOP roofline (H100/H200 SXM datasheet)");
@@ -188,6 +199,20 @@ struct Rng {
   float Uniform() { return static_cast<float>(Next() >> 40) * (1.f / 16777216.f); }  // [0, 1)
 };
 
+// The weight formats of the flags (CheckFlags has validated them).
+DType ExpertFormat() { return *kernels::ParseWeightFormat(absl::GetFlag(FLAGS_expert_format)); }
+DType DenseFormat() { return *kernels::ParseWeightFormat(absl::GetFlag(FLAGS_dense_format)); }
+DType LmHeadFormat() {
+  const std::string f = absl::GetFlag(FLAGS_lm_head_format);
+  return f.empty() ? DenseFormat() : *kernels::ParseWeightFormat(f);
+}
+// Bytes of a dense [rows, cols] matrix in `format` (bf16 or quantized with --group).
+double MatrixBytes(DType format, double rows, double cols) {
+  if (!kernels::IsQuantized(format)) return 2 * rows * cols;
+  return static_cast<double>(kernels::QuantizedBytes(
+      format, static_cast<int64_t>(rows), static_cast<int64_t>(cols), absl::GetFlag(FLAGS_group)));
+}
+
 // config.json + model.safetensors (dense weights only, bf16) of the synthetic model.
 // The synthetic dense weights, bf16, uniform in [mean - half, mean + half) (std half / sqrt(3)),
 // written with config.json into a model directory.
@@ -200,11 +225,30 @@ class SyntheticTensors {
     for (auto& v : data) v = kernels::F32ToBf16(mean + half * (2.f * rng_.Uniform() - 1.f));
     tensors_.push_back({name, DType::kBF16, std::move(shape), nullptr});
   }
+  // With quantized --dense_format/--lm_head_format the bf16 tensors go through moe-import's
+  // dense writer (the same choice of tensors and the same bytes as an imported store).
   absl::Status Write(const std::string& dir, const json& config) {
     for (size_t i = 0; i < tensors_.size(); ++i) tensors_[i].data = storage_[i].data();
-    MOE_RETURN_IF_ERROR(store::WriteSafetensors(
-        (std::filesystem::path(dir) / "model.safetensors").string(), tensors_));
+    const std::filesystem::path out = std::filesystem::path(dir) / "model.safetensors";
     std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
+    if (DenseFormat() == DType::kBF16 && LmHeadFormat() == DType::kBF16) {
+      return store::WriteSafetensors(out.string(), tensors_);
+    }
+    const std::filesystem::path bf16 = std::filesystem::path(dir) / "bf16";
+    std::filesystem::create_directories(bf16);
+    MOE_RETURN_IF_ERROR(store::WriteSafetensors((bf16 / "model.safetensors").string(), tensors_));
+    std::filesystem::copy_file(std::filesystem::path(dir) / "config.json", bf16 / "config.json",
+                               std::filesystem::copy_options::overwrite_existing);
+    MOE_ASSIGN_OR_RETURN(const engine::ModelConfig c, engine::LoadModelConfig(bf16.string()));
+    MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::Checkpoint> ckpt,
+                         store::Checkpoint::Open(bf16.string()));
+    MOE_ASSIGN_OR_RETURN(store::ImportOptions o, engine::ImportOptionsFor(c, *ckpt));
+    o.model = "moe-bench";
+    o.dense_format = DenseFormat();
+    o.lm_head_format = LmHeadFormat();
+    o.group_size = absl::GetFlag(FLAGS_group);
+    MOE_RETURN_IF_ERROR(store::WriteDenseSafetensors(*ckpt, out.string(), o));
+    std::filesystem::remove_all(bf16);
     return absl::OkStatus();
   }
 
@@ -379,8 +423,9 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
   return t.Write(dir, config);
 }
 
-// A few distinct random int4 experts, each gate | up | down packed (each part a multiple of 16
-// bytes at these shapes): codes uniform, s ~ 0.004, m = -7.5 s (w ~ U(-0.03, 0.03)).
+// A few distinct random experts in --expert_format, each gate | up | down packed (each part a
+// multiple of 16 bytes at these shapes): codes uniform, w ~ U(-0.03, 0.03) (int4: s ~ 0.004,
+// m = -7.5 s).
 struct ExpertTemplates {
   size_t gate_bytes = 0, down_bytes = 0;
   std::vector<std::vector<uint8_t>> blobs;
@@ -391,17 +436,19 @@ struct ExpertTemplates {
 
 ExpertTemplates MakeTemplates(int32_t group) {
   const int64_t H = BenchShape().hidden, I = BenchShape().expert_width;
+  const DType f = ExpertFormat();
+  const float levels = static_cast<float>((1 << kernels::QuantBits(f)) - 1);  // 15 for int4
   ExpertTemplates t;
-  t.gate_bytes = kernels::QuantizedBytes(DType::kQ4, I, H, group);
-  t.down_bytes = kernels::QuantizedBytes(DType::kQ4, H, I, group);
+  t.gate_bytes = kernels::QuantizedBytes(f, I, H, group);
+  t.down_bytes = kernels::QuantizedBytes(f, H, I, group);
   Rng rng{12345};
   auto fill = [&](uint8_t* dst, int64_t rows, int64_t cols) {
-    const size_t off = static_cast<size_t>(kernels::QuantParamsOffset(DType::kQ4, rows, cols));
+    const size_t off = static_cast<size_t>(kernels::QuantParamsOffset(f, rows, cols));
     for (size_t i = 0; i < off; ++i) dst[i] = static_cast<uint8_t>(rng.Next() >> 56);
     const int64_t pairs = rows * kernels::QuantGroups(cols, group);
     for (int64_t i = 0; i < pairs; ++i) {
-      const float s = 0.003f + 0.002f * rng.Uniform();
-      const uint16_t sm[2] = {kernels::F32ToF16(s), kernels::F32ToF16(-7.5f * s)};
+      const float s = (0.003f + 0.002f * rng.Uniform()) * 15.f / levels;
+      const uint16_t sm[2] = {kernels::F32ToF16(s), kernels::F32ToF16(-levels / 2 * s)};
       std::memcpy(dst + off + 4 * i, sm, 4);
     }
   };
@@ -423,8 +470,8 @@ absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t lay
                                              const ExpertTemplates& t) {
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(std::filesystem::path(dir) / "blobs");
-  const store::BlobLayout L =
-      store::ComputeBlobLayout(DType::kQ4, group, BenchShape().hidden, BenchShape().expert_width);
+  const store::BlobLayout L = store::ComputeBlobLayout(ExpertFormat(), group, BenchShape().hidden,
+                                                       BenchShape().expert_width);
   const std::string file = "blobs/000001.blob";
   std::ofstream out(std::filesystem::path(dir) / file, std::ios::binary);
   std::vector<uint8_t> blob(L.length);
@@ -450,7 +497,7 @@ absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t lay
       loc.offset = offset;
       loc.length = L.length;
       loc.checksum = store::BlobChecksum(blob.data(), L.length);
-      loc.dtype = DType::kQ4;
+      loc.dtype = ExpertFormat();
       loc.group_size = group;
       loc.hidden_size = BenchShape().hidden;
       loc.intermediate_size = BenchShape().expert_width;
@@ -489,9 +536,9 @@ class ResidentInt4Provider final : public store::ExpertProvider {
       for (int64_t e = 0; e < experts; ++e) {
         uint8_t* x = base + e * p->expert_bytes_;
         backend.CopyToDevice(x, templates.For(l, e).data(), p->expert_bytes_);
-        kernels::ExpertWeights w{kernels::View(x, DType::kQ4, {I, H}),
-                                 kernels::View(x + gate, DType::kQ4, {I, H}),
-                                 kernels::View(x + 2 * gate, DType::kQ4, {H, I})};
+        const DType f = ExpertFormat();
+        kernels::ExpertWeights w{kernels::View(x, f, {I, H}), kernels::View(x + gate, f, {I, H}),
+                                 kernels::View(x + 2 * gate, f, {H, I})};
         w.gate.group_size = w.up.group_size = w.down.group_size = group;
         p->weights_[l].push_back(std::make_shared<const kernels::ExpertWeights>(w));
       }
@@ -559,38 +606,45 @@ double StateBytes(const engine::ModelConfig& c, int64_t layer) {
   return 2.0 * 4 * static_cast<double>(c.StateFloats(layer));
 }
 
-// The bf16 weights of `layer`'s token mixer, and of its MLP but the routed experts.
-double MixerWeightBytes(const engine::ModelConfig& c, int64_t layer) {
+// The weights of `layer`'s token mixer, and of its MLP but the routed experts, their matrices in
+// `f` (bf16 or quantized: --dense_format; the router and vectors bf16).
+double MixerWeightBytes(const engine::ModelConfig& c, int64_t layer, DType f) {
   const double H = static_cast<double>(c.hidden_size);
   if (c.IsLinearLayer(layer)) {
     const double C = static_cast<double>(c.LinearConvChannels());
     const double NV = static_cast<double>(c.linear_num_value_heads);
     const double v_dim = NV * static_cast<double>(c.linear_value_head_dim);
-    return 2 * ((C + v_dim + 2 * NV) * H + H * v_dim +
-                C * static_cast<double>(c.linear_conv_kernel_dim));
+    return MatrixBytes(f, C, H) + MatrixBytes(f, v_dim, H) + 2 * MatrixBytes(f, NV, H) +
+           MatrixBytes(f, H, v_dim) + 2 * C * static_cast<double>(c.linear_conv_kernel_dim);
   }
   if (c.IsConvLayer(layer)) {
-    return 2 * (4 * H * H + H * static_cast<double>(c.conv_L_cache));
+    return MatrixBytes(f, 3 * H, H) + MatrixBytes(f, H, H) +
+           2 * H * static_cast<double>(c.conv_L_cache);
   }
   const double q_dim = static_cast<double>(c.num_attention_heads * c.head_dim);
   const double kv_dim = static_cast<double>(c.num_key_value_heads * c.head_dim);
   const double gate = c.arch.attention_output_gate ? q_dim : 0;
-  return 2 * ((q_dim + gate) * H + 2 * kv_dim * H + H * q_dim) +
-         2 * 2 * static_cast<double>(c.head_dim);
+  return MatrixBytes(f, q_dim + gate, H) + 2 * MatrixBytes(f, kv_dim, H) +
+         MatrixBytes(f, H, q_dim) + 2 * 2 * static_cast<double>(c.head_dim);
 }
-double MlpWeightBytes(const engine::ModelConfig& c, int64_t layer) {
+double MlpWeightBytes(const engine::ModelConfig& c, int64_t layer, DType f) {
   const double H = static_cast<double>(c.hidden_size);
-  if (!c.IsSparseLayer(layer)) return 2 * 3 * H * static_cast<double>(c.intermediate_size);
+  const double DI = static_cast<double>(c.intermediate_size);
+  if (!c.IsSparseLayer(layer)) return 2 * MatrixBytes(f, DI, H) + MatrixBytes(f, H, DI);
   const double SI = static_cast<double>(c.shared_expert_intermediate_size);
-  return 2 * static_cast<double>(c.num_experts) * H + (SI > 0 ? 2 * (3 * SI * H + H) : 0);
+  return 2 * static_cast<double>(c.num_experts) * H +
+         (SI > 0 ? 2 * MatrixBytes(f, SI, H) + MatrixBytes(f, H, SI) + 2 * H : 0);
 }
 
 double BytesPerToken(const engine::ModelConfig& c, size_t expert_bytes, int64_t ctx,
                      double kv_bytes_per_position_layer) {
   const double H = static_cast<double>(c.hidden_size);
-  double total = 2 * H * 2 + 2 * static_cast<double>(c.vocab_size) * H;
+  // A tied lm head is the embedding, which stays bf16 (moe-import keeps the embedding's dtype).
+  const DType lm_head = c.tie_word_embeddings ? DType::kBF16 : LmHeadFormat();
+  double total = 2 * H * 2 + MatrixBytes(lm_head, static_cast<double>(c.vocab_size), H);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
-    total += 2 * 2 * H + MixerWeightBytes(c, l) + MlpWeightBytes(c, l) + StateBytes(c, l);
+    total += 2 * 2 * H + MixerWeightBytes(c, l, DenseFormat()) +
+             MlpWeightBytes(c, l, DenseFormat()) + StateBytes(c, l);
     if (c.KvLayerIndex(l) >= 0) total += static_cast<double>(ctx) * kv_bytes_per_position_layer;
     if (c.IsSparseLayer(l)) {
       total += static_cast<double>(c.num_experts_per_tok) * static_cast<double>(expert_bytes);
@@ -636,7 +690,7 @@ double PrefillFlops(const engine::ModelConfig& c, int64_t expert_width, int64_t 
   double total = 2 * H * static_cast<double>(c.vocab_size);
   for (int64_t l = 0; l < c.num_hidden_layers; ++l) {
     // bf16 weights: a token's FLOPs on them (2 a multiply-add) equal their bytes.
-    total += N * (MixerWeightBytes(c, l) + MlpWeightBytes(c, l));
+    total += N * (MixerWeightBytes(c, l, DType::kBF16) + MlpWeightBytes(c, l, DType::kBF16));
     if (c.IsSparseLayer(l)) {
       total += N * static_cast<double>(c.num_experts_per_tok) * 2 * 3 * H *
                static_cast<double>(expert_width);
@@ -1001,6 +1055,24 @@ absl::Status CheckFlags() {
     return s.ok() ? s : absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", s.message()));
   };
   MOE_RETURN_IF_ERROR(format("kv_cache_dtype", absl::GetFlag(FLAGS_kv_cache_dtype)));
+  const std::pair<const char*, std::string> weights[] = {
+      {"expert_format", absl::GetFlag(FLAGS_expert_format)},
+      {"dense_format", absl::GetFlag(FLAGS_dense_format)},
+      {"lm_head_format", absl::GetFlag(FLAGS_lm_head_format)}};
+  for (const auto& [flag, name] : weights) {
+    if (name.empty() && std::string(flag) == "lm_head_format") continue;
+    const absl::StatusOr<DType> f = kernels::ParseWeightFormat(name);
+    const bool expert = std::string(flag) == "expert_format";
+    if (!f.ok() || (expert ? !kernels::IsQuantized(*f) || *f == DType::kQ2
+                           : *f != DType::kBF16 && *f != DType::kQ8 && *f != DType::kQ4)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "--", flag, "=", name, ": ", expert ? "int4 or int8" : "bf16, int8 or int4"));
+    }
+  }
+  if (absl::Status s = kernels::ValidateQuantFormat(DType::kQ4, absl::GetFlag(FLAGS_group));
+      !s.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("--group: ", s.message()));
+  }
   for (absl::string_view name :
        absl::StrSplit(absl::GetFlag(FLAGS_kv_formats), ',', absl::SkipEmpty())) {
     MOE_RETURN_IF_ERROR(format("kv_formats", name));
@@ -1010,6 +1082,10 @@ absl::Status CheckFlags() {
       {"prompt", absl::GetFlag(FLAGS_prompt)},
       {"kv_contexts", absl::GetFlag(FLAGS_kv_contexts)},
       {"kv_batches", absl::GetFlag(FLAGS_kv_batches)}};
+  if (!absl::GetFlag(FLAGS_decode_contexts).empty()) {
+    MOE_RETURN_IF_ERROR(
+        PositiveInts("decode_contexts", absl::GetFlag(FLAGS_decode_contexts)).status());
+  }
   for (const auto& [flag, value] : lists) MOE_RETURN_IF_ERROR(PositiveInts(flag, value).status());
   MOE_RETURN_IF_ERROR(
       PositiveInts("store_vram_percents", absl::GetFlag(FLAGS_store_vram_percents)).status());
@@ -1148,13 +1224,15 @@ absl::Status Run() {
   const engine::ModelConfig c = model->config();  // a copy: the model is replaced below
   std::printf(
       "moe-bench: backend %s, %lld layers, H %lld, %lld/%lld heads of %lld, %lld experts "
-      "top-%lld width %lld (int4 g%d, %.2f MB each), vocab %lld\n",
+      "top-%lld width %lld (%s g%d, %.2f MB each), vocab %lld; dense %s, lm head %s\n",
       kernels::BackendKindName(kind), static_cast<long long>(c.num_hidden_layers),
       static_cast<long long>(c.hidden_size), static_cast<long long>(c.num_attention_heads),
       static_cast<long long>(c.num_key_value_heads), static_cast<long long>(c.head_dim),
       static_cast<long long>(c.num_experts), static_cast<long long>(c.num_experts_per_tok),
-      static_cast<long long>(c.moe_intermediate_size), group, expert_bytes / 1e6,
-      static_cast<long long>(c.vocab_size));
+      static_cast<long long>(c.moe_intermediate_size), kernels::WeightFormatName(ExpertFormat()),
+      group, expert_bytes / 1e6, static_cast<long long>(c.vocab_size),
+      kernels::WeightFormatName(DenseFormat()),
+      kernels::WeightFormatName(c.tie_word_embeddings ? DType::kBF16 : LmHeadFormat()));
   std::printf("generated dense model in %.1f s, loaded model + resident experts in %.1f s\n",
               gen_s, load_s);
   std::printf("measured d2d copy: %.0f GB/s (bytes read + written)\n", copy_bps / 1e9);
@@ -1169,52 +1247,64 @@ absl::Status Run() {
                        engine::ParseCacheFormat(absl::GetFlag(FLAGS_kv_cache_dtype)));
   if (absl::GetFlag(FLAGS_kv_only)) return KvSweep(*model, *backend, expert_bytes, copy_bps, rng);
 
-  // ---- batch 1, context ctx ----
+  // ---- batch 1, at each --decode_contexts (default --context) ----
   const int64_t steps = absl::GetFlag(FLAGS_steps);
-  MOE_ASSIGN_OR_RETURN(PagedSeqs one_seq,
-                       MakePagedSeqs(*model, *backend, kv_format, 1, ctx + 2 * steps + 4));
-  MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(ctx)));  // warms up
-  for (int i = 0; i < 2; ++i) {  // warm-up decode steps
-    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
+  std::vector<int64_t> decode_contexts = {ctx};
+  if (!absl::GetFlag(FLAGS_decode_contexts).empty()) {
+    MOE_ASSIGN_OR_RETURN(decode_contexts,
+                         PositiveInts("decode_contexts", absl::GetFlag(FLAGS_decode_contexts)));
   }
-  const engine::PhaseTimes before = model->phase_times();
-  t0 = std::chrono::steady_clock::now();
-  for (int64_t i = 0; i < steps; ++i) {
-    MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
-  }
-  const double decode_s = Seconds(t0, std::chrono::steady_clock::now());
-  const engine::PhaseTimes decode_times = Diff(before, model->phase_times());
-  const double kv_bytes = one_seq.BytesPerPositionLayer();
-  const double bytes = BytesPerToken(c, expert_bytes, ctx, kv_bytes);
-  const double tok_s = static_cast<double>(steps) / decode_s;
-  const double roofline = copy_bps / bytes;
-  std::printf("\nKV cache %s, paged (block %d)\n%-44s %12s\n",
-              kernels::KvFormatName(kv_format), kBlockSize, "measure", "value");
-  std::printf("%-44s %12.1f\n", "decode tokens/s (batch 1, context)", tok_s);
-  std::printf("%-44s %12.1f\n", "decode ms/token", 1e3 / tok_s);
-  std::printf("%-44s %12.4f\n", "decode ms per layer (ms/token / layers)",
-              1e3 / tok_s / static_cast<double>(c.num_hidden_layers));
-  std::printf("%-44s %12.3f\n", "bytes a token must read (GB)", bytes / 1e9);
-  std::printf("%-44s %12.1f\n", "achieved GB/s (bytes / step time)", bytes * tok_s / 1e9);
-  std::printf("%-44s %11.1f%%\n", "fraction of measured d2d copy bandwidth",
-              100 * bytes * tok_s / copy_bps);
-  std::printf("%-44s %12.1f\n", "roofline tokens/s (copy BW / bytes)", roofline);
-  std::printf("%-44s %11.1f%%\n", "fraction of roofline", 100 * tok_s / roofline);
-  if (timings) {
-    PrintTimings("decode, batch 1, host clock", decode_times, steps, c.num_hidden_layers);
-    // The same steps again with the model synchronizing at every phase boundary: each phase's
-    // device time (the tokens/s above are from the untouched run).
-    model->set_exact_timings(true);
-    const engine::PhaseTimes e0 = model->phase_times();
-    const auto e_start = std::chrono::steady_clock::now();
+  PagedSeqs one_seq;
+  double ctx_tok_s = 0;  // at --context: the offload runs' all-resident step
+  for (const int64_t dctx : decode_contexts) {
+    MOE_ASSIGN_OR_RETURN(one_seq,
+                         MakePagedSeqs(*model, *backend, kv_format, 1, dctx + 2 * steps + 4));
+    MOE_RETURN_IF_ERROR(Prefill(*model, one_seq, tokens(dctx)));  // warms up
+    for (int i = 0; i < 2; ++i) {                                 // warm-up decode steps
+      MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
+    }
+    const engine::PhaseTimes before = model->phase_times();
+    t0 = std::chrono::steady_clock::now();
     for (int64_t i = 0; i < steps; ++i) {
       MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
     }
-    const double exact_s = Seconds(e_start, std::chrono::steady_clock::now());
-    model->set_exact_timings(false);
-    PrintTimings("decode, batch 1, synchronized per phase", Diff(e0, model->phase_times()), steps,
-                 c.num_hidden_layers);
-    std::printf("  (synchronized run: %.2f ms/token)\n", exact_s * 1e3 / static_cast<double>(steps));
+    const double decode_s = Seconds(t0, std::chrono::steady_clock::now());
+    const engine::PhaseTimes decode_times = Diff(before, model->phase_times());
+    const double kv_bytes = one_seq.BytesPerPositionLayer();
+    const double bytes = BytesPerToken(c, expert_bytes, dctx, kv_bytes);
+    const double tok_s = static_cast<double>(steps) / decode_s;
+    if (dctx == ctx || ctx_tok_s == 0) ctx_tok_s = tok_s;
+    const double roofline = copy_bps / bytes;
+    std::printf("\nbatch 1, context %lld, KV cache %s, paged (block %d)\n%-44s %12s\n",
+                static_cast<long long>(dctx), kernels::KvFormatName(kv_format), kBlockSize,
+                "measure", "value");
+    std::printf("%-44s %12.1f\n", "decode tokens/s (batch 1, context)", tok_s);
+    std::printf("%-44s %12.1f\n", "decode ms/token", 1e3 / tok_s);
+    std::printf("%-44s %12.4f\n", "decode ms per layer (ms/token / layers)",
+                1e3 / tok_s / static_cast<double>(c.num_hidden_layers));
+    std::printf("%-44s %12.3f\n", "bytes a token must read (GB)", bytes / 1e9);
+    std::printf("%-44s %12.1f\n", "achieved GB/s (bytes / step time)", bytes * tok_s / 1e9);
+    std::printf("%-44s %11.1f%%\n", "fraction of measured d2d copy bandwidth",
+                100 * bytes * tok_s / copy_bps);
+    std::printf("%-44s %12.1f\n", "roofline tokens/s (copy BW / bytes)", roofline);
+    std::printf("%-44s %11.1f%%\n", "fraction of roofline", 100 * tok_s / roofline);
+    if (timings) {
+      PrintTimings("decode, batch 1, host clock", decode_times, steps, c.num_hidden_layers);
+      // The same steps again with the model synchronizing at every phase boundary: each phase's
+      // device time (the tokens/s above are from the untouched run).
+      model->set_exact_timings(true);
+      const engine::PhaseTimes e0 = model->phase_times();
+      const auto e_start = std::chrono::steady_clock::now();
+      for (int64_t i = 0; i < steps; ++i) {
+        MOE_RETURN_IF_ERROR(DecodeStep(*model, one_seq, tokens(1)));
+      }
+      const double exact_s = Seconds(e_start, std::chrono::steady_clock::now());
+      model->set_exact_timings(false);
+      PrintTimings("decode, batch 1, synchronized per phase", Diff(e0, model->phase_times()), steps,
+                   c.num_hidden_layers);
+      std::printf("  (synchronized run: %.2f ms/token)\n",
+                  exact_s * 1e3 / static_cast<double>(steps));
+    }
   }
 
   MOE_RETURN_IF_ERROR(SampleTimes(*backend, c.vocab_size, rng));
@@ -1253,7 +1343,7 @@ absl::Status Run() {
         static_cast<long long>(ctx), "B", "tokens/s", "step ms", "union", "expt GB", "dense GB",
         "KV/st GB", "roofline/s", "fraction");
   }
-  std::map<int64_t, double> resident_step_s = {{1, 1.0 / tok_s}};  // the offload runs' bound
+  std::map<int64_t, double> resident_step_s = {{1, 1.0 / ctx_tok_s}};  // the offload runs' bound
   for (const int64_t B : batches) {
     MOE_ASSIGN_OR_RETURN(PagedSeqs seqs,
                          MakePagedSeqs(*model, *backend, kv_format, B, ctx + 2 * bsteps + 4));

@@ -2,6 +2,7 @@
 // architecture (fixtures made by make_fixtures.py on the GPU machine). Built twice: golden_test
 // on the CPU backend (CI) and golden_gpu_test on CUDA (label gpu, run on the GPU machine).
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -559,10 +560,102 @@ TEST(Lfm2WeightsTest, ExpertBiasUnderEitherNameOrNamedWhenMissing) {
   EXPECT_NE(st.message().find("model.layers.2.feed_forward.expert_bias"), std::string::npos) << st;
 }
 
+// Fixture `arch` copied into `dir` with `edit` applied to the bytes of each tensor it names.
+void CopyEditingTensors(const std::string& arch, const std::string& dir,
+                        const std::function<void(const std::string&, uint8_t*, size_t)>& edit) {
+  for (const auto& entry : std::filesystem::directory_iterator(ModelDir(arch))) {
+    if (entry.path().filename() == "model.safetensors") continue;
+    std::filesystem::copy(entry.path(), dir + "/" + entry.path().filename().string());
+  }
+  std::ifstream in(ModelDir(arch) + "/model.safetensors", std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, bytes.data(), 8);
+  const auto h = nlohmann::json::parse(bytes.substr(8, header_bytes));
+  for (const auto& [name, t] : h.items()) {
+    if (name == "__metadata__") continue;
+    const auto offsets = t["data_offsets"].get<std::vector<uint64_t>>();
+    edit(name, reinterpret_cast<uint8_t*>(bytes.data()) + 8 + header_bytes + offsets[0],
+         offsets[1] - offsets[0]);
+  }
+  std::ofstream(dir + "/model.safetensors", std::ios::binary) << bytes;
+}
+
+// The GPTQ fixture's qweight read in a wrong packing order, or its zero points swapped for
+// another checkpoint format's, must not pass: the order fails the comparison with transformers,
+// the zero point is refused at load. (The same comparison passes on the fixture as written:
+// GoldenTest above.)
+TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::string arch = "qwen3_moe_gptq";
+  std::ifstream in(FixtureDir(arch) + "/expected.json");
+  const auto j = nlohmann::json::parse(in);
+  std::vector<int32_t> tokens = j["prompt_ids"].get<std::vector<int32_t>>();
+  for (int32_t t : j["greedy_ids"].get<std::vector<int32_t>>()) tokens.push_back(t);
+  auto file = store::MappedFile::Open(FixtureDir(arch) + "/expected_logits.safetensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  uint64_t header = 0;
+  std::memcpy(&header, (*file)->data(), 8);
+  const auto h = nlohmann::json::parse((*file)->data() + 8, (*file)->data() + 8 + header);
+  std::vector<float> ref(h["logits"]["shape"][0].get<size_t>() *
+                         h["logits"]["shape"][1].get<size_t>());
+  std::memcpy(ref.data(),
+              (*file)->data() + 8 + header + h["logits"]["data_offsets"][0].get<size_t>(),
+              ref.size() * sizeof(float));
+  auto error_of = [&](const std::string& dir) -> double {
+    auto model = Model::Load(dir, **backend);
+    EXPECT_TRUE(model.ok()) << model.status();
+    if (!model.ok()) return 0;
+    auto kv =
+        SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(tokens.size()));
+    const ForwardItem item{tokens, kv->get()};
+    std::vector<float> logits;
+    EXPECT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
+    return MaxRelError(logits.data(), ref.data(), ref.size());
+  };
+  // Each qweight word's 8 codes permuted by `order` (code j read from nibble order[j]).
+  auto permuted = [&](const std::string& dir, const std::array<int, 8>& order) {
+    CopyEditingTensors(arch, dir, [&](const std::string& name, uint8_t* data, size_t n) {
+      if (!absl::EndsWith(name, ".qweight")) return;
+      for (size_t w = 0; w < n / 4; ++w) {
+        uint32_t word, out = 0;
+        std::memcpy(&word, data + 4 * w, 4);
+        for (int k = 0; k < 8; ++k) out |= ((word >> (4 * order[k])) & 0xfu) << (4 * k);
+        std::memcpy(data + 4 * w, &out, 4);
+      }
+    });
+  };
+  testing::TempDir same, reversed, awq;
+  permuted(same.path(), {0, 1, 2, 3, 4, 5, 6, 7});
+  permuted(reversed.path(), {7, 6, 5, 4, 3, 2, 1, 0});
+  permuted(awq.path(), {0, 2, 4, 6, 1, 3, 5, 7});  // AWQ's interleaved order, read as GPTQ
+  const double as_written = error_of(same.path());
+  const double wrong_reversed = error_of(reversed.path());
+  const double wrong_awq = error_of(awq.path());
+  std::printf(
+      "GPTQ fixture: max relative logit error %.3g as written, %.3g nibbles reversed, "
+      "%.3g in AWQ's order\n",
+      as_written, wrong_reversed, wrong_awq);
+  EXPECT_LT(as_written, 1e-4);
+  EXPECT_GT(wrong_reversed, 1e-2);
+  EXPECT_GT(wrong_awq, 1e-2);
+  testing::TempDir zeros;
+  CopyEditingTensors(arch, zeros.path(), [](const std::string& name, uint8_t* data, size_t n) {
+    if (absl::EndsWith(name, ".qzeros")) std::memset(data, 0x88, n);  // gptq_v2's 8 in a v1 file
+  });
+  const absl::Status st = Model::Load(zeros.path(), **backend).status();
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find(".qzeros': zero point 8"), std::string::npos) << st;
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
                                            "qwen3_5_moe", "qwen3_next", "lfm2_moe",
-                                           "lfm2_moe_conv_bias", "trained_default"));
+                                           "lfm2_moe_conv_bias", "trained_default",
+                                           // published int4 checkpoints (make_fixtures.py QUANT)
+                                           "qwen3_moe_gptq", "qwen3_moe_gptq_g128",
+                                           "qwen3_moe_ct"));
 
 }  // namespace
 }  // namespace moe::engine

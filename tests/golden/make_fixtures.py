@@ -10,6 +10,7 @@ Everything is fp32 on the CPU so that the reference is exact and deterministic.
 import argparse
 import json
 import os
+import shutil
 
 import torch
 import transformers
@@ -136,10 +137,10 @@ def perturb_(model, gen):
                 p.mul_(4.0)
 
 
-def make(arch, spec, out_dir, seed):
+def build(spec, seed):
+    """A random model of `spec` (fp32, eval mode) and the generator that draws its prompt."""
     cfg_kwargs = {} if spec.get("own_config") else dict(COMMON)
     cfg_kwargs.update({k: v for k, v in spec.items() if k not in SPEC_ONLY})
-    prompt_len = spec.get("prompt_len", PROMPT_LEN)
     if hasattr(transformers, spec["cls"]):
         config = getattr(transformers, spec["cls"])(**cfg_kwargs)
     else:
@@ -154,9 +155,15 @@ def make(arch, spec, out_dir, seed):
         perturb_hybrid_(model, gen)
     if spec.get("model_type") == "lfm2_moe":
         perturb_lfm2_(model, gen)
-        print(arch, "config:", {k: getattr(config, k, None) for k in (
+        print("config:", {k: getattr(config, k, None) for k in (
             "layer_types", "conv_L_cache", "conv_bias", "num_dense_layers", "norm_eps",
             "routed_scaling_factor", "tie_word_embeddings", "rope_parameters")})
+    return model, gen
+
+
+def write_reference(model, spec, gen, d, seed):
+    """Greedy continuation of a random prompt and the logits of every position, into `d`."""
+    prompt_len = spec.get("prompt_len", PROMPT_LEN)
     prompt = torch.randint(3, VOCAB, (1, prompt_len), generator=gen)
     with torch.no_grad():
         out = model.generate(prompt, max_new_tokens=NEW_TOKENS, do_sample=False,
@@ -165,14 +172,6 @@ def make(arch, spec, out_dir, seed):
         logits = model(full.unsqueeze(0)).logits[0].float()  # [L, V]
     top2 = logits.topk(2, dim=-1).values
     min_gap = (top2[:, 0] - top2[:, 1])[prompt_len - 1:].min().item()
-    d = os.path.join(out_dir, arch)
-    os.makedirs(d, exist_ok=True)
-    model.save_pretrained(d, safe_serialization=True)
-    from safetensors import safe_open
-    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f, \
-            open(os.path.join(d, "tensors.txt"), "w") as out:
-        for key in sorted(f.keys()):  # what save_pretrained wrote (architectures.md §7.1)
-            out.write(f"{key} {list(f.get_slice(key).get_shape())}\n")
     save_file({"logits": logits.contiguous()}, os.path.join(d, "expected_logits.safetensors"))
     with open(os.path.join(d, "expected.json"), "w") as f:
         json.dump({"prompt_ids": prompt[0].tolist(),
@@ -182,6 +181,165 @@ def make(arch, spec, out_dir, seed):
                    "transformers": transformers.__version__,
                    "torch": torch.__version__}, f, indent=1)
     return min_gap
+
+
+def list_tensors(d):
+    from safetensors import safe_open
+    with safe_open(os.path.join(d, "model.safetensors"), "pt") as f, \
+            open(os.path.join(d, "tensors.txt"), "w") as out:
+        for key in sorted(f.keys()):  # what was written (architectures.md §7.1)
+            out.write(f"{key} {list(f.get_slice(key).get_shape())}\n")
+
+
+def make(arch, spec, out_dir, seed):
+    model, gen = build(spec, seed)
+    d = os.path.join(out_dir, arch)
+    os.makedirs(d, exist_ok=True)
+    model.save_pretrained(d, safe_serialization=True)
+    list_tensors(d)
+    return write_reference(model, spec, gen, d, seed)
+
+
+# Published int4 checkpoints (issue 30), each in its format's exact on-disk layout, made from a
+# random qwen3_moe: every projection (attention, the dense MLP, each expert) quantized to
+# symmetric int4 with groups along the input dim; the router, embedding, norms and lm head stay
+# fp32 (as GPTQ / llm-compressor leave them). The reference is transformers on the same weights
+# dequantized here in torch to fp32 ((q - 8) * s): no gptq/awq package is needed.
+#   gptq: qweight int32 [K/8, N], code of input k = 8i + j in bits 4j..4j+3 of row i; qzeros
+#     int32 [K/g, N/8] packed along N, the "gptq" (v1) checkpoint format storing z - 1 (7 for
+#     symmetric); scales fp16 [K/g, N]; g_idx int32 [K] = k // g.
+#   compressed-tensors pack-quantized (W4A16): weight_packed int32 [N, K/8], code of input k = 8i + j
+#     (offset by 8: stored q + 8 for q in [-8, 7]) in bits 4j..4j+3 of word i; weight_scale
+#     [N, K/g] in the model dtype (bf16 here); weight_shape int64 [2] = [N, K].
+# Fused experts on disk ([E, 2I, H] gate rows first, [E, H, I]) become per-expert modules, as
+# quantized Qwen3-MoE checkpoints name them.
+QWEN3_G128 = dict(hidden_size=128, head_dim=32, intermediate_size=256, moe_intermediate_size=256)
+QUANT = {
+    "qwen3_moe_gptq": dict(base="qwen3_moe", method="gptq", group=32),
+    "qwen3_moe_gptq_g128": dict(base="qwen3_moe", method="gptq", group=128, overrides=QWEN3_G128),
+    "qwen3_moe_ct": dict(base="qwen3_moe", method="compressed-tensors", group=32),
+}
+
+
+def quantize_sym4(w, group, scale_dtype):
+    """w [N, K] fp32 -> codes q [N, K] in [0, 15] (zero point 8), scales [N, K/g] (scale_dtype,
+    exactly representable in fp16), dequantized [N, K] fp32."""
+    n, k = w.shape
+    assert k % group == 0, (w.shape, group)
+    g = w.reshape(n, k // group, group)
+    s = (g.abs().amax(dim=-1) / 7.5).clamp(min=1e-6).to(scale_dtype)
+    assert torch.equal(s.to(torch.float16).to(torch.float32), s.to(torch.float32))
+    sf = s.to(torch.float32).unsqueeze(-1)
+    q = (torch.round(g / sf) + 8).clamp(0, 15)
+    deq = ((q - 8) * sf).reshape(n, k)
+    return q.reshape(n, k).to(torch.int32), s, deq
+
+
+def pack8(codes):
+    """codes int32 [..., 8m] in [0, 15] -> int32 [..., m]: element 8i + j in bits 4j..4j+3."""
+    c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 8, 8).to(torch.int64)
+    word = torch.zeros(c.shape[:-1], dtype=torch.int64)
+    for j in range(8):
+        word |= c[..., j] << (4 * j)
+    return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def quantized_modules(tensors, spec):
+    """{module: fp32 weight [N, K]} of every matrix to quantize, fused experts split."""
+    out = {}
+    for key, t in tensors.items():
+        if key.endswith(".experts.gate_up_proj"):
+            base = key[:-len("gate_up_proj")]
+            half = t.shape[1] // 2
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.gate_proj"] = t[e, :half]
+                out[f"{base}{e}.up_proj"] = t[e, half:]
+        elif key.endswith(".experts.down_proj"):
+            base = key[:-len("down_proj")]
+            for e in range(t.shape[0]):
+                out[f"{base}{e}.down_proj"] = t[e]
+        elif key.endswith("_proj.weight") and t.dim() == 2:
+            out[key[:-len(".weight")]] = t
+    return out
+
+
+def make_quant(name, q, out_dir, seed):
+    from safetensors.torch import load_file
+    spec = dict(ARCHS[q["base"]], **q.get("overrides", {}))
+    model, gen = build(spec, seed)
+    plain = os.path.join(out_dir, "_plain_" + name)  # the fp32 model as saved, then dequantized
+    model.save_pretrained(plain, safe_serialization=True)
+    tensors = load_file(os.path.join(plain, "model.safetensors"))
+    modules = quantized_modules(tensors, spec)
+    group, method = q["group"], q["method"]
+    packed, deq = {}, {}
+    for mod, w in modules.items():
+        w = w.contiguous().float()
+        n, k = w.shape
+        if method == "gptq":
+            codes, s, d = quantize_sym4(w, group, torch.float16)
+            # [K, N] -> [K/8, N, 8]: word (i, n) holds inputs 8i..8i+7 of output n.
+            by_k = codes.t().reshape(k // 8, 8, n).permute(0, 2, 1).contiguous()
+            packed[mod + ".qweight"] = pack8(by_k).reshape(k // 8, n)
+            packed[mod + ".qzeros"] = pack8(torch.full((k // group, n), 7, dtype=torch.int32))
+            packed[mod + ".scales"] = s.t().contiguous()
+            packed[mod + ".g_idx"] = (torch.arange(k, dtype=torch.int32) // group)
+        else:
+            codes, s, d = quantize_sym4(w, group, torch.bfloat16)
+            packed[mod + ".weight_packed"] = pack8(codes)
+            packed[mod + ".weight_scale"] = s.contiguous()
+            packed[mod + ".weight_shape"] = torch.tensor([n, k], dtype=torch.int64)
+        deq[mod] = d
+    # The dequantized weights back into the saved layout, for transformers.
+    ref = {}
+    for key, t in tensors.items():
+        if key.endswith(".experts.gate_up_proj"):
+            base = key[:-len("gate_up_proj")]
+            ref[key] = torch.stack([torch.cat([deq[f"{base}{e}.gate_proj"],
+                                               deq[f"{base}{e}.up_proj"]]) for e in range(t.shape[0])])
+        elif key.endswith(".experts.down_proj"):
+            base = key[:-len("down_proj")]
+            ref[key] = torch.stack([deq[f"{base}{e}.down_proj"] for e in range(t.shape[0])])
+        elif key.endswith("_proj.weight") and t.dim() == 2:
+            ref[key] = deq[key[:-len(".weight")]]
+        else:
+            ref[key] = t
+        assert ref[key].shape == t.shape, key
+    save_file({k: v.contiguous() for k, v in ref.items()}, os.path.join(plain, "model.safetensors"),
+              metadata={"format": "pt"})
+    reference = transformers.AutoModelForCausalLM.from_pretrained(
+        plain, torch_dtype=torch.float32, attn_implementation="eager")
+    reference.eval()
+    d = os.path.join(out_dir, name)
+    os.makedirs(d, exist_ok=True)
+    kept = {k: v.contiguous() for k, v in tensors.items()
+            if not (k.endswith(".experts.gate_up_proj") or k.endswith(".experts.down_proj") or
+                    (k.endswith("_proj.weight") and v.dim() == 2))}
+    save_file(dict(kept, **packed), os.path.join(d, "model.safetensors"), metadata={"format": "pt"})
+    list_tensors(d)
+    with open(os.path.join(plain, "config.json")) as f:
+        config = json.load(f)
+    if method == "gptq":
+        config["quantization_config"] = dict(
+            quant_method="gptq", bits=4, group_size=group, desc_act=False, sym=True,
+            checkpoint_format="gptq", damp_percent=0.01, true_sequential=True,
+            static_groups=False)
+    else:
+        config["quantization_config"] = dict(
+            quant_method="compressed-tensors", format="pack-quantized",
+            quantization_status="compressed", kv_cache_scheme=None,
+            ignore=["lm_head", "re:.*mlp.gate$"],
+            config_groups=dict(group_0=dict(
+                targets=["Linear"], format="pack-quantized", input_activations=None,
+                output_activations=None,
+                weights=dict(num_bits=4, type="int", symmetric=True, strategy="group",
+                             group_size=group, dynamic=False, actorder=None,
+                             observer="minmax"))))
+    with open(os.path.join(d, "config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+    gap = write_reference(reference, spec, gen, d, seed)
+    shutil.rmtree(plain)
+    return gap
 
 
 def main():
@@ -195,12 +353,16 @@ def main():
             print(f"{mod}: importable (its kernels may replace the torch code)")
         except ImportError:
             print(f"{mod}: not installed (the torch reference runs)")
-    for arch, spec in ARCHS.items():
+    jobs = [(arch, lambda seed, a=arch, s=spec: make(a, s, args.out, seed))
+            for arch, spec in ARCHS.items()]
+    jobs += [(name, lambda seed, n=name, q=q: make_quant(n, q, args.out, seed))
+             for name, q in QUANT.items()]
+    for arch, job in jobs:
         if args.only and arch not in args.only:
             continue
         # A greedy continuation is only a fair test if no step is a near-tie.
         for seed in range(1, 50):
-            gap = make(arch, spec, args.out, seed)
+            gap = job(seed)
             if gap > 1e-3:
                 break
         print(f"{arch}: seed {seed} min greedy gap {gap:.4g}")

@@ -1,0 +1,296 @@
+// Checkpoint::RepackPublishedQuant: published int4 checkpoints, chosen by config.json's
+// quantization_config, repacked at load into the kQ4 layout of kernels/quant.h, bit for bit:
+//
+//   gptq (bits 4, sym true, group_size 32/64/128/256, desc_act false or g_idx in order):
+//     X.qweight int32 [K/8, N]: input k = 8i + j of output n in bits 4j..4j+3 of [i, n];
+//     X.qzeros int32 [K/g, N/8] packed along N (the "gptq" v1 format stores z - 1, "gptq_v2" z);
+//     X.scales fp16 [K/g, N]; X.g_idx int32 [K]; w = (q - z) s.
+//   compressed-tensors, format pack-quantized, int4 symmetric group weights, no activation
+//   quantization (W4A16): X.weight_packed int32 [N, K/8], input k = 8i + j in bits 4j..4j+3 of
+//   word i, stored q + 8; X.weight_scale [N, K/g] (fp16, or bf16/fp32 values fp16 holds
+//   exactly); X.weight_shape int64 [2] = [N, K]; w = (stored - 8) s.
+//
+// Symmetric int4 is exactly our format: codes q, scale s, offset m = -8 s (exact in fp16, and
+// q s + m = (q - 8) s exactly in fp32). Asymmetric int4 (GPTQ sym false, AWQ) is refused: its
+// m = -z s rounded to fp16 is off by up to 2^-11 |z s|, and the format holds no exact zero point.
+// Everything not named here (another method, bits, option) is refused naming the key and value.
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "expertstore/safetensors.h"
+#include "kernels/base/status.h"
+#include "kernels/quant.h"
+#include "nlohmann/json.hpp"
+
+namespace moe::store {
+namespace {
+using nlohmann::json;
+
+absl::Status Refuse(const std::string& key, const json& value, const std::string& why) {
+  return absl::UnimplementedError(
+      absl::StrCat("config.json quantization_config.", key, " = ", value.dump(), ": ", why));
+}
+
+// The scheme a quantization_config asks for, once validated.
+struct Scheme {
+  enum Kind { kGptq, kCompressedTensors } kind = kGptq;
+  int32_t group_size = 0;
+  uint32_t stored_zero = 8;  // gptq: the nibble qzeros must hold (7 in the v1 format)
+};
+
+absl::StatusOr<Scheme> ParseScheme(const json& q) {
+  if (!q.is_object()) return Refuse("", q, "not an object");
+  const json method = q.value("quant_method", json());
+  Scheme scheme;
+  if (method == "gptq") {
+    const json bits = q.value("bits", json()), group = q.value("group_size", json());
+    if (bits != 4) return Refuse("bits", bits, "only 4-bit GPTQ is supported");
+    if (!group.is_number_integer() ||
+        !kernels::ValidateQuantFormat(kernels::DType::kQ4, group.get<int32_t>()).ok()) {
+      return Refuse("group_size", group, "supported: 32, 64, 128, 256");
+    }
+    if (q.value("sym", json(true)) != true) {
+      return Refuse("sym", q["sym"],
+                    "asymmetric int4 (zero points) is not supported: m = -z*s is not exact in "
+                    "fp16");
+    }
+    const json format = q.value("checkpoint_format", json("gptq"));
+    if (format != "gptq" && format != "gptq_v2") {
+      return Refuse("checkpoint_format", format, "supported: gptq, gptq_v2");
+    }
+    scheme.group_size = group.get<int32_t>();
+    scheme.stored_zero = format == "gptq" ? 7 : 8;
+    return scheme;  // desc_act: checked per tensor on g_idx (in order is the same as false)
+  }
+  if (method == "compressed-tensors") {
+    scheme.kind = Scheme::kCompressedTensors;
+    const json format = q.value("format", json());
+    if (format != "pack-quantized") {
+      return Refuse("format", format, "supported: pack-quantized (int4 W4A16)");
+    }
+    const json groups = q.value("config_groups", json());
+    if (!groups.is_object() || groups.empty()) {
+      return Refuse("config_groups", groups, "expected at least one group");
+    }
+    for (const auto& [name, g] : groups.items()) {
+      const std::string at = absl::StrCat("config_groups.", name, ".");
+      if (g.value("format", format) != format) {
+        return Refuse(at + "format", g["format"], "supported: pack-quantized");
+      }
+      for (const char* act : {"input_activations", "output_activations"}) {
+        if (!g.value(act, json()).is_null()) {
+          return Refuse(at + act, g[act], "activation quantization is not supported (W4A16 only)");
+        }
+      }
+      const json w = g.value("weights", json());
+      const std::pair<const char*, json> want[] = {{"num_bits", 4},
+                                                   {"type", "int"},
+                                                   {"symmetric", true},
+                                                   {"strategy", "group"},
+                                                   {"dynamic", false}};
+      for (const auto& [key, value] : want) {
+        if (!w.is_object() || w.value(key, json()) != value) {
+          return Refuse(at + "weights." + key, w.is_object() ? w.value(key, json()) : w,
+                        absl::StrCat("supported: ", value.dump(),
+                                     std::string(key) == "symmetric"
+                                         ? " (asymmetric int4: m = -z*s is not exact in fp16)"
+                                         : ""));
+        }
+      }
+      const json actorder = w.value("actorder", json());
+      if (!actorder.is_null() && actorder != false) {
+        return Refuse(at + "weights.actorder", actorder, "activation ordering is not supported");
+      }
+      const json group = w.value("group_size", json());
+      if (!group.is_number_integer() ||
+          !kernels::ValidateQuantFormat(kernels::DType::kQ4, group.get<int32_t>()).ok() ||
+          (scheme.group_size != 0 && group.get<int32_t>() != scheme.group_size)) {
+        return Refuse(at + "weights.group_size", group,
+                      "supported: 32, 64, 128, 256, the same in every group");
+      }
+      scheme.group_size = group.get<int32_t>();
+    }
+    return scheme;
+  }
+  if (method == "awq") {
+    return Refuse("quant_method", method,
+                  "AWQ int4 has zero points (asymmetric), which the int4 format cannot hold "
+                  "exactly (m = -z*s is not exact in fp16): not supported");
+  }
+  return Refuse("quant_method", method,
+                "supported: gptq (4-bit symmetric), compressed-tensors "
+                "(pack-quantized int4 symmetric)");
+}
+
+std::string Shape(const std::vector<int64_t>& s) {
+  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+}
+
+uint32_t Nibble(const uint8_t* words, int64_t word, int j) {
+  uint32_t w;
+  std::memcpy(&w, words + 4 * word, 4);
+  return (w >> (4 * j)) & 0xfu;
+}
+
+}  // namespace
+
+absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
+  const std::filesystem::path config_path = std::filesystem::path(dir) / "config.json";
+  json config;
+  {
+    std::ifstream in(config_path);
+    if (!in) return absl::OkStatus();  // not a model directory: nothing to interpret
+    config = json::parse(in, nullptr, /*allow_exceptions=*/false);
+  }
+  if (!config.is_object() || !config.contains("quantization_config")) return absl::OkStatus();
+  MOE_ASSIGN_OR_RETURN(const Scheme scheme, ParseScheme(config["quantization_config"]));
+  const bool gptq = scheme.kind == Scheme::kGptq;
+  const std::string packed_suffix = gptq ? ".qweight" : ".weight_packed";
+  for (const auto& [name, info] : tensors_) {  // a float tensor where packed int32 belongs
+    if (absl::EndsWith(name, packed_suffix)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          dir, ": tensor '", name, "': dtype ", kernels::DTypeName(info.dtype), ", expected I32"));
+    }
+  }
+  std::vector<std::string> modules;
+  for (const auto& [name, raw] : raw_) {
+    if (absl::EndsWith(name, packed_suffix)) {
+      modules.push_back(name.substr(0, name.size() - packed_suffix.size()));
+    }
+  }
+  const int64_t g = scheme.group_size;
+  for (const std::string& m : modules) {
+    const std::string packed_name = m + packed_suffix;
+    const RawTensor& packed = raw_.at(packed_name);
+    auto bad = [&](const std::string& tensor, const std::string& why) {
+      return absl::InvalidArgumentError(absl::StrCat(dir, ": tensor '", tensor, "': ", why));
+    };
+    if (packed.dtype != "I32") return bad(packed_name, "dtype " + packed.dtype + ", expected I32");
+    if (packed.shape.size() != 2)
+      return bad(packed_name, "shape " + Shape(packed.shape) + " is not 2-D");
+    // N outputs (our rows), K inputs (our columns).
+    int64_t N = 0, K = 0;
+    const std::string scale_name = m + (gptq ? ".scales" : ".weight_scale");
+    auto scale_it = tensors_.find(scale_name);
+    if (scale_it == tensors_.end())
+      return bad(scale_name, "missing (the scales of " + packed_name + ")");
+    const TensorInfo& scale_info = scale_it->second;
+    if (gptq) {
+      K = packed.shape[0] * 8;
+      N = packed.shape[1];
+    } else {
+      N = packed.shape[0];
+      K = packed.shape[1] * 8;
+      const std::string shape_name = m + ".weight_shape";
+      auto it = raw_.find(shape_name);
+      if (it == raw_.end() || it->second.dtype != "I64" || it->second.bytes != 16) {
+        return bad(shape_name, "missing or not int64 [2]");
+      }
+      int64_t shape[2];
+      std::memcpy(shape, it->second.data, 16);
+      if (shape[0] != N || shape[1] > K || shape[1] <= K - 8) {
+        return bad(shape_name, absl::StrCat("[", shape[0], ",", shape[1], "] does not match ",
+                                            packed_name, " ", Shape(packed.shape)));
+      }
+      K = shape[1];
+    }
+    if (K % g != 0) {
+      return bad(packed_name, absl::StrCat("group size ", g, " does not divide the width ", K));
+    }
+    const std::vector<int64_t> want_scale =
+        gptq ? std::vector<int64_t>{K / g, N} : std::vector<int64_t>{N, K / g};
+    if (scale_info.shape != want_scale) {
+      return bad(scale_name, absl::StrCat("shape ", Shape(scale_info.shape), ", expected ",
+                                          Shape(want_scale), " (", packed_name, " ",
+                                          Shape(packed.shape), ", group size ", g, ")"));
+    }
+    if (kernels::IsQuantized(scale_info.dtype)) return bad(scale_name, "is quantized");
+    MOE_ASSIGN_OR_RETURN(const kernels::TensorView scales, Get(scale_name));
+    if (gptq) {
+      const std::string zeros_name = m + ".qzeros";
+      auto z = raw_.find(zeros_name);
+      if (z == raw_.end()) return bad(zeros_name, "missing");
+      if (z->second.dtype != "I32" || z->second.shape != std::vector<int64_t>{K / g, (N + 7) / 8}) {
+        return bad(zeros_name, absl::StrCat(z->second.dtype, " ", Shape(z->second.shape),
+                                            ", expected I32 [", K / g, ",", (N + 7) / 8, "]"));
+      }
+      for (int64_t r = 0; r < K / g; ++r) {
+        for (int64_t n = 0; n < N; ++n) {
+          const uint32_t zero = Nibble(z->second.data, r * ((N + 7) / 8) + n / 8, n % 8);
+          if (zero != scheme.stored_zero) {
+            return bad(zeros_name,
+                       absl::StrCat("zero point ", zero, " at group ", r, ", output ", n,
+                                    ": a symmetric checkpoint stores ", scheme.stored_zero,
+                                    " (asymmetric int4 is not supported)"));
+          }
+        }
+      }
+      const std::string gidx_name = m + ".g_idx";
+      if (auto gi = raw_.find(gidx_name); gi != raw_.end()) {
+        if (gi->second.dtype != "I32" || gi->second.shape != std::vector<int64_t>{K}) {
+          return bad(gidx_name, absl::StrCat(gi->second.dtype, " ", Shape(gi->second.shape),
+                                             ", expected I32 [", K, "]"));
+        }
+        for (int64_t k = 0; k < K; ++k) {
+          int32_t v;
+          std::memcpy(&v, gi->second.data + 4 * k, 4);
+          if (v != k / g) {
+            return bad(gidx_name, absl::StrCat("input ", k, " is in group ", v, ", not ", k / g,
+                                               ": act-order (desc_act) GPTQ is not supported"));
+          }
+        }
+        raw_.erase(gi);
+      }
+      raw_.erase(zeros_name);
+    } else {
+      raw_.erase(m + ".weight_shape");
+    }
+    // Repack: codes [N, K/2] (even input in the low nibble), then {s, -8 s} per group.
+    TensorInfo info;
+    info.name = m + ".weight";
+    info.dtype = kernels::DType::kQ4;
+    info.shape = {N, K};
+    info.group_size = static_cast<int32_t>(g);
+    info.file = scale_info.file;
+    info.bytes = kernels::QuantizedBytes(kernels::DType::kQ4, N, K, info.group_size);
+    std::vector<uint8_t>& out = repacked_.emplace_back(info.bytes, 0);
+    const int64_t row_bytes = kernels::QuantRowBytes(kernels::DType::kQ4, K);
+    for (int64_t n = 0; n < N; ++n) {
+      uint8_t* row = out.data() + n * row_bytes;
+      for (int64_t k = 0; k < K; ++k) {
+        const uint32_t q =
+            gptq ? Nibble(packed.data, (k / 8) * N + n, static_cast<int>(k % 8))
+                 : Nibble(packed.data, n * packed.shape[1] + k / 8, static_cast<int>(k % 8));
+        row[k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+      }
+    }
+    auto* params = reinterpret_cast<uint16_t*>(
+        out.data() + kernels::QuantParamsOffset(kernels::DType::kQ4, N, K));
+    for (int64_t n = 0; n < N; ++n) {
+      for (int64_t r = 0; r < K / g; ++r) {
+        const float s = scales.at(gptq ? r * N + n : n * (K / g) + r);
+        const uint16_t s16 = kernels::F32ToF16(s), m16 = kernels::F32ToF16(-8.f * s);
+        if (!std::isfinite(s) || kernels::F16ToF32(s16) != s ||
+            kernels::F16ToF32(m16) != -8.f * s) {
+          return bad(scale_name, absl::StrCat("scale ", s, " (output ", n, ", group ", r,
+                                              ") is not exact in fp16"));
+        }
+        params[2 * (n * (K / g) + r)] = s16;
+        params[2 * (n * (K / g) + r) + 1] = m16;
+      }
+    }
+    info.data = out.data();
+    if (tensors_.count(info.name)) return bad(info.name, "present beside " + packed_name);
+    tensors_.erase(scale_name);
+    raw_.erase(packed_name);
+    tensors_.emplace(info.name, std::move(info));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace moe::store

@@ -1,0 +1,314 @@
+// Published int4 checkpoints (expertstore/published_quant.cc): GPTQ and compressed-tensors
+// layouts repacked to kQ4 bit for bit (each element against (q - 8) s from the codes and scales
+// written), and every malformed or unsupported checkpoint refused naming the tensor or the
+// quantization_config key and value, never a crash.
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "expertstore/safetensors.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
+
+namespace moe::store {
+namespace {
+
+using kernels::DType;
+using nlohmann::json;
+
+struct Raw {
+  std::string name, dtype;
+  std::vector<int64_t> shape;
+  std::string bytes;
+};
+
+template <typename T>
+std::string Bytes(const std::vector<T>& v) {
+  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
+}
+
+void WriteFile(const testing::TempDir& dir, const std::vector<Raw>& tensors) {
+  json header = json::object();
+  std::string payload;
+  for (const Raw& t : tensors) {
+    header[t.name] = {{"dtype", t.dtype},
+                      {"shape", t.shape},
+                      {"data_offsets", {payload.size(), payload.size() + t.bytes.size()}}};
+    payload += t.bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');
+  const uint64_t n = text.size();
+  dir.Write("model.safetensors",
+            std::string(reinterpret_cast<const char*>(&n), 8) + text + payload);
+}
+
+void WriteConfig(const testing::TempDir& dir, const json& quant) {
+  dir.Write("config.json",
+            json{{"model_type", "qwen3_moe"}, {"quantization_config", quant}}.dump());
+}
+
+// A [N=8 outputs, K=64 inputs] matrix: code of (n, k) = (3n + 5k) % 16, scale of (n, group r)
+// = 2^-8 (1 + n + 4r) (exact in fp16 and bf16).
+constexpr int64_t N = 8, K = 64;
+uint32_t Code(int64_t n, int64_t k) { return static_cast<uint32_t>((3 * n + 5 * k) % 16); }
+float Scale(int64_t n, int64_t r) { return static_cast<float>(1 + n + 4 * r) / 256.f; }
+
+// gptq tensors of module "m" with group g: qweight [K/8, N], qzeros [K/g, N/8] (stored zero z),
+// scales fp16 [K/g, N], g_idx [K].
+std::vector<Raw> Gptq(int64_t g, uint32_t z = 7) {
+  std::vector<int32_t> qweight(K / 8 * N, 0), qzeros(K / g * (N / 8), 0), g_idx(K);
+  for (int64_t k = 0; k < K; ++k) {
+    g_idx[k] = static_cast<int32_t>(k / g);
+    for (int64_t n = 0; n < N; ++n) {
+      qweight[(k / 8) * N + n] |= static_cast<int32_t>(Code(n, k) << (4 * (k % 8)));
+    }
+  }
+  for (auto& w : qzeros) {
+    for (int j = 0; j < 8; ++j) w |= static_cast<int32_t>(z << (4 * j));
+  }
+  std::vector<uint16_t> scales(K / g * N);
+  for (int64_t r = 0; r < K / g; ++r) {
+    for (int64_t n = 0; n < N; ++n) scales[r * N + n] = kernels::F32ToF16(Scale(n, r));
+  }
+  return {{"m.qweight", "I32", {K / 8, N}, Bytes(qweight)},
+          {"m.qzeros", "I32", {K / g, N / 8}, Bytes(qzeros)},
+          {"m.scales", "F16", {K / g, N}, Bytes(scales)},
+          {"m.g_idx", "I32", {K}, Bytes(g_idx)},
+          {"lm_head.weight", "F32", {2, 4}, std::string(32, '\0')}};
+}
+
+json GptqConfig(int64_t g) {
+  return {{"quant_method", "gptq"}, {"bits", 4},   {"group_size", g},
+          {"desc_act", false},      {"sym", true}, {"checkpoint_format", "gptq"}};
+}
+
+// compressed-tensors pack-quantized: weight_packed [N, K/8] (stored code + 8 of q in [-8, 7],
+// i.e. our code), weight_scale bf16 [N, K/g], weight_shape [2].
+std::vector<Raw> CompressedTensors(int64_t g) {
+  std::vector<int32_t> packed(N * (K / 8), 0);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      packed[n * (K / 8) + k / 8] |= static_cast<int32_t>(Code(n, k) << (4 * (k % 8)));
+    }
+  }
+  std::vector<uint16_t> scales(N * (K / g));
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t r = 0; r < K / g; ++r) scales[n * (K / g) + r] = kernels::F32ToBf16(Scale(n, r));
+  }
+  return {{"m.weight_packed", "I32", {N, K / 8}, Bytes(packed)},
+          {"m.weight_scale", "BF16", {N, K / g}, Bytes(scales)},
+          {"m.weight_shape", "I64", {2}, Bytes(std::vector<int64_t>{N, K})}};
+}
+
+json CtConfig(int64_t g) {
+  return {{"quant_method", "compressed-tensors"},
+          {"format", "pack-quantized"},
+          {"ignore", {"lm_head"}},
+          {"config_groups",
+           {{"group_0",
+             {{"targets", {"Linear"}},
+              {"input_activations", nullptr},
+              {"weights",
+               {{"num_bits", 4},
+                {"type", "int"},
+                {"symmetric", true},
+                {"strategy", "group"},
+                {"group_size", g},
+                {"dynamic", false},
+                {"actorder", nullptr}}}}}}}};
+}
+
+void ExpectExact(const Checkpoint& ckpt, int64_t g) {
+  auto w = ckpt.Get("m.weight", {N, K});
+  ASSERT_TRUE(w.ok()) << w.status();
+  EXPECT_EQ(w->dtype, DType::kQ4);
+  EXPECT_EQ(w->group_size, g);
+  for (int64_t n = 0; n < N; ++n) {
+    for (int64_t k = 0; k < K; ++k) {
+      const float want = (static_cast<float>(Code(n, k)) - 8.f) * Scale(n, k / g);
+      ASSERT_EQ(w->at(n * K + k), want) << "output " << n << " input " << k;
+    }
+  }
+}
+
+absl::Status OpenStatus(const testing::TempDir& dir) {
+  return Checkpoint::Open(dir.path()).status();
+}
+
+TEST(PublishedQuantTest, GptqSymmetricRepacksExactly) {
+  for (int64_t g : {32, 64}) {
+    testing::TempDir dir;
+    WriteFile(dir, Gptq(g));
+    WriteConfig(dir, GptqConfig(g));
+    auto ckpt = Checkpoint::Open(dir.path());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    ExpectExact(**ckpt, g);
+    // Consumed: only the repacked matrix and the unquantized lm head (in its own dtype) remain.
+    EXPECT_EQ((*ckpt)->tensors().size(), 2u);
+    EXPECT_EQ((*ckpt)->Get("lm_head.weight")->dtype, DType::kF32);
+  }
+}
+
+TEST(PublishedQuantTest, GptqV2StoresTheZeroPointItself) {
+  testing::TempDir dir;
+  WriteFile(dir, Gptq(32, 8));
+  json q = GptqConfig(32);
+  q["checkpoint_format"] = "gptq_v2";
+  WriteConfig(dir, q);
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ExpectExact(**ckpt, 32);
+}
+
+TEST(PublishedQuantTest, CompressedTensorsPackQuantizedRepacksExactly) {
+  testing::TempDir dir;
+  WriteFile(dir, CompressedTensors(32));
+  WriteConfig(dir, CtConfig(32));
+  auto ckpt = Checkpoint::Open(dir.path());
+  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+  ExpectExact(**ckpt, 32);
+}
+
+// The message must name `what` (a tensor, or a key and its value).
+void ExpectRefused(const testing::TempDir& dir, absl::StatusCode code, const std::string& what) {
+  const absl::Status s = OpenStatus(dir);
+  EXPECT_EQ(s.code(), code) << s;
+  EXPECT_NE(s.message().find(what), std::string::npos) << s;
+}
+
+TEST(PublishedQuantTest, UnsupportedOptionsAreRefusedNamingKeyAndValue) {
+  struct Case {
+    const char* key;
+    json value;
+    const char* named;
+  };
+  const Case cases[] = {
+      {"sym", false, "quantization_config.sym = false"},
+      {"bits", 8, "quantization_config.bits = 8"},
+      {"group_size", -1, "quantization_config.group_size = -1"},
+      {"checkpoint_format", "marlin", "quantization_config.checkpoint_format = \"marlin\""},
+      {"quant_method", "awq", "quantization_config.quant_method = \"awq\""},
+      {"quant_method", "fp8", "quantization_config.quant_method = \"fp8\""},
+      {"quant_method", "bitsandbytes", "quantization_config.quant_method = \"bitsandbytes\""},
+  };
+  for (const Case& c : cases) {
+    testing::TempDir dir;
+    WriteFile(dir, Gptq(32));
+    json q = GptqConfig(32);
+    q[c.key] = c.value;
+    WriteConfig(dir, q);
+    ExpectRefused(dir, absl::StatusCode::kUnimplemented, c.named);
+  }
+  testing::TempDir dir;
+  WriteFile(dir, CompressedTensors(32));
+  json q = CtConfig(32);
+  q["config_groups"]["group_0"]["weights"]["symmetric"] = false;
+  WriteConfig(dir, q);
+  ExpectRefused(dir, absl::StatusCode::kUnimplemented,
+                "quantization_config.config_groups.group_0.weights.symmetric = false");
+  q = CtConfig(32);
+  q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
+  WriteConfig(dir, q);
+  ExpectRefused(dir, absl::StatusCode::kUnimplemented,
+                "quantization_config.config_groups.group_0.input_activations");
+}
+
+TEST(PublishedQuantTest, MalformedTensorsAreNamed) {
+  // Scales of the wrong shape.
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = Gptq(32);
+    t[2].shape = {N, K / 32};
+    WriteFile(dir, t);
+    WriteConfig(dir, GptqConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
+                  "'m.scales': shape [8,2], expected [2,8]");
+  }
+  // A group size that does not divide the width (K = 64, group 128 would leave half a group;
+  // 256 > K likewise).
+  {
+    testing::TempDir dir;
+    WriteFile(dir, Gptq(32));
+    WriteConfig(dir, GptqConfig(128));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
+                  "'m.qweight': group size 128 does not divide the width 64");
+  }
+  // qweight of the wrong dtype.
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = Gptq(32);
+    t[0].dtype = "F32";
+    WriteFile(dir, t);
+    WriteConfig(dir, GptqConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.qweight': dtype F32, expected I32");
+  }
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = Gptq(32);
+    t[0].dtype = "I64";
+    t[0].shape = {K / 16, N};
+    WriteFile(dir, t);
+    WriteConfig(dir, GptqConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.qweight': dtype I64, expected I32");
+  }
+  // Missing scales.
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = Gptq(32);
+    t.erase(t.begin() + 2);
+    WriteFile(dir, t);
+    WriteConfig(dir, GptqConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.scales': missing");
+  }
+  // An asymmetric zero point in a checkpoint that says sym: the zero point is checked.
+  {
+    testing::TempDir dir;
+    WriteFile(dir, Gptq(32, 3));
+    WriteConfig(dir, GptqConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.qzeros': zero point 3");
+  }
+  // Act-order (desc_act) g_idx.
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = Gptq(32);
+    std::vector<int32_t> g_idx(K);
+    for (int64_t k = 0; k < K; ++k) g_idx[k] = static_cast<int32_t>(k % 2);
+    t[3].bytes = Bytes(g_idx);
+    WriteFile(dir, t);
+    json q = GptqConfig(32);
+    q["desc_act"] = true;
+    WriteConfig(dir, q);
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
+                  "'m.g_idx': input 1 is in group 1, not 0: act-order (desc_act)");
+  }
+  // compressed-tensors: weight_shape that contradicts weight_packed.
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = CompressedTensors(32);
+    t[2].bytes = Bytes(std::vector<int64_t>{N, 2 * K});
+    WriteFile(dir, t);
+    WriteConfig(dir, CtConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.weight_shape': [8,128]");
+  }
+  // A scale fp16 cannot hold exactly (fp32 scales are accepted only when they are fp16 values).
+  {
+    testing::TempDir dir;
+    std::vector<Raw> t = CompressedTensors(32);
+    std::vector<float> scales(N * (K / 32), 0.1f);
+    t[1] = {"m.weight_scale", "F32", {N, K / 32}, Bytes(scales)};
+    WriteFile(dir, t);
+    WriteConfig(dir, CtConfig(32));
+    ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.weight_scale': scale 0.1");
+  }
+}
+
+TEST(PublishedQuantTest, IntegerTensorsWithoutAQuantizationConfigAreRefused) {
+  testing::TempDir dir;
+  WriteFile(dir, Gptq(32));
+  ExpectRefused(dir, absl::StatusCode::kUnimplemented, "dtype I32 is not supported");
+}
+
+}  // namespace
+}  // namespace moe::store
