@@ -20,6 +20,7 @@
 #include "engine/store_import.h"
 #include "expertstore/importer.h"
 #include "nlohmann/json.hpp"
+#include "tests/golden/golden_reference.h"
 #include "tests/testing/temp_dir.h"
 
 namespace moe {
@@ -27,34 +28,9 @@ namespace {
 
 using kernels::DType;
 
-std::string FixtureDir(const std::string& arch) {
-  return std::string(MOE_SOURCE_DIR) + "/tests/golden/fixtures/" + arch;
-}
-
-struct Reference {
-  std::vector<int32_t> tokens;  // prompt + greedy continuation
-  size_t prompt_len = 0;
-  std::vector<float> logits;  // [tokens, V]
-  int64_t vocab = 0;
-};
-
-Reference LoadReference(const std::string& arch) {
-  Reference r;
-  std::ifstream in(FixtureDir(arch) + "/expected.json");
-  const auto j = nlohmann::json::parse(in);
-  r.tokens = j["prompt_ids"].get<std::vector<int32_t>>();
-  r.prompt_len = r.tokens.size();
-  for (int32_t t : j["greedy_ids"].get<std::vector<int32_t>>()) r.tokens.push_back(t);
-  auto file = store::MappedFile::Open(FixtureDir(arch) + "/expected_logits.safetensors");
-  uint64_t header = 0;
-  std::memcpy(&header, (*file)->data(), 8);
-  const auto h = nlohmann::json::parse((*file)->data() + 8, (*file)->data() + 8 + header);
-  r.vocab = h["logits"]["shape"][1].get<int64_t>();
-  const uint64_t begin = h["logits"]["data_offsets"][0].get<uint64_t>();
-  r.logits.resize(r.tokens.size() * r.vocab);
-  std::memcpy(r.logits.data(), (*file)->data() + 8 + header + begin, r.logits.size() * 4);
-  return r;
-}
+using testing::FixtureDir;
+using testing::LoadReference;
+using testing::Reference;
 
 struct Formats {
   const char* name;
