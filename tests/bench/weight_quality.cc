@@ -28,8 +28,10 @@ namespace {
 
 using kernels::DType;
 
+using testing::ComparePrefill;
 using testing::FixtureDir;
 using testing::LoadReference;
+using testing::PrefillMatch;
 using testing::Reference;
 
 struct Formats {
@@ -89,13 +91,9 @@ std::string Measure(const std::string& arch, const Reference& ref, const Formats
   if (absl::Status s = (*model)->Forward({&item, 1}, true, &logits); !s.ok()) {
     return "n/a: forward: " + std::string(s.message());
   }
-  double max_err = 0, max_ref = 0;
-  for (size_t i = 0; i < logits.size(); ++i) {
-    max_err = std::max(max_err, std::abs(double(logits[i]) - ref.logits[i]));
-    max_ref = std::max(max_ref, std::abs(double(ref.logits[i])));
-  }
+  const PrefillMatch m = ComparePrefill(logits, ref);
+  if (m.any_nan) return "n/a: NaN logits";
   double kl_sum = 0, kl_max = 0;
-  int agree = 0, total = 0;
   for (size_t p = ref.prompt_len - 1; p + 1 < ref.tokens.size(); ++p) {
     const float* ours = logits.data() + p * ref.vocab;
     const std::vector<double> lp = LogSoftmax(ref.logits.data() + p * ref.vocab, ref.vocab);
@@ -104,12 +102,10 @@ std::string Measure(const std::string& arch, const Reference& ref, const Formats
     for (int64_t v = 0; v < ref.vocab; ++v) kl += std::exp(lp[v]) * (lp[v] - lq[v]);
     kl_sum += kl;
     kl_max = std::max(kl_max, kl);
-    agree += std::max_element(ours, ours + ref.vocab) - ours == ref.tokens[p + 1];
-    ++total;
   }
   char buf[160];
-  std::snprintf(buf, sizeof(buf), "%.2e | %.2e | %.2e | %.3f (%d/%d)", max_err / max_ref,
-                kl_sum / total, kl_max, double(agree) / total, agree, total);
+  std::snprintf(buf, sizeof(buf), "%.2e | %.2e | %.2e | %.3f (%d/%d)", m.max_rel(),
+                kl_sum / m.total, kl_max, double(m.agree) / m.total, m.agree, m.total);
   return buf;
 }
 

@@ -1,8 +1,11 @@
 // A golden fixture's reference (tests/golden/fixtures/<arch>/, written by make_fixtures.py):
-// transformers' prompt, greedy continuation and fp32 logits of every position. Shared by the
-// store golden test and the weight-quality tool; the including target defines MOE_SOURCE_DIR.
+// transformers' prompt, greedy continuation and fp32 logits of every position, and how a run's
+// logits compare with them. Shared by the store golden test and the weight-quality tool; the
+// including target defines MOE_SOURCE_DIR.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <fstream>
@@ -41,6 +44,31 @@ inline Reference LoadReference(const std::string& arch) {
   r.logits.resize(r.tokens.size() * r.vocab);
   std::memcpy(r.logits.data(), (*file)->data() + 8 + header + begin, r.logits.size() * 4);
   return r;
+}
+
+// Logits of one prefill of ref.tokens (every position) against the reference: the max absolute
+// error over the largest reference logit, and the teacher-forced greedy agreement over the
+// continuation positions.
+struct PrefillMatch {
+  double max_err = 0, max_ref = 0;
+  bool any_nan = false;
+  int agree = 0, total = 0;
+  double max_rel() const { return max_err / max_ref; }
+};
+
+inline PrefillMatch ComparePrefill(const std::vector<float>& logits, const Reference& ref) {
+  PrefillMatch m;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    m.any_nan = m.any_nan || std::isnan(logits[i]);
+    m.max_err = std::max(m.max_err, std::abs(double(logits[i]) - ref.logits[i]));
+    m.max_ref = std::max(m.max_ref, std::abs(double(ref.logits[i])));
+  }
+  for (size_t p = ref.prompt_len - 1; p + 1 < ref.tokens.size(); ++p) {
+    const float* row = logits.data() + p * ref.vocab;
+    m.agree += std::max_element(row, row + ref.vocab) - row == ref.tokens[p + 1];
+    ++m.total;
+  }
+  return m;
 }
 
 }  // namespace moe::testing

@@ -22,8 +22,10 @@ namespace {
 
 using kernels::DType;
 
+using testing::ComparePrefill;
 using testing::FixtureDir;
 using testing::LoadReference;
+using testing::PrefillMatch;
 using testing::Reference;
 
 struct Budget {
@@ -102,21 +104,11 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
     const ForwardItem item{ref.tokens, kv->get()};
     std::vector<float> logits;
     ASSERT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      ASSERT_FALSE(std::isnan(logits[i]));
-      max_err = std::max(max_err, std::abs(double(logits[i]) - ref.logits[i]));
-      max_ref = std::max(max_ref, std::abs(double(ref.logits[i])));
-    }
-    // Teacher-forced greedy agreement over the continuation positions.
-    int agree = 0, total = 0;
-    for (size_t p = ref.prompt_len - 1; p + 1 < ref.tokens.size(); ++p) {
-      const float* row = logits.data() + p * ref.vocab;
-      const int32_t ours = static_cast<int32_t>(std::max_element(row, row + ref.vocab) - row);
-      agree += ours == ref.tokens[p + 1];
-      ++total;
-    }
-    const double rel = max_err / max_ref, agreement = double(agree) / total;
+    const PrefillMatch match = ComparePrefill(logits, ref);
+    ASSERT_FALSE(match.any_nan);
+    const double max_ref = match.max_ref, rel = match.max_rel();
+    const int agree = match.agree, total = match.total;
+    const double agreement = double(agree) / total;
     // The same prompt again: with the whole model budgeted every expert is now a device hit,
     // and the logits do not depend on which tier served them.
     auto kv2 = SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(ref.tokens.size()));
@@ -224,23 +216,14 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
     const ForwardItem item{ref.tokens, kv->get()};
     std::vector<float> logits;
     ASSERT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      max_err = std::max(max_err, std::abs(double(logits[i]) - ref.logits[i]));
-      max_ref = std::max(max_ref, std::abs(double(ref.logits[i])));
-    }
-    int agree = 0, total = 0;
-    for (size_t p = ref.prompt_len - 1; p + 1 < ref.tokens.size(); ++p) {
-      const float* row = logits.data() + p * ref.vocab;
-      agree += std::max_element(row, row + ref.vocab) - row == ref.tokens[p + 1];
-      ++total;
-    }
+    const PrefillMatch m = ComparePrefill(logits, ref);
+    ASSERT_FALSE(m.any_nan) << arch;
     std::printf(
         "%s imported (experts int4 g%d as published): max rel logit error %.3g, greedy "
         "agreement %d/%d\n",
-        arch.c_str(), gate->group_size, max_err / max_ref, agree, total);
-    EXPECT_LT(max_err / max_ref, 1e-4) << arch;
-    EXPECT_EQ(agree, total) << arch;
+        arch.c_str(), gate->group_size, m.max_rel(), m.agree, m.total);
+    EXPECT_LT(m.max_rel(), 1e-4) << arch;
+    EXPECT_EQ(m.agree, m.total) << arch;
   }
 }
 
@@ -285,21 +268,12 @@ TEST(QuantizedDenseStoreTest, RegroupedProjectionsLoadQuantized) {
     const ForwardItem item{ref.tokens, kv->get()};
     std::vector<float> logits;
     ASSERT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
-    double max_err = 0, max_ref = 0;
-    for (size_t i = 0; i < logits.size(); ++i) {
-      max_err = std::max(max_err, std::abs(double(logits[i]) - ref.logits[i]));
-      max_ref = std::max(max_ref, std::abs(double(ref.logits[i])));
-    }
-    int agree = 0, total = 0;
-    for (size_t p = ref.prompt_len - 1; p + 1 < ref.tokens.size(); ++p) {
-      const float* row = logits.data() + p * ref.vocab;
-      agree += std::max_element(row, row + ref.vocab) - row == ref.tokens[p + 1];
-      ++total;
-    }
+    const PrefillMatch m = ComparePrefill(logits, ref);
+    ASSERT_FALSE(m.any_nan) << arch;
     std::printf("%s, f32 experts, int8 dense g32: max rel logit error %.3g, greedy agreement "
-                "%d/%d\n", arch.c_str(), max_err / max_ref, agree, total);
-    EXPECT_LT(max_err / max_ref, c.max_rel_logit_error) << arch;
-    EXPECT_GE(agree, c.min_agree) << arch;
+                "%d/%d\n", arch.c_str(), m.max_rel(), m.agree, m.total);
+    EXPECT_LT(m.max_rel(), c.max_rel_logit_error) << arch;
+    EXPECT_GE(m.agree, c.min_agree) << arch;
   }
 }
 
