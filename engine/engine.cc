@@ -526,6 +526,8 @@ std::vector<Event> Engine::Step() {
   for (size_t i = 0; i < plan.size(); ++i) {
     Sequence& s = *plan[i].seq;
     if (!st.ok()) {
+      // The step's K/V were not (all) written: the blocks it filled must serve no later prompt.
+      cache_->ForgetUnwritten(s.cache_id, s.kv_len);
       Finish(s, FinishReason::kError, st, false, &events);
       done.push_back(&s);
       continue;

@@ -214,6 +214,19 @@ void KvCache::Free(int64_t seq_id) {
   sequences_.erase(it);
 }
 
+void KvCache::ForgetUnwritten(int64_t seq_id, int64_t position) {
+  auto it = sequences_.find(seq_id);
+  if (it == sequences_.end()) return;
+  const std::vector<int32_t>& table = it->second.table;
+  for (size_t i = static_cast<size_t>(position / options_.block_size); i < table.size(); ++i) {
+    Block& block = blocks_[table[i]];
+    if (!block.registered) continue;
+    registry_.erase(block.hash);
+    block.registered = false;
+    block.tokens.clear();
+  }
+}
+
 int32_t KvCache::TakeFreshBlock() {
   int32_t b;
   // A free block first: evicting a cached one throws away a prefix a later request might reuse.

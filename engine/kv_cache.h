@@ -103,6 +103,10 @@ class KvCache {
   // Releases a sequence (finished or cancelled); its registered blocks stay cached. Unknown ids
   // are ignored, so a cancel racing a finish is harmless.
   void Free(int64_t seq_id);
+  // Withdraws from prefix reuse the live sequence's blocks that hold any position >= `position`,
+  // registered before their KV was written (the ordering contract above) by a step that then
+  // failed: a later prompt would read KV that was never written. Unknown ids are ignored.
+  void ForgetUnwritten(int64_t seq_id, int64_t position);
 
   // The live sequence's table (valid until the next mutating call); NotFound otherwise.
   absl::StatusOr<absl::Span<const int32_t>> BlockTable(int64_t seq_id) const;

@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <random>
 
 #include "absl/strings/str_cat.h"
 #include "engine/default_model.h"
+#include "expertstore/safetensors.h"
 #include "gtest/gtest.h"
 #include "tests/testing/temp_dir.h"
 
@@ -350,6 +352,59 @@ TEST_F(EngineTest, SharedPrefixReusesBlocks) {
   EXPECT_EQ(RunAll(cold)["b"].tokens, rb.tokens);
   EXPECT_EQ(engine.Stats().kv_bytes_used, 0);
   EXPECT_TRUE(engine.kv_cache()->CheckInvariants().ok());
+}
+
+// A step that fails (here: a prompt token whose embedding row is NaN, which the first router
+// refuses) fails its sequences, and the blocks it filled, registered before their KV was written,
+// serve no later prompt: the next prompt with the same 64-token prefix is computed in full and
+// gets what a cold engine gives. (They were reused before, reading KV that was never written.)
+TEST_F(EngineTest, FailedStepLeavesNoBlocksForPrefixReuse) {
+  constexpr int32_t kPoisoned = 77;
+  testing::TempDir poisoned;
+  for (const auto& entry : std::filesystem::directory_iterator(dir_->path())) {
+    std::filesystem::copy(entry.path(), poisoned.path() + "/" + entry.path().filename().string());
+  }
+  {
+    auto ckpt = store::Checkpoint::Open(poisoned.path());
+    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
+    const store::TensorInfo& embed = (*ckpt)->tensors().at("model.embed_tokens.weight");
+    ASSERT_EQ(embed.dtype, kernels::DType::kBF16);
+    const std::vector<uint16_t> nan_row(embed.shape[1], 0x7FC0);
+    std::fstream io(poisoned.path() + "/model.safetensors",
+                    std::ios::in | std::ios::out | std::ios::binary);
+    io.seekp(static_cast<std::streamoff>(embed.offset + kPoisoned * nan_row.size() * 2));
+    io.write(reinterpret_cast<const char*>(nan_row.data()),
+             static_cast<std::streamsize>(nan_row.size() * 2));
+  }
+  auto model = Model::Load(poisoned.path(), *backend_);
+  ASSERT_TRUE(model.ok()) << model.status();
+  std::vector<int32_t> prefix(64);
+  for (int32_t i = 0; i < 64; ++i) prefix[i] = 100 + i;
+  std::vector<int32_t> bad = prefix, good = prefix;
+  bad.push_back(kPoisoned);
+  good.push_back(5);
+  auto request = [&](const std::string& id, const std::vector<int32_t>& prompt) {
+    Request r;
+    r.id = id;
+    r.prompt = prompt;
+    r.stop.max_tokens = 6;
+    r.stop.ignore_eos = true;
+    return r;
+  };
+  auto engine = MakeEngine(**model, *tokenizer_, EngineOptions{});
+  ASSERT_TRUE(engine->Add(request("bad", bad)).ok());
+  const Event failed = RunAll(*engine)["bad"].final_event;
+  EXPECT_EQ(failed.finish, FinishReason::kError);
+  EXPECT_EQ(failed.error.code(), absl::StatusCode::kInvalidArgument) << failed.error;
+  ASSERT_TRUE(engine->Add(request("good", good)).ok());
+  const Result after = RunAll(*engine)["good"];
+  EXPECT_EQ(after.final_event.finish, FinishReason::kLength) << after.final_event.error;
+  EXPECT_EQ(after.final_event.usage.cached_prompt_tokens, 0);
+  auto cold = MakeEngine(**model, *tokenizer_, EngineOptions{});
+  ASSERT_TRUE(cold->Add(request("good", good)).ok());
+  EXPECT_EQ(RunAll(*cold)["good"].tokens, after.tokens);
+  EXPECT_EQ(engine->Stats().kv_bytes_used, 0);
+  EXPECT_TRUE(engine->kv_cache()->CheckInvariants().ok());
 }
 
 // Under a budget too small for everyone, sequences are preempted and recomputed, never failed,

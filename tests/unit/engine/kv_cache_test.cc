@@ -160,6 +160,32 @@ TEST(KvCacheTest, PrefixReuseOf1000TokenPrompt) {
   ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
 }
 
+// A failed step's blocks: a sequence whose positions 0-63 (blocks 0-3) hold written KV reserves
+// 40 more positions (blocks 4 and 5 fill and are registered, 6 is partial) for a step that then
+// fails. ForgetUnwritten(64) withdraws 4 and 5, keeps 0-3 reusable, and the sequence's release
+// frees 4-6 empty.
+TEST(KvCacheTest, ForgetUnwrittenWithdrawsOnlyTheFailedStepsBlocks) {
+  absl::StatusOr<KvCache> cache = KvCache::Create(TinyOptions(16, 16));
+  ASSERT_TRUE(cache.ok()) << cache.status();
+  const std::vector<int32_t> prompt = Range(100, 64);
+  ASSERT_TRUE(cache->Admit(1, prompt).ok());
+  ASSERT_TRUE(cache->AppendTokens(1, Range(500, 40)).ok());
+  std::vector<int32_t> longer = prompt;
+  for (int32_t t : Range(500, 40)) longer.push_back(t);
+  longer.push_back(7);
+  EXPECT_EQ(cache->ReusablePrefixBlocks(longer), 6);
+  cache->ForgetUnwritten(1, 64);
+  EXPECT_EQ(cache->ReusablePrefixBlocks(longer), 4);
+  const std::vector<int32_t> table = Table(*cache, 1);
+  ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+  cache->Free(1);
+  for (int b = 0; b < 4; ++b) EXPECT_TRUE(cache->block_state(table[b]).on_lru) << b;
+  for (int b = 4; b < 7; ++b) EXPECT_TRUE(cache->block_state(table[b]).on_free_list) << b;
+  EXPECT_EQ(cache->ReusablePrefixBlocks(longer), 4);
+  cache->ForgetUnwritten(1, 0);  // unknown now: ignored
+  ASSERT_TRUE(cache->CheckInvariants().ok()) << cache->CheckInvariants();
+}
+
 TEST(KvCacheTest, BudgetExhaustionChangesNothing) {
   absl::StatusOr<KvCache> cache = KvCache::Create(TinyOptions(10, 4));
   ASSERT_TRUE(cache.ok()) << cache.status();
