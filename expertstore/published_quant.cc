@@ -7,9 +7,9 @@
 //     format stores z - 1, "gptq_v2" z); X.scales fp16 [K/g, N]; X.g_idx int32 [K];
 //     w = (q - z) s.
 //   awq (bits 4, version gemm, zero_point true; AutoAWQ's WQLinear_GEMM): X.qweight int32
-//     [K, N/8]: word [k, i] holds outputs 8i + j, output 8i + kAwqOrder[p] in bits 4p..4p+3 (the
-//     interleaved order 0, 2, 4, 6, 1, 3, 5, 7); X.qzeros int32 [K/g, N/8] packed the same way,
-//     the zero point itself; X.scales fp16 [K/g, N]; w = (q - z) s.
+//     [K, N/8]: word [k, i] holds outputs 8i..8i+7, output 8i + order[p] in bits 4p..4p+3 with
+//     AWQ's interleaved order = {0, 2, 4, 6, 1, 3, 5, 7}; X.qzeros int32 [K/g, N/8] packed the
+//     same way, the zero point itself; X.scales fp16 [K/g, N]; w = (q - z) s.
 //   compressed-tensors, format pack-quantized, int4 symmetric group weights, no activation
 //     quantization (W4A16): X.weight_packed int32 [N, K/8], input k = 8i + j in bits 4j..4j+3 of
 //     word i, stored q + 8; X.weight_scale [N, K/g] (fp16, or bf16/fp32 values fp16 holds
@@ -21,9 +21,10 @@
 // q - z + 16 (0..31; z is at most 16, GPTQ v1's stored 15 + 1) with m = -16 s (exact in fp16:
 // 16 is a power of two), so that code s + m = (q - z) s exactly in fp32 (both products and their
 // sum fit fp32's 24 bits): the checkpoint's values at twice the bytes of int4 (logged at load).
-// Why 16 and not int8's middle, 128: the kernels compute a group's dot product as
+// Why 16 and not int8's middle, 128: the CPU kernel computes a group's dot product as
 // s sum(x code) + m sum(x) (kernels/cpu/matmul.cc), and codes near 128 with m = -128 s cancel
-// 8x more of fp32's precision there than codes near 16.
+// 8x more of fp32's precision there than codes near 16 (the AWQ golden fixture: 4.8e-4 max
+// relative logit error with 128, over the 1e-4 bound; tests/bench/NOTES.md, stop 41).
 // Everything not named here (another method, bits, option) is refused naming the key and value.
 #include <cmath>
 #include <cstring>
@@ -56,8 +57,8 @@ struct Scheme {
   uint32_t zero_offset = 0;  // added to a stored zero point (1 in GPTQ's v1 format: z - 1)
 };
 
-// AWQ packs outputs 8i + kAwqOrder[p] into nibble p of word i; kAwqNibble is its inverse (the
-// nibble of output 8i + j).
+// AWQ packs output 8i + order[p] into nibble p of word i (order above); kAwqNibble is its
+// inverse: the nibble of output 8i + j.
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 absl::Status RefuseGroup(const json& group) {
