@@ -23,7 +23,7 @@
 // sum fit fp32's 24 bits): the checkpoint's values at twice the bytes of int4 (logged at load).
 // Why 16 and not int8's middle, 128: the CPU kernel computes a group's dot product as
 // s sum(x code) + m sum(x) (kernels/cpu/matmul.cc), and codes near 128 with m = -128 s cancel
-// 8x more of fp32's precision there than codes near 16 (the AWQ golden fixture: 4.8e-4 max
+// 8x more of fp32's precision there than codes near 16 (a first AWQ golden fixture: 4.8e-4 max
 // relative logit error with 128, over the 1e-4 bound; tests/bench/NOTES.md, stop 41).
 // Everything not named here (another method, bits, option) is refused naming the key and value.
 #include <cmath>
