@@ -1,18 +1,30 @@
 // Checkpoint::RepackPublishedQuant: published int4 checkpoints, chosen by config.json's
-// quantization_config, repacked at load into the kQ4 layout of kernels/quant.h, bit for bit:
+// quantization_config, repacked at load into the layouts of kernels/quant.h, bit for bit:
 //
-//   gptq (bits 4, sym true, group_size 32/64/128/256, desc_act false or g_idx in order):
+//   gptq (bits 4, group_size 32/64/128/256, desc_act false or g_idx in order, sym true or false):
 //     X.qweight int32 [K/8, N]: input k = 8i + j of output n in bits 4j..4j+3 of [i, n];
-//     X.qzeros int32 [K/g, N/8] packed along N (the "gptq" v1 format stores z - 1, "gptq_v2" z);
-//     X.scales fp16 [K/g, N]; X.g_idx int32 [K]; w = (q - z) s.
+//     X.qzeros int32 [K/g, N/8] packed along N, output 8i + j in bits 4j..4j+3 (the "gptq" v1
+//     format stores z - 1, "gptq_v2" z); X.scales fp16 [K/g, N]; X.g_idx int32 [K];
+//     w = (q - z) s.
+//   awq (bits 4, version gemm, zero_point true; AutoAWQ's WQLinear_GEMM): X.qweight int32
+//     [K, N/8]: word [k, i] holds outputs 8i..8i+7, output 8i + order[p] in bits 4p..4p+3 with
+//     AWQ's interleaved order = {0, 2, 4, 6, 1, 3, 5, 7}; X.qzeros int32 [K/g, N/8] packed the
+//     same way, the zero point itself; X.scales fp16 [K/g, N]; w = (q - z) s.
 //   compressed-tensors, format pack-quantized, int4 symmetric group weights, no activation
-//   quantization (W4A16): X.weight_packed int32 [N, K/8], input k = 8i + j in bits 4j..4j+3 of
-//   word i, stored q + 8; X.weight_scale [N, K/g] (fp16, or bf16/fp32 values fp16 holds
-//   exactly); X.weight_shape int64 [2] = [N, K]; w = (stored - 8) s.
+//     quantization (W4A16): X.weight_packed int32 [N, K/8], input k = 8i + j in bits 4j..4j+3 of
+//     word i, stored q + 8; X.weight_scale [N, K/g] (fp16, or bf16/fp32 values fp16 holds
+//     exactly); X.weight_shape int64 [2] = [N, K]; w = (stored - 8) s.
 //
-// Symmetric int4 is exactly our format: codes q, scale s, offset m = -8 s (exact in fp16, and
-// q s + m = (q - 8) s exactly in fp32). Asymmetric int4 (GPTQ sym false, AWQ) is refused: its
-// m = -z s rounded to fp16 is off by up to 2^-11 |z s|, and the format holds no exact zero point.
+// Symmetric int4 (z = 8) is exactly our kQ4: codes q, scale s, offset m = -8 s (exact in fp16,
+// and q s + m = (q - 8) s exactly in fp32). Asymmetric int4 (GPTQ sym false, AWQ) is not: its
+// m = -z s rounded to fp16 is off by up to 2^-11 |z s|. It becomes our kQ8 instead, code
+// q - z + 16 (0..31; z is at most 16, GPTQ v1's stored 15 + 1) with m = -16 s (exact in fp16:
+// 16 is a power of two), so that code s + m = (q - z) s exactly in fp32 (both products and their
+// sum fit fp32's 24 bits): the checkpoint's values at twice the bytes of int4 (logged at load).
+// Why 16 and not int8's middle, 128: the CPU kernel computes a group's dot product as
+// s sum(x code) + m sum(x) (kernels/cpu/matmul.cc), and codes near 128 with m = -128 s cancel
+// 8x more of fp32's precision there than codes near 16 (a first AWQ golden fixture: 4.8e-4 max
+// relative logit error with 128, over the 1e-4 bound; tests/bench/NOTES.md, stop 41).
 // Everything not named here (another method, bits, option) is refused naming the key and value.
 #include <cmath>
 #include <cstring>
@@ -23,6 +35,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "expertstore/safetensors.h"
+#include "kernels/base/log.h"
 #include "kernels/base/status.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
@@ -38,10 +51,23 @@ absl::Status Refuse(const std::string& key, const json& value, const std::string
 
 // The scheme a quantization_config asks for, once validated.
 struct Scheme {
-  enum Kind { kGptq, kCompressedTensors } kind = kGptq;
+  enum Kind { kGptq, kCompressedTensors, kAwq } kind = kGptq;
   int32_t group_size = 0;
-  uint32_t stored_zero = 8;  // gptq: the nibble qzeros must hold (7 in the v1 format)
+  bool symmetric = true;     // zero point 8 everywhere (checked where qzeros are stored)
+  uint32_t zero_offset = 0;  // added to a stored zero point (1 in GPTQ's v1 format: z - 1)
 };
+
+// AWQ packs output 8i + order[p] into nibble p of word i (order above); kAwqNibble is its
+// inverse: the nibble of output 8i + j.
+constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
+
+absl::Status RefuseGroup(const json& group) {
+  return Refuse("group_size", group, "supported: 32, 64, 128, 256");
+}
+bool ValidGroup(const json& group) {
+  return group.is_number_integer() &&
+         kernels::ValidateQuantFormat(kernels::DType::kQ4, group.get<int32_t>()).ok();
+}
 
 absl::StatusOr<Scheme> ParseScheme(const json& q) {
   if (!q.is_object()) return Refuse("", q, "not an object");
@@ -50,21 +76,16 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
   if (method == "gptq") {
     const json bits = q.value("bits", json()), group = q.value("group_size", json());
     if (bits != 4) return Refuse("bits", bits, "only 4-bit GPTQ is supported");
-    if (!group.is_number_integer() ||
-        !kernels::ValidateQuantFormat(kernels::DType::kQ4, group.get<int32_t>()).ok()) {
-      return Refuse("group_size", group, "supported: 32, 64, 128, 256");
-    }
-    if (q.value("sym", json(true)) != true) {
-      return Refuse("sym", q["sym"],
-                    "asymmetric int4 (zero points) is not supported: m = -z*s is not exact in "
-                    "fp16");
-    }
+    if (!ValidGroup(group)) return RefuseGroup(group);
+    const json sym = q.value("sym", json(true));
+    if (!sym.is_boolean()) return Refuse("sym", sym, "supported: true, false");
     const json format = q.value("checkpoint_format", json("gptq"));
     if (format != "gptq" && format != "gptq_v2") {
       return Refuse("checkpoint_format", format, "supported: gptq, gptq_v2");
     }
     scheme.group_size = group.get<int32_t>();
-    scheme.stored_zero = format == "gptq" ? 7 : 8;
+    scheme.symmetric = sym.get<bool>();
+    scheme.zero_offset = format == "gptq" ? 1 : 0;
     return scheme;  // desc_act: checked per tensor on g_idx (in order is the same as false)
   }
   if (method == "compressed-tensors") {
@@ -98,7 +119,7 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
           return Refuse(at + "weights." + key, w.is_object() ? w.value(key, json()) : w,
                         absl::StrCat("supported: ", value.dump(),
                                      std::string(key) == "symmetric"
-                                         ? " (asymmetric int4: m = -z*s is not exact in fp16)"
+                                         ? " (asymmetric compressed-tensors is not implemented)"
                                          : ""));
         }
       }
@@ -118,12 +139,25 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
     return scheme;
   }
   if (method == "awq") {
-    return Refuse("quant_method", method,
-                  "AWQ int4 has zero points (asymmetric), which the int4 format cannot hold "
-                  "exactly (m = -z*s is not exact in fp16): not supported");
+    scheme.kind = Scheme::kAwq;
+    scheme.symmetric = false;
+    const json bits = q.value("bits", json()), group = q.value("group_size", json());
+    if (bits != 4) return Refuse("bits", bits, "only 4-bit AWQ is supported");
+    if (!ValidGroup(group)) return RefuseGroup(group);
+    // HF's AwqConfig defaults: zero_point true, version gemm (written lower-case there,
+    // "GEMM" in AutoAWQ's own quant_config.json). GEMV and the kernel-specific versions pack
+    // differently.
+    const json zero_point = q.value("zero_point", json(true));
+    if (zero_point != true) return Refuse("zero_point", zero_point, "supported: true");
+    const json version = q.value("version", json("gemm"));
+    if (version != "gemm" && version != "GEMM") {
+      return Refuse("version", version, "supported: gemm (AutoAWQ's GEMM packing)");
+    }
+    scheme.group_size = group.get<int32_t>();
+    return scheme;
   }
   return Refuse("quant_method", method,
-                "supported: gptq (4-bit symmetric), compressed-tensors "
+                "supported: gptq (4-bit), awq (4-bit, gemm), compressed-tensors "
                 "(pack-quantized int4 symmetric)");
 }
 
@@ -149,8 +183,9 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
   }
   if (!config.is_object() || !config.contains("quantization_config")) return absl::OkStatus();
   MOE_ASSIGN_OR_RETURN(const Scheme scheme, ParseScheme(config["quantization_config"]));
-  const bool gptq = scheme.kind == Scheme::kGptq;
-  const std::string packed_suffix = gptq ? ".qweight" : ".weight_packed";
+  const bool ct = scheme.kind == Scheme::kCompressedTensors;
+  const bool awq = scheme.kind == Scheme::kAwq;
+  const std::string packed_suffix = ct ? ".weight_packed" : ".qweight";
   for (const auto& [name, info] : tensors_) {  // a float tensor where packed int32 belongs
     if (absl::EndsWith(name, packed_suffix)) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -164,6 +199,9 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     }
   }
   const int64_t g = scheme.group_size;
+  // Symmetric: kQ4, code q. Asymmetric: kQ8, code q - z + 16 (the header says why).
+  const kernels::DType dtype = scheme.symmetric ? kernels::DType::kQ4 : kernels::DType::kQ8;
+  const int64_t bias = scheme.symmetric ? 8 : 16;
   for (const std::string& m : modules) {
     const std::string packed_name = m + packed_suffix;
     const RawTensor& packed = raw_.at(packed_name);
@@ -175,12 +213,15 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       return bad(packed_name, "shape " + Shape(packed.shape) + " is not 2-D");
     // N outputs (our rows), K inputs (our columns).
     int64_t N = 0, K = 0;
-    const std::string scale_name = m + (gptq ? ".scales" : ".weight_scale");
+    const std::string scale_name = m + (ct ? ".weight_scale" : ".scales");
     auto scale_it = tensors_.find(scale_name);
     if (scale_it == tensors_.end())
       return bad(scale_name, "missing (the scales of " + packed_name + ")");
     const TensorInfo& scale_info = scale_it->second;
-    if (gptq) {
+    if (awq) {
+      K = packed.shape[0];
+      N = packed.shape[1] * 8;
+    } else if (!ct) {
       K = packed.shape[0] * 8;
       N = packed.shape[1];
     } else {
@@ -203,7 +244,7 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       return bad(packed_name, absl::StrCat("group size ", g, " does not divide the width ", K));
     }
     const std::vector<int64_t> want_scale =
-        gptq ? std::vector<int64_t>{K / g, N} : std::vector<int64_t>{N, K / g};
+        ct ? std::vector<int64_t>{N, K / g} : std::vector<int64_t>{K / g, N};
     if (scale_info.shape != want_scale) {
       return bad(scale_name, absl::StrCat("shape ", Shape(scale_info.shape), ", expected ",
                                           Shape(want_scale), " (", packed_name, " ",
@@ -211,25 +252,39 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     }
     if (kernels::IsQuantized(scale_info.dtype)) return bad(scale_name, "is quantized");
     MOE_ASSIGN_OR_RETURN(const kernels::TensorView scales, Get(scale_name));
-    if (gptq) {
+    // The code of (output n, input k) and the zero point of (group r, output n).
+    auto code = [&](int64_t n, int64_t k) -> int64_t {
+      if (awq) return Nibble(packed.data, k * (N / 8) + n / 8, kAwqNibble[n % 8]);
+      if (ct) return Nibble(packed.data, n * packed.shape[1] + k / 8, static_cast<int>(k % 8));
+      return Nibble(packed.data, (k / 8) * N + n, static_cast<int>(k % 8));
+    };
+    std::vector<int64_t> zeros;  // [K/g, N]; empty: 8 everywhere (compressed-tensors)
+    if (!ct) {
       const std::string zeros_name = m + ".qzeros";
       auto z = raw_.find(zeros_name);
       if (z == raw_.end()) return bad(zeros_name, "missing");
-      if (z->second.dtype != "I32" || z->second.shape != std::vector<int64_t>{K / g, (N + 7) / 8}) {
+      const int64_t words = (N + 7) / 8;
+      if (z->second.dtype != "I32" || z->second.shape != std::vector<int64_t>{K / g, words}) {
         return bad(zeros_name, absl::StrCat(z->second.dtype, " ", Shape(z->second.shape),
-                                            ", expected I32 [", K / g, ",", (N + 7) / 8, "]"));
+                                            ", expected I32 [", K / g, ",", words, "]"));
       }
+      zeros.resize(K / g * N);
       for (int64_t r = 0; r < K / g; ++r) {
         for (int64_t n = 0; n < N; ++n) {
-          const uint32_t zero = Nibble(z->second.data, r * ((N + 7) / 8) + n / 8, n % 8);
-          if (zero != scheme.stored_zero) {
+          const uint32_t stored = Nibble(z->second.data, r * words + n / 8,
+                                         awq ? kAwqNibble[n % 8] : static_cast<int>(n % 8));
+          zeros[r * N + n] = stored + scheme.zero_offset;
+          if (scheme.symmetric && zeros[r * N + n] != 8) {
             return bad(zeros_name,
-                       absl::StrCat("zero point ", zero, " at group ", r, ", output ", n,
-                                    ": a symmetric checkpoint stores ", scheme.stored_zero,
-                                    " (asymmetric int4 is not supported)"));
+                       absl::StrCat("zero point ", stored, " at group ", r, ", output ", n,
+                                    ": a symmetric checkpoint stores ", 8 - scheme.zero_offset,
+                                    " (an asymmetric one says sym: false)"));
           }
         }
       }
+      raw_.erase(z);
+    }
+    if (!ct && !awq) {
       const std::string gidx_name = m + ".g_idx";
       if (auto gi = raw_.find(gidx_name); gi != raw_.end()) {
         if (gi->second.dtype != "I32" || gi->second.shape != std::vector<int64_t>{K}) {
@@ -246,39 +301,41 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
         }
         raw_.erase(gi);
       }
-      raw_.erase(zeros_name);
-    } else {
-      raw_.erase(m + ".weight_shape");
     }
-    // Repack: codes [N, K/2] (even input in the low nibble), then {s, -8 s} per group.
+    if (ct) raw_.erase(m + ".weight_shape");
+    // Repack: codes [N, K] (kQ4: two a byte, even input in the low nibble), then {s, -bias s}
+    // per group.
     TensorInfo info;
     info.name = m + ".weight";
-    info.dtype = kernels::DType::kQ4;
+    info.dtype = dtype;
     info.shape = {N, K};
     info.group_size = static_cast<int32_t>(g);
     info.file = scale_info.file;
-    info.bytes = kernels::QuantizedBytes(kernels::DType::kQ4, N, K, info.group_size);
+    info.bytes = kernels::QuantizedBytes(dtype, N, K, info.group_size);
     std::vector<uint8_t>& out = repacked_.emplace_back(info.bytes, 0);
-    const int64_t row_bytes = kernels::QuantRowBytes(kernels::DType::kQ4, K);
+    const int64_t row_bytes = kernels::QuantRowBytes(dtype, K);
     for (int64_t n = 0; n < N; ++n) {
       uint8_t* row = out.data() + n * row_bytes;
       for (int64_t k = 0; k < K; ++k) {
-        const uint32_t q =
-            gptq ? Nibble(packed.data, (k / 8) * N + n, static_cast<int>(k % 8))
-                 : Nibble(packed.data, n * packed.shape[1] + k / 8, static_cast<int>(k % 8));
-        row[k / 2] |= static_cast<uint8_t>(q << (4 * (k % 2)));
+        const int64_t z = zeros.empty() ? 8 : zeros[(k / g) * N + n];
+        const auto c = static_cast<uint8_t>(code(n, k) - z + bias);  // 0..15, or 0..31
+        if (scheme.symmetric) {
+          row[k / 2] |= static_cast<uint8_t>(c << (4 * (k % 2)));
+        } else {
+          row[k] = c;
+        }
       }
     }
-    auto* params = reinterpret_cast<uint16_t*>(
-        out.data() + kernels::QuantParamsOffset(kernels::DType::kQ4, N, K));
+    auto* params =
+        reinterpret_cast<uint16_t*>(out.data() + kernels::QuantParamsOffset(dtype, N, K));
     for (int64_t n = 0; n < N; ++n) {
       for (int64_t r = 0; r < K / g; ++r) {
-        const float s = scales.at(gptq ? r * N + n : n * (K / g) + r);
-        const uint16_t s16 = kernels::F32ToF16(s), m16 = kernels::F32ToF16(-8.f * s);
-        if (!std::isfinite(s) || kernels::F16ToF32(s16) != s ||
-            kernels::F16ToF32(m16) != -8.f * s) {
+        const float s = scales.at(ct ? n * (K / g) + r : r * N + n);
+        const float offset = -static_cast<float>(bias) * s;
+        const uint16_t s16 = kernels::F32ToF16(s), m16 = kernels::F32ToF16(offset);
+        if (!std::isfinite(s) || kernels::F16ToF32(s16) != s || kernels::F16ToF32(m16) != offset) {
           return bad(scale_name, absl::StrCat("scale ", s, " (output ", n, ", group ", r,
-                                              ") is not exact in fp16"));
+                                              ") is not exact in fp16 (nor ", offset, ")"));
         }
         params[2 * (n * (K / g) + r)] = s16;
         params[2 * (n * (K / g) + r) + 1] = m16;
@@ -289,6 +346,12 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     tensors_.erase(scale_name);
     raw_.erase(packed_name);
     tensors_.emplace(info.name, std::move(info));
+  }
+  if (!scheme.symmetric && !modules.empty()) {
+    MOE_LOG(INFO) << "[checkpoint] " << dir << ": " << modules.size() << " asymmetric int4 "
+                  << (awq ? "AWQ" : "GPTQ")
+                  << " matrices loaded exactly as int8 (code q - z + 16, offset -16 s): twice "
+                     "the bytes of int4";
   }
   return absl::OkStatus();
 }

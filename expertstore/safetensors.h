@@ -73,8 +73,9 @@ class Checkpoint {
   static absl::StatusOr<std::unique_ptr<Checkpoint>> OpenFiles(const std::string& dir);
   absl::Status AddFile(const std::string& path);
   absl::Status NormalizeNames();
-  // config.json's quantization_config (published_quant.cc): the quantized modules of a GPTQ or
-  // compressed-tensors checkpoint become kQ4 tensors "X.weight"; anything else is refused.
+  // config.json's quantization_config (published_quant.cc): the quantized modules of a GPTQ,
+  // AWQ or compressed-tensors checkpoint become tensors "X.weight", kQ4 (symmetric int4) or the
+  // exact kQ8 of asymmetric int4; anything else is refused.
   absl::Status RepackPublishedQuant(const std::string& dir);
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;

@@ -30,8 +30,9 @@ ABSL_FLAG(std::string, store_dir, "",
 ABSL_FLAG(std::string, model, "", "Model id recorded in the index. Default: the model_dir's name");
 ABSL_FLAG(std::string, format, "",
           "Expert format: bf16, f16, f32, int8, int4, int2. Default: bf16, or for a published "
-          "int4 checkpoint (GPTQ, compressed-tensors: config.json's quantization_config) its "
-          "experts' own int4, copied without re-quantizing");
+          "int4 checkpoint (GPTQ, AWQ, compressed-tensors: config.json's quantization_config) "
+          "its experts' own bits, copied without re-quantizing: int4, or for asymmetric int4 "
+          "(GPTQ sym false, AWQ) int8, which holds its zero points exactly at twice the bytes");
 ABSL_FLAG(int32_t, group_size, 0,
           "Group size of quantized formats: 32, 64, 128 or 256. Default: 64, or a published "
           "int4 checkpoint's own");

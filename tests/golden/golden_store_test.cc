@@ -10,9 +10,11 @@
 #include <fstream>
 #include <tuple>
 
+#include "absl/strings/str_cat.h"
 #include "engine/model.h"
 #include "engine/store_import.h"
 #include "gtest/gtest.h"
+#include "kernels/quant.h"
 #include "nlohmann/json.hpp"
 #include "tests/golden/golden_reference.h"
 #include "tests/testing/temp_dir.h"
@@ -173,12 +175,21 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
 
 // A published int4 checkpoint through moe-import's code path: its experts land in the blobs as
 // the checkpoint's own int4 (copied, never re-quantized: re-quantizing to another group would
-// cost ~1e-1, see kFormats), its quantized dense matrices keep their bits, and the store serves
-// transformers' logits to the golden bound. Asking another expert format is refused, naming both.
+// cost ~1e-1, see kFormats), or, asymmetric int4 (GPTQ sym false, AWQ), as the exact int8 they
+// load as, with their own group; its quantized dense matrices keep their bits, and the store
+// serves transformers' logits to the golden bound. Asking another expert format is refused,
+// naming both.
 TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
   auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
   ASSERT_TRUE(backend.ok()) << backend.status();
-  for (const std::string arch : {"qwen3_moe_gptq", "qwen3_moe_gptq_g128", "qwen3_moe_ct"}) {
+  const std::pair<const char*, DType> fixtures[] = {{"qwen3_moe_gptq", DType::kQ4},
+                                                    {"qwen3_moe_gptq_g128", DType::kQ4},
+                                                    {"qwen3_moe_ct", DType::kQ4},
+                                                    {"qwen3_moe_awq", DType::kQ8},
+                                                    {"qwen3_moe_gptq_asym", DType::kQ8}};
+  for (const auto& [name, dtype] : fixtures) {
+    const std::string arch = name;
+    const DType other = dtype == DType::kQ4 ? DType::kQ8 : DType::kQ4;
     const Reference ref = LoadReference(arch);
     auto ckpt = store::Checkpoint::Open(FixtureDir(arch));
     ASSERT_TRUE(ckpt.ok()) << ckpt.status();
@@ -188,19 +199,21 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
     ASSERT_TRUE(options.ok()) << options.status();
     auto gate = (*ckpt)->Get(options->experts[0].gate);
     ASSERT_TRUE(gate.ok()) << gate.status();
-    ASSERT_EQ(gate->dtype, DType::kQ4) << arch;
+    ASSERT_EQ(gate->dtype, dtype) << arch;
     options->model = arch;
     options->dense_format = DType::kF32;  // the unquantized tensors (lm head, router) exact
     {
       testing::TempDir dir;
-      options->format = DType::kQ8;
+      options->format = other;
       options->group_size = gate->group_size;
       const absl::Status st = store::ImportModel(**ckpt, dir.path(), *options).status();
       EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
-      EXPECT_NE(st.message().find("the checkpoint's experts are int4 group"), std::string::npos)
+      EXPECT_NE(st.message().find(absl::StrCat("the checkpoint's experts are ",
+                                               kernels::WeightFormatName(dtype), " group")),
+                std::string::npos)
           << st;
     }
-    options->format = DType::kQ4;
+    options->format = dtype;
     options->group_size = gate->group_size;
     testing::TempDir dir;
     auto imported = store::ImportModel(**ckpt, dir.path(), *options);
@@ -219,9 +232,10 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
     const PrefillMatch m = ComparePrefill(logits, ref);
     ASSERT_FALSE(m.any_nan) << arch;
     std::printf(
-        "%s imported (experts int4 g%d as published): max rel logit error %.3g, greedy "
+        "%s imported (experts %s g%d as published): max rel logit error %.3g, greedy "
         "agreement %d/%d\n",
-        arch.c_str(), gate->group_size, m.max_rel(), m.agree, m.total);
+        arch.c_str(), kernels::WeightFormatName(dtype), gate->group_size, m.max_rel(), m.agree,
+        m.total);
     EXPECT_LT(m.max_rel(), 1e-4) << arch;
     EXPECT_EQ(m.agree, m.total) << arch;
   }

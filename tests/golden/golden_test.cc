@@ -581,20 +581,18 @@ void CopyEditingTensors(const std::string& arch, const std::string& dir,
   std::ofstream(dir + "/model.safetensors", std::ios::binary) << bytes;
 }
 
-// The GPTQ fixture's qweight read in a wrong packing order, or its zero points swapped for
-// another checkpoint format's, must not pass: the order fails the comparison with transformers,
-// the zero point is refused at load. (The same comparison passes on the fixture as written:
-// GoldenTest above.)
-TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
-  ASSERT_TRUE(backend.ok()) << backend.status();
-  const std::string arch = "qwen3_moe_gptq";
+// Max relative logit error of one prefill of fixture `arch`'s prompt + continuation by the model
+// in `dir` (a planted copy of the fixture) against the fixture's transformers logits; -1 when it
+// does not load.
+double FixturePrefillError(const std::string& arch, const std::string& dir,
+                           kernels::Backend& backend) {
   std::ifstream in(FixtureDir(arch) + "/expected.json");
   const auto j = nlohmann::json::parse(in);
   std::vector<int32_t> tokens = j["prompt_ids"].get<std::vector<int32_t>>();
   for (int32_t t : j["greedy_ids"].get<std::vector<int32_t>>()) tokens.push_back(t);
   auto file = store::MappedFile::Open(FixtureDir(arch) + "/expected_logits.safetensors");
-  ASSERT_TRUE(file.ok()) << file.status();
+  EXPECT_TRUE(file.ok()) << file.status();
+  if (!file.ok()) return -1;
   uint64_t header = 0;
   std::memcpy(&header, (*file)->data(), 8);
   const auto h = nlohmann::json::parse((*file)->data() + 8, (*file)->data() + 8 + header);
@@ -603,36 +601,56 @@ TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
   std::memcpy(ref.data(),
               (*file)->data() + 8 + header + h["logits"]["data_offsets"][0].get<size_t>(),
               ref.size() * sizeof(float));
-  auto error_of = [&](const std::string& dir) -> double {
-    auto model = Model::Load(dir, **backend);
-    EXPECT_TRUE(model.ok()) << model.status();
-    if (!model.ok()) return 0;
-    auto kv =
-        SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(tokens.size()));
-    const ForwardItem item{tokens, kv->get()};
-    std::vector<float> logits;
-    EXPECT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
-    return MaxRelError(logits.data(), ref.data(), ref.size());
-  };
-  // Each qweight word's 8 codes permuted by `order` (code j read from nibble order[j]).
-  auto permuted = [&](const std::string& dir, const std::array<int, 8>& order) {
-    CopyEditingTensors(arch, dir, [&](const std::string& name, uint8_t* data, size_t n) {
-      if (!absl::EndsWith(name, ".qweight")) return;
-      for (size_t w = 0; w < n / 4; ++w) {
-        uint32_t word, out = 0;
-        std::memcpy(&word, data + 4 * w, 4);
-        for (int k = 0; k < 8; ++k) out |= ((word >> (4 * order[k])) & 0xfu) << (4 * k);
-        std::memcpy(data + 4 * w, &out, 4);
-      }
-    });
-  };
+  auto model = Model::Load(dir, backend);
+  EXPECT_TRUE(model.ok()) << model.status();
+  if (!model.ok()) return -1;
+  auto kv = SequenceKv::Create((*model)->config(), backend, static_cast<int64_t>(tokens.size()));
+  const ForwardItem item{tokens, kv->get()};
+  std::vector<float> logits;
+  EXPECT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
+  return MaxRelError(logits.data(), ref.data(), ref.size());
+}
+
+// Fixture `arch` copied into `dir` with the 8 nibbles of each int32 word of the tensors ending in
+// `suffix` permuted: nibble k of the copy is nibble order[k] of the original.
+void CopyPermutingNibbles(const std::string& arch, const std::string& dir,
+                          const std::vector<std::string>& suffixes,
+                          const std::array<int, 8>& order) {
+  CopyEditingTensors(arch, dir, [&](const std::string& name, uint8_t* data, size_t n) {
+    if (std::none_of(suffixes.begin(), suffixes.end(),
+                     [&](const std::string& s) { return absl::EndsWith(name, s); })) {
+      return;
+    }
+    for (size_t w = 0; w < n / 4; ++w) {
+      uint32_t word, out = 0;
+      std::memcpy(&word, data + 4 * w, 4);
+      for (int k = 0; k < 8; ++k) out |= ((word >> (4 * order[k])) & 0xfu) << (4 * k);
+      std::memcpy(data + 4 * w, &out, 4);
+    }
+  });
+}
+
+constexpr std::array<int, 8> kSameOrder = {0, 1, 2, 3, 4, 5, 6, 7};
+constexpr std::array<int, 8> kReversed = {7, 6, 5, 4, 3, 2, 1, 0};
+// AWQ's interleaved order: a GPTQ word read as AWQ, or (as the inverse of AWQ's own nibble of
+// output j, {0, 4, 1, 5, 2, 6, 3, 7}) an AWQ word read in GPTQ's sequential order.
+constexpr std::array<int, 8> kAwqOrder = {0, 2, 4, 6, 1, 3, 5, 7};
+
+// The GPTQ fixture's qweight read in a wrong packing order, or its zero points swapped for
+// another checkpoint format's, must not pass: the order fails the comparison with transformers,
+// the zero point is refused at load. (The same comparison passes on the fixture as written:
+// GoldenTest above.)
+TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const std::string arch = "qwen3_moe_gptq";
   testing::TempDir same, reversed, awq;
-  permuted(same.path(), {0, 1, 2, 3, 4, 5, 6, 7});
-  permuted(reversed.path(), {7, 6, 5, 4, 3, 2, 1, 0});
-  permuted(awq.path(), {0, 2, 4, 6, 1, 3, 5, 7});  // AWQ's interleaved order, read as GPTQ
-  const double as_written = error_of(same.path());
-  const double wrong_reversed = error_of(reversed.path());
-  const double wrong_awq = error_of(awq.path());
+  CopyPermutingNibbles(arch, same.path(), {".qweight"}, kSameOrder);
+  CopyPermutingNibbles(arch, reversed.path(), {".qweight"}, kReversed);
+  CopyPermutingNibbles(arch, awq.path(), {".qweight"}, kAwqOrder);
+  const double as_written = FixturePrefillError(arch, same.path(), **backend);
+  const double wrong_reversed = FixturePrefillError(arch, reversed.path(), **backend);
+  const double wrong_awq = FixturePrefillError(arch, awq.path(), **backend);
   std::printf(
       "GPTQ fixture: max relative logit error %.3g as written, %.3g nibbles reversed, "
       "%.3g in AWQ's order\n",
@@ -649,13 +667,43 @@ TEST(PublishedQuantTest, WrongPackingOrderOrZeroPointFails) {
   EXPECT_NE(st.message().find(".qzeros': zero point 8"), std::string::npos) << st;
 }
 
+// The asymmetric fixtures (loaded exactly as int8): each qzeros word's nibbles reversed (every
+// output with another's zero point), and the AWQ fixture's qweight and qzeros read in GPTQ's
+// sequential order instead of AWQ's interleaved one, must fail the comparison with transformers.
+TEST(PublishedQuantTest, SwappedZeroPointOrAwqReadInGptqOrderFails) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (const std::string arch : {"qwen3_moe_gptq_asym", "qwen3_moe_awq"}) {
+    testing::TempDir same, zeros_reversed;
+    CopyPermutingNibbles(arch, same.path(), {".qzeros"}, kSameOrder);
+    CopyPermutingNibbles(arch, zeros_reversed.path(), {".qzeros"}, kReversed);
+    const double as_written = FixturePrefillError(arch, same.path(), **backend);
+    const double wrong_zeros = FixturePrefillError(arch, zeros_reversed.path(), **backend);
+    double wrong_order = 0;
+    if (arch == "qwen3_moe_awq") {
+      testing::TempDir gptq_order;
+      CopyPermutingNibbles(arch, gptq_order.path(), {".qweight", ".qzeros"}, kAwqOrder);
+      wrong_order = FixturePrefillError(arch, gptq_order.path(), **backend);
+      EXPECT_GT(wrong_order, 1e-2);
+    }
+    std::printf("%s: max relative logit error %.3g as written, %.3g qzeros nibbles reversed",
+                arch.c_str(), as_written, wrong_zeros);
+    if (arch == "qwen3_moe_awq") std::printf(", %.3g read in GPTQ's order", wrong_order);
+    std::printf("\n");
+    EXPECT_GE(as_written, 0);
+    EXPECT_LT(as_written, 1e-4);
+    EXPECT_GT(wrong_zeros, 1e-2);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
                                            "qwen3_5_moe", "qwen3_next", "lfm2_moe",
                                            "lfm2_moe_conv_bias", "trained_default",
                                            // published int4 checkpoints (make_fixtures.py QUANT)
-                                           "qwen3_moe_gptq", "qwen3_moe_gptq_g128",
-                                           "qwen3_moe_ct"));
+                                           "qwen3_moe_gptq", "qwen3_moe_gptq_g128", "qwen3_moe_ct",
+                                           // asymmetric int4, loaded exactly as int8 (stop 41)
+                                           "qwen3_moe_gptq_asym", "qwen3_moe_awq"));
 
 }  // namespace
 }  // namespace moe::engine

@@ -211,13 +211,25 @@ def make(arch, spec, out_dir, seed):
 #   compressed-tensors pack-quantized (W4A16): weight_packed int32 [N, K/8], code of input k = 8i + j
 #     (offset by 8: stored q + 8 for q in [-8, 7]) in bits 4j..4j+3 of word i; weight_scale
 #     [N, K/g] in the model dtype (bf16 here); weight_shape int64 [2] = [N, K].
+# Asymmetric int4 (stop 41): w = (q - z) s with a random zero point z per group and output,
+# dequantized here in fp32 (z and q exact, s fp16: the product is exact in fp32).
+#   gptq sym false: as above, qzeros holding z - 1 (v1).
+#   awq (AutoAWQ's WQLinear_GEMM, version gemm): qweight int32 [K, N/8], word [k, i] holding
+#     outputs 8i..8i+7 with output 8i + AWQ_ORDER[p] in bits 4p..4p+3; qzeros int32 [K/g, N/8]
+#     packed the same way, z itself; scales fp16 [K/g, N].
 # Fused experts on disk ([E, 2I, H] gate rows first, [E, H, I]) become per-expert modules, as
 # quantized Qwen3-MoE checkpoints name them.
 QWEN3_G128 = dict(hidden_size=128, head_dim=32, intermediate_size=256, moe_intermediate_size=256)
+QWEN3_G64 = dict(head_dim=32, intermediate_size=128, moe_intermediate_size=64)
+AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
+AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # the nibble of output 8i + j (AutoAWQ's unpacking)
 QUANT = {
     "qwen3_moe_gptq": dict(base="qwen3_moe", method="gptq", group=32),
     "qwen3_moe_gptq_g128": dict(base="qwen3_moe", method="gptq", group=128, overrides=QWEN3_G128),
     "qwen3_moe_ct": dict(base="qwen3_moe", method="compressed-tensors", group=32),
+    "qwen3_moe_gptq_asym": dict(base="qwen3_moe", method="gptq_asym", group=64,
+                                overrides=QWEN3_G64),
+    "qwen3_moe_awq": dict(base="qwen3_moe", method="awq", group=128, overrides=QWEN3_G128),
 }
 
 
@@ -235,6 +247,24 @@ def quantize_sym4(w, group, scale_dtype):
     return q.reshape(n, k).to(torch.int32), s, deq
 
 
+def quantize_asym4(w, group, gen):
+    """w [N, K] fp32 -> codes q [N, K] in [0, 15], zero points z [N, K/g] drawn in [1, 14], fp16
+    scales [N, K/g] wide enough that nothing clips, dequantized (q - z) s [N, K] fp32. (z = 0 or
+    15 would clip one sign of a group away: a first AWQ fixture with them was a model whose bf16
+    KV cache moved its logits by 0.74 relative, against 0.007 for the GPTQ g128 fixture.)"""
+    n, k = w.shape
+    assert k % group == 0, (w.shape, group)
+    g = w.reshape(n, k // group, group)
+    z = torch.randint(1, 15, (n, k // group), generator=gen)
+    hi, lo = g.amax(dim=-1).clamp(min=0), g.amin(dim=-1).clamp(max=0)
+    s = torch.maximum(hi / (15 - z), -lo / z).clamp(min=1e-4).to(torch.float16)
+    sf = s.to(torch.float32).unsqueeze(-1)
+    zf = z.to(torch.float32).unsqueeze(-1)
+    q = (torch.round(g / sf) + zf).clamp(0, 15)
+    deq = ((q - zf) * sf).reshape(n, k)
+    return q.reshape(n, k).to(torch.int32), z.to(torch.int32), s, deq
+
+
 def pack8(codes):
     """codes int32 [..., 8m] in [0, 15] -> int32 [..., m]: element 8i + j in bits 4j..4j+3."""
     c = codes.reshape(*codes.shape[:-1], codes.shape[-1] // 8, 8).to(torch.int64)
@@ -242,6 +272,29 @@ def pack8(codes):
     for j in range(8):
         word |= c[..., j] << (4 * j)
     return torch.where(word >= 2**31, word - 2**32, word).to(torch.int32)
+
+
+def unpack8(words):
+    """int32 [..., m] -> int64 [..., 8m]: nibble j of word i at 8i + j (pack8's inverse)."""
+    w = words.to(torch.int64) & 0xFFFFFFFF
+    return torch.stack([(w >> (4 * j)) & 15 for j in range(8)], dim=-1).reshape(
+        *words.shape[:-1], -1)
+
+
+def check_asym_packing(method, packed, mod, codes, z):
+    """The packed tensors read back the way their format's readers do (GPTQ: inputs along
+    qweight's rows, qzeros + 1; AWQ: AWQ_REVERSE_ORDER within each word) give codes and z."""
+    if method == "gptq_asym":
+        q = unpack8(packed[mod + ".qweight"].t().contiguous())
+        zeros = unpack8(packed[mod + ".qzeros"]) + 1
+    else:
+        def unawq(t):
+            u = unpack8(t)
+            return u.reshape(u.shape[0], -1, 8)[:, :, AWQ_REVERSE_ORDER].reshape(u.shape[0], -1)
+        q = unawq(packed[mod + ".qweight"]).t()
+        zeros = unawq(packed[mod + ".qzeros"])
+    assert torch.equal(q, codes.to(torch.int64)), mod
+    assert torch.equal(zeros, z.t().to(torch.int64)), mod
 
 
 def quantized_modules(tensors, spec):
@@ -276,7 +329,23 @@ def make_quant(name, q, out_dir, seed):
     for mod, w in modules.items():
         w = w.contiguous().float()
         n, k = w.shape
-        if method == "gptq":
+        if method in ("gptq_asym", "awq"):
+            codes, z, s, d = quantize_asym4(w, group, gen)
+            zeros = z.t().contiguous()  # [K/g, N]
+            if method == "gptq_asym":
+                by_k = codes.t().reshape(k // 8, 8, n).permute(0, 2, 1).contiguous()
+                packed[mod + ".qweight"] = pack8(by_k).reshape(k // 8, n)
+                packed[mod + ".qzeros"] = pack8(zeros - 1)  # the v1 format stores z - 1
+                packed[mod + ".g_idx"] = (torch.arange(k, dtype=torch.int32) // group)
+            else:  # AWQ: along N, nibble p of word i holding output 8i + AWQ_ORDER[p]
+                def awq_pack(t):
+                    rows = t.shape[0]
+                    return pack8(t.reshape(rows, n // 8, 8)[:, :, AWQ_ORDER].reshape(rows, n))
+                packed[mod + ".qweight"] = awq_pack(codes.t().contiguous())
+                packed[mod + ".qzeros"] = awq_pack(zeros)
+            packed[mod + ".scales"] = s.t().contiguous()
+            check_asym_packing(method, packed, mod, codes, z)
+        elif method == "gptq":
             codes, s, d = quantize_sym4(w, group, torch.float16)
             # [K, N] -> [K/8, N, 8]: word (i, n) holds inputs 8i..8i+7 of output n.
             by_k = codes.t().reshape(k // 8, 8, n).permute(0, 2, 1).contiguous()
@@ -319,11 +388,15 @@ def make_quant(name, q, out_dir, seed):
     list_tensors(d)
     with open(os.path.join(plain, "config.json")) as f:
         config = json.load(f)
-    if method == "gptq":
+    if method in ("gptq", "gptq_asym"):
         config["quantization_config"] = dict(
-            quant_method="gptq", bits=4, group_size=group, desc_act=False, sym=True,
-            checkpoint_format="gptq", damp_percent=0.01, true_sequential=True,
-            static_groups=False)
+            quant_method="gptq", bits=4, group_size=group, desc_act=False,
+            sym=method == "gptq", checkpoint_format="gptq", damp_percent=0.01,
+            true_sequential=True, static_groups=False)
+    elif method == "awq":
+        config["quantization_config"] = dict(
+            quant_method="awq", bits=4, group_size=group, zero_point=True, version="gemm",
+            modules_to_not_convert=None)
     else:
         config["quantization_config"] = dict(
             quant_method="compressed-tensors", format="pack-quantized",
