@@ -6,6 +6,9 @@
 # decode figure for the same shape and batch sizes.
 # Streams: 128 random prompt ids, 256 new tokens (ignore_eos), so a stream's context runs from 128
 # to 384, 256 on average: moe-bench runs at --context=256 (random KV, one token a step each).
+# Sampled at temperature 1 (TEMPERATURE): moe-bench feeds random tokens; greedy decoding of random
+# weights repeats a few tokens, and the streams' steps then route to ~8 experts a layer (measured:
+# the experts/layer column, from the worker's store lookups), far less expert work than moe-bench's.
 # Inversion: a larger batch whose inter-token p50 (the service's step time) is below a smaller
 # one's. Prints a table last; logs, metrics and JSON go to $OUT (default ./service_store_bench_out).
 # Usage, from a bundle root (bin/ + lib/) or with BIN=build/bin:
@@ -24,6 +27,7 @@ mkdir -p "$out"
 streams=(1 16 64 128)
 prompt_tokens=${PROMPT_TOKENS:-128}
 max_tokens=${MAX_TOKENS:-256}
+temperature=${TEMPERATURE:-1}
 context=$((prompt_tokens + max_tokens / 2))
 model="moe-bench-$shape"  # the store's model id (moe-bench --serve_dir)
 metrics=127.0.0.1:9461
@@ -62,6 +66,7 @@ scrape() {  # the worker's /metrics, to a file
 loadgen() {  # concurrency, seconds, name
   timeout $(($2 + 120)) "$bin/moe-loadgen" --model="$model" --concurrency="$1" \
     --duration_seconds="$2" --prompt_tokens=$prompt_tokens --max_tokens=$max_tokens \
+    --temperature="$temperature" \
     --json="$out/$3.json" >"$out/$3.txt"
 }
 # Warm-up: every expert read once from the blob files into the VRAM tier (the auto device budget
@@ -73,11 +78,13 @@ for c in "${streams[@]}"; do
   scrape "$out/metrics_after_$c.txt"
 done
 
-echo "shape $shape; prompt $prompt_tokens tokens, $max_tokens new; moe-bench at context $context;" \
+echo "shape $shape; prompt $prompt_tokens tokens, $max_tokens new, temperature $temperature;" \
+  "moe-bench at context $context;" \
   "$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)"
-python3 - "$out" "${streams[@]}" <<'PY'
+python3 - "$out" "$store" "${streams[@]}" <<'PY'
 import json, sys
-out, streams = sys.argv[1], [int(c) for c in sys.argv[2:]]
+out, store, streams = sys.argv[1], sys.argv[2], [int(c) for c in sys.argv[3:]]
+layers = json.load(open(f"{store}/config.json"))["num_hidden_layers"]
 bench = {}
 for line in open(f"{out}/moe_bench_batches.txt"):
     b, tps, step_ms = line.split()
@@ -91,13 +98,14 @@ def metric(path, name):  # sum over label sets
     return total
 
 print(f"{'streams':>7} {'svc tok/s':>10} {'bench tok/s':>11} {'ratio':>6} {'bench step':>10} "
-      f"{'itl p50':>8} {'itl p99':>8} {'ttft p50':>9} {'tok/step':>8} {'disk rd':>7} {'err':>4}  flags")
+      f"{'itl p50':>8} {'itl p99':>8} {'ttft p50':>9} {'tok/step':>8} {'experts/layer':>13} "
+      f"{'disk rd':>7} {'err':>4}  flags")
 prev = None
 for c in streams:
     r = json.load(open(f"{out}/streams_{c}.json"))
     d = {n: metric(f"{out}/metrics_after_{c}.txt", n) - metric(f"{out}/metrics_before_{c}.txt", n)
          for n in ("moe_generation_tokens_total", "moe_engine_steps_total",
-                   "moe_store_blob_reads_total")}
+                   "moe_store_blob_reads_total", "moe_store_lookups_total")}
     tps, step_ms = bench.get(c, (float("nan"), float("nan")))
     ratio = r["tokens_per_second"] / tps
     itl = r["itl_seconds"]["p50"] * 1e3
@@ -107,10 +115,12 @@ for c in streams:
     if prev is not None and itl < prev:
         flags.append(f"INVERSION (itl p50 below {prev:.2f} ms at fewer streams)")
     prev = itl
-    per_step = d["moe_generation_tokens_total"] / max(1, d["moe_engine_steps_total"])
+    steps = max(1, d["moe_engine_steps_total"])
+    per_step = d["moe_generation_tokens_total"] / steps
+    union = d["moe_store_lookups_total"] / steps / layers  # distinct experts a layer, a step
     print(f"{c:>7} {r['tokens_per_second']:>10.1f} {tps:>11.1f} {ratio:>6.2f} {step_ms:>8.2f}ms "
           f"{itl:>6.2f}ms {r['itl_seconds']['p99'] * 1e3:>6.2f}ms "
-          f"{r['ttft_seconds']['p50'] * 1e3:>7.1f}ms {per_step:>8.1f} "
+          f"{r['ttft_seconds']['p50'] * 1e3:>7.1f}ms {per_step:>8.1f} {union:>13.1f} "
           f"{d['moe_store_blob_reads_total']:>7.0f} {sum(r['errors'].values()):>4}  "
           f"{'; '.join(flags)}")
 PY
