@@ -2,6 +2,7 @@
 // WriteScriptedModel: the same shape, with weights set so that greedy decoding emits a script.
 // WriteHybridModel: a Qwen3.5-MoE-shaped hybrid in the vision-language layout of real checkpoints.
 // WriteLfm2Model: an LFM2-MoE short-conv hybrid in the layout of real LFM2 checkpoints.
+// WriteDefaultTokenizer: the tokenizer alone.
 #include "engine/default_model.h"
 
 #include <algorithm>
@@ -52,6 +53,17 @@ absl::Status WriteText(const fs::path& path, const std::string& text) {
   out << text;
   if (!out.good()) return absl::InternalError(absl::StrCat(path.string(), ": write failed"));
   return absl::OkStatus();
+}
+
+absl::StatusOr<std::string> TrainedTokenizerJson() {
+  return TrainTokenizerJson(DefaultCorpus(), kTrainedVocab, kSpecialTokens);
+}
+
+// tokenizer.json and a ChatML tokenizer_config.json (eos <|im_end|>, bos <|endoftext|>).
+absl::Status WriteTokenizerFiles(const fs::path& dir, const std::string& tokenizer_json) {
+  MOE_RETURN_IF_ERROR(WriteText(dir / "tokenizer.json", tokenizer_json));
+  return WriteText(dir / "tokenizer_config.json",
+                   ChatMlTokenizerConfigJson("<|im_end|>", "<|endoftext|>"));
 }
 
 // The script cut into pieces, each the shortest run of at least 4 bytes (whole UTF-8
@@ -162,8 +174,7 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
   fs::create_directories(dir, ec);
   if (ec) return absl::InternalError(absl::StrCat(dir, ": cannot create: ", ec.message()));
 
-  MOE_ASSIGN_OR_RETURN(std::string tokenizer_json,
-                       TrainTokenizerJson(DefaultCorpus(), kTrainedVocab, kSpecialTokens));
+  MOE_ASSIGN_OR_RETURN(std::string tokenizer_json, TrainedTokenizerJson());
   const std::vector<std::string> pieces = ScriptPieces(script);
   if (!pieces.empty()) {
     MOE_ASSIGN_OR_RETURN(tokenizer_json, AddPieceTokens(tokenizer_json, pieces));
@@ -372,9 +383,7 @@ absl::Status WriteModel(const std::string& dir, uint64_t seed, int head_dim,
 
   const fs::path d(dir);
   MOE_RETURN_IF_ERROR(store::WriteSafetensors((d / "model.safetensors").string(), tensors));
-  MOE_RETURN_IF_ERROR(WriteText(d / "tokenizer.json", tokenizer_json));
-  MOE_RETURN_IF_ERROR(WriteText(d / "tokenizer_config.json",
-                                ChatMlTokenizerConfigJson("<|im_end|>", "<|endoftext|>")));
+  MOE_RETURN_IF_ERROR(WriteTokenizerFiles(d, tokenizer_json));
   MOE_RETURN_IF_ERROR(WriteText(d / "generation_config.json", generation.dump(2)));
   // config.json last: a directory with config.json is a complete model.
   return WriteText(d / "config.json", config.dump(2));
@@ -392,6 +401,11 @@ absl::Status WriteHybridModel(const std::string& dir, uint64_t seed) {
 
 absl::Status WriteLfm2Model(const std::string& dir, uint64_t seed) {
   return WriteModel(dir, seed, 32, /*script=*/"", Layout::kLfm2Moe);
+}
+
+absl::Status WriteDefaultTokenizer(const std::string& dir) {
+  MOE_ASSIGN_OR_RETURN(const std::string tokenizer_json, TrainedTokenizerJson());
+  return WriteTokenizerFiles(dir, tokenizer_json);
 }
 
 absl::Status WriteScriptedModel(const std::string& dir, const std::string& script) {

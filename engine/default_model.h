@@ -28,6 +28,11 @@ absl::Status WriteHybridModel(const std::string& dir, uint64_t seed = 20261127);
 // embeddings), with lfm2_moe's config keys and tensor names. For tests of the conv state.
 absl::Status WriteLfm2Model(const std::string& dir, uint64_t seed = 20261128);
 
+// The default model's tokenizer alone (tokenizer.json, tokenizer_config.json: about 1,000 tokens,
+// ChatML), for a model of another shape written elsewhere (moe-bench --serve_dir). A model whose
+// vocabulary is larger can still be served: ids past the tokenizer's decode to no text.
+absl::Status WriteDefaultTokenizer(const std::string& dir);
+
 // The same model with weights constructed so that greedy decoding emits `script` and then
 // <|im_end|>, for any prompt whose last token is not a piece of the script (tests that need a known output, e.g. a tool call). The script's pieces
 // become added tokens of the tokenizer. InvalidArgument when the script is empty or too long

@@ -48,6 +48,11 @@
 // (experts the steps read in place from the host tier, StoreStats::host_reads, plus what the
 // store copied up into the device tier, its bytes in) / 52 GB/s + the all-resident step time
 // of the same batch.
+//
+// --serve_dir=DIR runs nothing: it writes a model store moe-worker and moe-generate serve (the
+// experts as --store_dir has them, config.json, dense.safetensors and manifest.json by
+// moe-import's writer, the default model's tokenizer) and exits; tests/bench/
+// service_store_bench.sh serves it.
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
@@ -68,6 +73,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "engine/default_model.h"
 #include "engine/kv_storage.h"
 #include "engine/model.h"
 #include "engine/store_import.h"
@@ -111,6 +117,10 @@ ABSL_FLAG(int64_t, batch_steps, 8, "Timed decode steps per throughput run");
 ABSL_FLAG(bool, timings, false, "Print engine::PhaseTimes per layer and per token");
 ABSL_FLAG(std::string, store_dir, "/tmp/moe_bench_store",
           "Where the expert store of the offload runs is written (empty: skip them)");
+ABSL_FLAG(std::string, serve_dir, "",
+          "Write a model store of the shape that moe-worker --model=DIR serves (the experts as "
+          "--store_dir has them, config.json, dense.safetensors, manifest.json, and a tokenizer "
+          "of ~1,000 tokens: ids past it decode to no text), then exit without running anything");
 ABSL_FLAG(int64_t, store_steps, 32, "Timed decode steps of each offload run");
 ABSL_FLAG(std::string, store_vram_percents, "25",
           "Offload runs: shares of the experts in VRAM, in %, comma-separated");
@@ -213,7 +223,9 @@ double MatrixBytes(DType format, double rows, double cols) {
       format, static_cast<int64_t>(rows), static_cast<int64_t>(cols), absl::GetFlag(FLAGS_group)));
 }
 
-// config.json + model.safetensors (dense weights only, bf16) of the synthetic model.
+// The model id of a store written here (its index and manifest.json; moe-worker's model name).
+std::string StoreModelId() { return absl::StrCat("moe-bench-", BenchShape().name); }
+
 // The synthetic dense weights, bf16, uniform in [mean - half, mean + half) (std half / sqrt(3)),
 // written with config.json into a model directory.
 class SyntheticTensors {
@@ -226,12 +238,13 @@ class SyntheticTensors {
     tensors_.push_back({name, DType::kBF16, std::move(shape), nullptr});
   }
   // With quantized --dense_format/--lm_head_format the bf16 tensors go through moe-import's
-  // dense writer (the same choice of tensors and the same bytes as an imported store).
-  absl::Status Write(const std::string& dir, const json& config) {
+  // dense writer (the same choice of tensors and the same bytes as an imported store); for a
+  // model store (`store`: --serve_dir) always, into dense.safetensors, and manifest.json last.
+  absl::Status Write(const std::string& dir, const json& config, bool store) {
     for (size_t i = 0; i < tensors_.size(); ++i) tensors_[i].data = storage_[i].data();
     const std::filesystem::path out = std::filesystem::path(dir) / "model.safetensors";
     std::ofstream(std::filesystem::path(dir) / "config.json") << config.dump(2);
-    if (DenseFormat() == DType::kBF16 && LmHeadFormat() == DType::kBF16) {
+    if (!store && DenseFormat() == DType::kBF16 && LmHeadFormat() == DType::kBF16) {
       return store::WriteSafetensors(out.string(), tensors_);
     }
     const std::filesystem::path bf16 = std::filesystem::path(dir) / "bf16";
@@ -243,11 +256,13 @@ class SyntheticTensors {
     MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::Checkpoint> ckpt,
                          store::Checkpoint::Open(bf16.string()));
     MOE_ASSIGN_OR_RETURN(store::ImportOptions o, engine::ImportOptionsFor(c, *ckpt));
-    o.model = "moe-bench";
+    o.model = store ? StoreModelId() : "moe-bench";
+    o.format = ExpertFormat();  // the manifest's; the experts are written by WriteSyntheticStore
     o.dense_format = DenseFormat();
     o.lm_head_format = LmHeadFormat();
     o.group_size = absl::GetFlag(FLAGS_group);
-    MOE_RETURN_IF_ERROR(store::WriteDenseSafetensors(*ckpt, out.string(), o));
+    MOE_RETURN_IF_ERROR(store ? store::WriteDenseAndManifest(*ckpt, dir, o)
+                              : store::WriteDenseSafetensors(*ckpt, out.string(), o));
     std::filesystem::remove_all(bf16);
     return absl::OkStatus();
   }
@@ -261,7 +276,7 @@ class SyntheticTensors {
 // LFM2-8B-A1B's layout (architectures.md §3): short-conv layers but at 2, 6, 10, 14, 18, 21
 // (l % 4 == 2 past 24), the first dense_layers layers dense, expert-bias routing, tied embeddings.
 absl::Status WriteSyntheticLfm2(const std::string& dir, int64_t layers, int64_t experts,
-                                int64_t vocab) {
+                                int64_t vocab, bool store) {
   const Shape& S = BenchShape();
   const int64_t H = S.hidden, D = S.head_dim, q_dim = S.heads * D, kv_dim = S.kv_heads * D;
   json types = json::array();
@@ -328,14 +343,16 @@ absl::Status WriteSyntheticLfm2(const std::string& dir, int64_t layers, int64_t 
     }
   }
   add("model.embedding_norm.weight", {H}, 0.05f, 1.f);
-  return t.Write(dir, config);
+  return t.Write(dir, config, store);
 }
 
+// config.json and the dense weights of the synthetic model: model.safetensors, or with `store`
+// dense.safetensors and manifest.json (SyntheticTensors::Write).
 absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t experts,
-                                 int64_t vocab) {
+                                 int64_t vocab, bool store = false) {
   std::filesystem::create_directories(dir);
   const Shape& S = BenchShape();
-  if (S.lfm2()) return WriteSyntheticLfm2(dir, layers, experts, vocab);
+  if (S.lfm2()) return WriteSyntheticLfm2(dir, layers, experts, vocab, store);
   const int64_t H = S.hidden, D = S.head_dim, q_dim = S.heads * D, kv_dim = S.kv_heads * D;
   json config = {
       {"architectures", {"Qwen3MoeForCausalLM"}},
@@ -420,7 +437,7 @@ absl::Status WriteSyntheticModel(const std::string& dir, int64_t layers, int64_t
   }
   add("model.norm.weight", {H}, 0.05f, norm);
   add("lm_head.weight", {vocab, H}, 0.035f, 0.f);
-  return t.Write(dir, config);
+  return t.Write(dir, config, store);
 }
 
 // A few distinct random experts in --expert_format, each gate | up | down packed (each part a
@@ -509,7 +526,7 @@ absl::StatusOr<uint64_t> WriteSyntheticStore(const std::string& dir, int64_t lay
   out.close();
   if (!out) return absl::InternalError(absl::StrCat(dir, "/", file, ": write failed"));
   MOE_ASSIGN_OR_RETURN(std::unique_ptr<store::BlobIndex> index,
-                       store::BlobIndex::Open(dir + "/index", "moe-bench-qwen3-30b-a3b", true));
+                       store::BlobIndex::Open(dir + "/index", StoreModelId(), true));
   MOE_RETURN_IF_ERROR(index->Put(entries));
   return L.length;
 }
@@ -1181,8 +1198,31 @@ absl::Status StoreRun(const std::string& dir, const std::string& store_dir, uint
   return absl::OkStatus();
 }
 
+// --serve_dir: the experts first (WriteSyntheticStore starts the directory afresh), the tokenizer,
+// then config.json, dense.safetensors and manifest.json, last: its presence means a whole store.
+absl::Status WriteServeDir(const std::string& dir) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const int32_t group = absl::GetFlag(FLAGS_group);
+  MOE_ASSIGN_OR_RETURN(const uint64_t slot,
+                       WriteSyntheticStore(dir, Layers(), Experts(), group, MakeTemplates(group)));
+  MOE_RETURN_IF_ERROR(engine::WriteDefaultTokenizer(dir));
+  MOE_RETURN_IF_ERROR(WriteSyntheticModel(dir, Layers(), Experts(), Vocab(), /*store=*/true));
+  std::printf(
+      "moe-bench: wrote the model store %s in %.1f s (%s: %lld layers, %lld experts of %.2f MB "
+      "%s g%d, vocab %lld, dense %s); serve it with moe-worker --model=%s (model name %s)\n",
+      dir.c_str(), Seconds(t0, std::chrono::steady_clock::now()), BenchShape().name,
+      static_cast<long long>(Layers()), static_cast<long long>(Experts()),
+      static_cast<double>(slot) / 1e6, kernels::WeightFormatName(ExpertFormat()), group,
+      static_cast<long long>(Vocab()), kernels::WeightFormatName(DenseFormat()), dir.c_str(),
+      StoreModelId().c_str());
+  return absl::OkStatus();
+}
+
 absl::Status Run() {
   MOE_RETURN_IF_ERROR(CheckFlags());
+  if (const std::string serve = absl::GetFlag(FLAGS_serve_dir); !serve.empty()) {
+    return WriteServeDir(serve);
+  }
   const std::string dir = absl::GetFlag(FLAGS_model_dir);
   const int64_t layers = Layers(), experts = Experts();
   const int64_t vocab = Vocab(), ctx = absl::GetFlag(FLAGS_context);
@@ -1426,6 +1466,8 @@ int main(int argc, char** argv) {
       "the Qwen3.5 hybrids) and prints it next to the ceiling\n(tests/bench/moe_bench.cc's "
       "opening comment says what each figure is).\n"
       "  moe-bench --timings --model_dir=/tmp/moe_bench_model   # on the GPU machine\n"
+      "  moe-bench --serve_dir=/tmp/qwen3_store   # writes a store moe-worker serves, runs "
+      "nothing\n"
       "  moe-bench --shape=qwen3.5-35b-a3b --batches=64 --store_dir=",
       __FILE__);
   const absl::Status s = moe::Run();
