@@ -109,11 +109,6 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(Model& model, const Token
   o.num_kv_heads = static_cast<int>(c.num_key_value_heads);
   o.head_dim = static_cast<int>(c.head_dim);
   o.block_size = options.block_size;
-  if (options.kv_tail_tokens > 0 && model.backend().kind() != kernels::BackendKind::kCpu) {
-    return absl::UnimplementedError(absl::StrCat("--kv_tail_tokens is not implemented on the ",
-                                                 kernels::BackendKindName(model.backend().kind()),
-                                                 " backend yet"));
-  }
   // Hybrid models and a KV tail: the state slots first (the rule is in engine.h), KV gets the
   // rest.
   const int64_t state_bytes = model.state_bytes() + PagedKv::TailBytes(c, options.kv_tail_tokens);

@@ -58,6 +58,11 @@ absl::Status PagedKvWriteStaged(Backend& backend, const PagedKvWriteArgs& a) {
   return absl::OkStatus();
 }
 
+// Elements of a layer's tail ring: [W][NKV][2][D].
+int64_t TailElements(const PagedKvLayer& kv) {
+  return static_cast<int64_t>(kv.tail_tokens) * kv.num_kv_heads * 2 * kv.head_dim;
+}
+
 void PagedAttentionStaged(Backend& backend, const PagedAttentionArgs& a) {
   if (a.num_tokens == 0) return;
   const PagedKvLayer& kv = a.kv;
@@ -77,20 +82,39 @@ void PagedAttentionStaged(Backend& backend, const PagedAttentionArgs& a) {
   h.kv.block_table = table.data();
   h.q = q.data();
   h.out = out.data();
+  // The tail: its ring and the step's new K/V through host copies as well.
+  const int64_t kv_n = a.num_tokens * kv.num_kv_heads * kv.head_dim;
+  std::vector<uint16_t> ring(kv.tail != nullptr ? TailElements(kv) : 0);
+  std::vector<float> k_new(kv.tail != nullptr ? kv_n : 0), v_new(k_new.size());
+  if (kv.tail != nullptr) {
+    backend.CopyToHost(ring.data(), kv.tail, ring.size() * sizeof(uint16_t));
+    backend.CopyToHost(k_new.data(), a.k_new, kv_n * sizeof(float));
+    backend.CopyToHost(v_new.data(), a.v_new, kv_n * sizeof(float));
+    h.kv.tail = ring.data();
+    h.k_new = k_new.data();
+    h.v_new = v_new.data();
+  }
   PagedAttentionOnHost(h, 0, a.num_tokens * a.num_heads);
   backend.CopyToDevice(a.out, out.data(), n * sizeof(float));
 }
 
-absl::Status NoTail() {
-  return absl::UnimplementedError("--kv_tail_tokens is not implemented on the cuda backend yet");
-}
-
 }  // namespace
 
-// A tail (PagedKvLayer::tail) only on the CPU backend for now: the defaults refuse it.
 absl::Status Backend::PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch) {
   for (const PagedKvWriteArgs& a : batch) {
-    if (a.kv.tail != nullptr) return NoTail();
+    if (a.kv.tail == nullptr || a.num_tokens == 0) continue;
+    const int64_t kv_n = a.num_tokens * a.kv.num_kv_heads * a.kv.head_dim;
+    std::vector<uint16_t> ring(TailElements(a.kv));
+    std::vector<float> k(kv_n), v(kv_n);
+    CopyToHost(ring.data(), a.kv.tail, ring.size() * sizeof(uint16_t));
+    CopyToHost(k.data(), a.k, kv_n * sizeof(float));
+    CopyToHost(v.data(), a.v, kv_n * sizeof(float));
+    PagedKvWriteArgs h = a;
+    h.kv.tail = ring.data();
+    h.k = k.data();
+    h.v = v.data();
+    PagedKvTailWriteOnHost(h);
+    CopyToDevice(a.kv.tail, ring.data(), ring.size() * sizeof(uint16_t));
   }
   return absl::OkStatus();
 }
@@ -101,9 +125,6 @@ absl::Status Backend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) {
 }
 
 absl::Status Backend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
-  for (const PagedAttentionArgs& a : batch) {
-    if (a.kv.tail != nullptr) return NoTail();
-  }
   for (const PagedAttentionArgs& a : batch) PagedAttentionStaged(*this, a);
   return absl::OkStatus();
 }

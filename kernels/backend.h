@@ -439,8 +439,8 @@ class Backend {
   virtual absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch);
   // The tail's write: each element's last min(T, W) new tokens' K/V into its ring (kv.tail) in
   // bf16, after the step's PagedAttention (which reads the ring's older positions). Elements
-  // without a tail are skipped. The CPU backend implements the tail; the defaults (and CUDA)
-  // refuse a tail with Unimplemented, here and in PagedAttention.
+  // without a tail are skipped. CPU and CUDA implement the tail (the defaults stage the ring and
+  // the new K/V through the host as well).
   virtual absl::Status PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch);
   // A backend whose PagedKvWrite cannot know its verdict without waiting for the device (CUDA)
   // returns OK there and reports here the first rejected vector of the writes since the last

@@ -52,6 +52,19 @@ struct AttnParams {
   bool partials = false;
   float* part_o = nullptr;   // [splits, T * NH, D]
   float* part_ml = nullptr;  // [splits, T * NH, 2]: running max m, denominator l
+  // The compressed part of an attention with a 16-bit tail (paged_attention.cu): the row at
+  // position p sees keys s <= p - key_lag only (0: plain causal), always through partials, and
+  // the combine also writes each row's max and denominator to row_ml [T * NH, 2] (a row that
+  // saw no key: -inf and 0, its output undefined), which the tail's kernel merges with.
+  int64_t key_lag = 0;
+  float* row_ml = nullptr;
+};
+
+// What a caller of RunAttention and RunDecodeAttention asks beyond plain causal attention
+// (AttnParams::key_lag, row_ml).
+struct KeyLag {
+  int64_t lag = 0;
+  float* row_ml = nullptr;
 };
 
 template <int DMAX>
@@ -141,7 +154,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
   const int64_t first =
       a.sliding_window > 0 ? Max64(0, sq.start_pos + t_lo - a.sliding_window + 1) : 0;
   const int64_t s_begin = Max64(first, split * p.keys_per_split);
-  const int64_t s_end = Min64(sq.start_pos + t_hi + 1, (split + 1) * p.keys_per_split);
+  const int64_t s_end = Min64(sq.start_pos + t_hi + 1 - p.key_lag, (split + 1) * p.keys_per_split);
 
   const bool warp_active = qi0 + warp * kRowsPerWarp < rows_total;
   bool valid[kRowsPerWarp];
@@ -218,7 +231,7 @@ __global__ __launch_bounds__(kAttnThreads) void AttentionKernel(const AttnParams
     float pr[kRowsPerWarp];  // this lane's key's weight for each row
 #pragma unroll
     for (int r = 0; r < kRowsPerWarp; ++r) {
-      const bool ok = valid[r] && s < s_end && s <= pos[r] && s >= lo[r];
+      const bool ok = valid[r] && s < s_end && s <= pos[r] - p.key_lag && s >= lo[r];
       const float score = ok ? sc[r] * a.scale : -INFINITY;
       const float m_new = fmaxf(m[r], WarpMax(score));
       pr[r] = 0.f;
@@ -300,6 +313,10 @@ __device__ __forceinline__ float CombineWeights(const AttnParams& p, int64_t row
   __syncthreads();
   den = 0.f;
   for (int w = 0; w < warps; ++w) den += red[w];
+  if (p.row_ml != nullptr && threadIdx.x == 0) {
+    p.row_ml[2 * row] = M;
+    p.row_ml[2 * row + 1] = den;
+  }
   return den;
 }
 
@@ -384,9 +401,11 @@ void StageSeqsAndPartials(AttnParams& p, const std::vector<SeqDesc>& seqs, Reser
 // by Attention (one sequence) and PagedAttention (a batch of sequences, one launch).
 template <typename Src, typename Reserve, typename Stage>
 void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& src, int num_sms,
-                  Reserve reserve, Stage stage, cudaStream_t stream) {
+                  Reserve reserve, Stage stage, cudaStream_t stream, KeyLag lag = {}) {
   AttnParams p;
   p.a = a;
+  p.key_lag = lag.lag;
+  p.row_ml = lag.row_ml;
   p.group = a.num_heads / a.num_kv_heads;
   int64_t tiles = 0, keys = 0;  // keys: the longest sequence's S
   for (SeqDesc& sq : seqs) {
@@ -408,7 +427,7 @@ void RunAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const Src& 
   }
   p.keys_per_split = per_split;
   p.num_splits = static_cast<int>(CeilDiv(keys, per_split));
-  p.partials = p.num_splits > 1 || Src::kCombineRotates;
+  p.partials = p.num_splits > 1 || Src::kCombineRotates || p.row_ml != nullptr;
   MOE_CHECK(tiles <= 0x7fffffff && p.num_splits <= 65535)
       << "Attention: grid " << tiles << " x " << p.num_splits;
   StageSeqsAndPartials(p, seqs, reserve, stage);

@@ -89,6 +89,9 @@ class CudaBackend final : public Backend {
   absl::Status PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch) override;
   absl::Status TakeKvWriteError() override;
   absl::Status PagedAttention(absl::Span<const PagedAttentionArgs> batch) override;
+  // The 16-bit tail's ring write, one launch a batch (paged_kv_write.cu); the attention's tail in
+  // paged_attention.cu, for every format.
+  absl::Status PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch) override;
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void ExpertFfnRouted(const ExpertFfnRoutedArgs& args) override;
@@ -183,6 +186,11 @@ class CudaBackend final : public Backend {
   Scratch kv_slots_;
   Scratch kv_tables_;
   Scratch kv_seqs_;
+  // The 16-bit tail: the compressed part's row max and denominator, the attention's sequences
+  // (ring, new K/V) and the ring writes.
+  Scratch kv_tail_ml_;
+  Scratch kv_tail_seqs_;
+  Scratch kv_tail_writes_;
   // CausalConv's and GatedDeltaRule's sequence table (row, tokens, state pointer), staged per call.
   Scratch linear_seqs_;
   // ExpertFfnRouted's rows: routed pair y is token y / top_k; made once per top_k.

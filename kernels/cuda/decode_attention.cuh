@@ -277,7 +277,8 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
   const int window = static_cast<int>(Min64(a.sliding_window, start + 1));  // 0: none
   const int first = window > 0 ? start + 1 - window : 0;
   const int s_begin = max(first, split * static_cast<int>(p.keys_per_split));
-  const int s_end = min(pos + 1, (split + 1) * static_cast<int>(p.keys_per_split));
+  const int lag = static_cast<int>(p.key_lag);
+  const int s_end = min(pos + 1 - lag, (split + 1) * static_cast<int>(p.keys_per_split));
   // The token (of the block's) of each row this lane's scores belong to: rows 8r + 2t + i.
   int row_token[kRowTiles][2];
 #pragma unroll
@@ -418,8 +419,10 @@ __global__ __launch_bounds__(DecodeWarps<D, kRows, Src>() * kWarp, 1)
 #pragma unroll
         for (int n = 0; n < 2; ++n) {
           const int tok = row_token[r][i];
-          const bool seen = key_ok[n] && (nt == 1 || (key_token[n] <= tok &&
-                            (a.sliding_window <= 0 || key_token[n] > tok - a.sliding_window)));
+          const bool seen =
+              key_ok[n] &&
+              (nt == 1 || (key_token[n] <= tok - lag &&
+                           (a.sliding_window <= 0 || key_token[n] > tok - a.sliding_window)));
           if constexpr (Src::kParts == 1) {
             x[n] = seen ? st[0][r][2 * n + i] * a.scale * cur.k_scale[0][n] : -INFINITY;
           } else {
@@ -597,12 +600,14 @@ bool DecodeShapeFits(const AttentionArgs& a, const Src& src) {
 // 2048-token prefill's attention takes 1.06 ms a layer of the Qwen3-30B-A3B shape (1.24 with one
 // token a block; 2.83 on the SIMT kernel; H200, tests/bench/NOTES.md).
 template <typename Src, typename Reserve, typename Stage>
-bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& multi,
-                        const Src& src, int num_sms, Reserve reserve, Stage stage,
-                        cudaStream_t stream) {
+bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& multi, const Src& src,
+                        int num_sms, Reserve reserve, Stage stage, cudaStream_t stream,
+                        KeyLag lag = {}) {
   if (!DecodeShapeFits(a, src)) return false;
   AttnParams p;
   p.a = a;
+  p.key_lag = lag.lag;
+  p.row_ml = lag.row_ml;
   p.group = a.num_heads / a.num_kv_heads;
   const int D = a.head_dim;
   const bool prefill = std::any_of(multi.begin(), multi.end(),
@@ -655,7 +660,7 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
                    kMaxSplits}));
   p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
-  p.partials = p.num_splits > 1 || Src::kCombineRotates;
+  p.partials = p.num_splits > 1 || Src::kCombineRotates || p.row_ml != nullptr;
   MOE_CHECK(seqs.size() <= 0x7fffffff && p.num_splits <= 65535 &&
             keys + p.keys_per_split <= 0x7fffffff)  // the kernel's positions are 32-bit
       << "DecodeAttention: grid " << seqs.size() << " x " << p.num_splits << ", " << keys

@@ -625,6 +625,131 @@ struct TqSplitKvSource : PagedLoads<TqSplitKvSource<kBitsO, kBitsR>> {
   }
 };
 
+// ---- The 16-bit tail (PagedAttentionArgs::k_new, PagedKvLayer::tail) ---------------------------
+// The compressed kernels above run with key lag W (AttnParams::key_lag): row p sees s <= p - W,
+// and their combine leaves each row's max and denominator in row_ml. PagedTailKernel then adds
+// positions (p - W, p] in 16 bits and merges the two softmaxes into out.
+
+// One sequence of a call: its rows of q and out and its ring. Layer-invariant (staged once a
+// step, like the block tables): the ring as an offset from the call's first one.
+struct TailSeq {
+  int64_t start_pos = 0, token_offset = 0;
+  int64_t ring_offset = 0;  // elements from TailParams::ring
+};
+
+struct TailParams {
+  float* out = nullptr;           // [T, NH, D]: the compressed part's, normalised; merged in place
+  const float* q = nullptr;       // [T, NH, D], the original frame
+  const float* row_ml = nullptr;  // [T * NH, 2] (AttnParams::row_ml)
+  const TailSeq* seqs = nullptr;  // token_offset ascending
+  int num_seqs = 0;
+  const uint16_t* ring = nullptr;  // the first sequence's ring: [W][NKV][2 (K, V)][D] bf16
+  const float* k_new = nullptr;    // [T, NKV, D], every sequence's new tokens in turn
+  const float* v_new = nullptr;
+  int num_heads = 0, group = 1, num_kv_heads = 0, head_dim = 0, tail_tokens = 0;
+  float scale = 1.f;
+  int64_t sliding_window = 0;
+};
+
+// Element d of position s's key (role 0) or value (role 1) in 16 bits: the step's new vector
+// rounded to bf16 when s is new, else the ring's (the CPU's TailVector).
+__device__ __forceinline__ float TailElement(const TailParams& p, const TailSeq& sq, int64_t s,
+                                             int kvh, int role, int d) {
+  const int D = p.head_dim, NKV = p.num_kv_heads;
+  uint16_t bits;
+  if (s >= sq.start_pos) {
+    const int64_t token = sq.token_offset + s - sq.start_pos;
+    bits = F32ToBf16Bits((role == 0 ? p.k_new : p.v_new)[(token * NKV + kvh) * D + d]);
+  } else {
+    bits = p.ring[sq.ring_offset + (((s % p.tail_tokens) * NKV + kvh) * 2 + role) * D + d];
+  }
+  return __uint_as_float(uint32_t{bits} << 16);
+}
+
+// One (token, head) row a block: each warp an online softmax over its share of the tail
+// positions, kTailUnroll at a time with all their loads issued first (latency-bound otherwise;
+// lane owns dims lane + 32i), then the warps and the compressed part (its normalised output
+// times its denominator) merged: out = (sum of numerators) / (sum of denominators) at one max.
+constexpr int kTailWarps = 8, kTailCols = 256 / kWarp, kTailUnroll = 4;
+__global__ __launch_bounds__(kTailWarps* kWarp) void PagedTailKernel(const TailParams p) {
+  WaitForPriorKernel();
+  __shared__ float o_s[kTailWarps][256];
+  __shared__ float m_s[kTailWarps], l_s[kTailWarps];
+  const int64_t row = blockIdx.x, t = row / p.num_heads;  // row: t * NH + h
+  const int kvh = static_cast<int>(row % p.num_heads) / p.group, D = p.head_dim;
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  int lo_seq = 0, hi_seq = p.num_seqs - 1;  // the last sequence starting at or before token t
+  while (lo_seq < hi_seq) {
+    const int mid = (lo_seq + hi_seq + 1) / 2;
+    if (p.seqs[mid].token_offset <= t) {
+      lo_seq = mid;
+    } else {
+      hi_seq = mid - 1;
+    }
+  }
+  const TailSeq sq = p.seqs[lo_seq];
+  const int64_t pos = sq.start_pos + (t - sq.token_offset);
+  const int64_t first = p.sliding_window > 0 ? Max64(0, pos - p.sliding_window + 1) : 0;
+  const int64_t lo = Max64(first, pos - p.tail_tokens + 1);
+  float q[kTailCols], acc[kTailCols];
+#pragma unroll
+  for (int i = 0; i < kTailCols; ++i) {
+    const int d = lane + i * kWarp;
+    q[i] = d < D ? p.q[row * D + d] : 0.f;
+    acc[i] = 0.f;
+  }
+  float m = -INFINITY, l = 0.f;
+  for (int64_t s0 = lo + warp * kTailUnroll; s0 <= pos; s0 += kTailWarps * kTailUnroll) {
+    float kx[kTailUnroll][kTailCols], vx[kTailUnroll][kTailCols];
+#pragma unroll
+    for (int u = 0; u < kTailUnroll; ++u) {
+#pragma unroll
+      for (int i = 0; i < kTailCols; ++i) {
+        const int d = lane + i * kWarp;
+        const bool in = s0 + u <= pos && d < D;
+        kx[u][i] = in ? TailElement(p, sq, s0 + u, kvh, 0, d) : 0.f;
+        vx[u][i] = in ? TailElement(p, sq, s0 + u, kvh, 1, d) : 0.f;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kTailUnroll; ++u) {
+      if (s0 + u > pos) break;  // warp-uniform
+      float dot = 0.f;
+#pragma unroll
+      for (int i = 0; i < kTailCols; ++i) dot = fmaf(q[i], kx[u][i], dot);
+      const float score = WarpSum(dot) * p.scale;
+      const float m_new = fmaxf(m, score);
+      const float corr = expf(m - m_new), e = expf(score - m_new);  // corr 0 at the first
+      l = l * corr + e;
+      m = m_new;
+#pragma unroll
+      for (int i = 0; i < kTailCols; ++i) acc[i] = fmaf(e, vx[u][i], acc[i] * corr);
+    }
+  }
+#pragma unroll
+  for (int i = 0; i < kTailCols; ++i) {
+    const int d = lane + i * kWarp;
+    if (d < D) o_s[warp][d] = acc[i];
+  }
+  if (lane == 0) m_s[warp] = m, l_s[warp] = l;
+  __syncthreads();
+  // The compressed part: none when its denominator is 0 (no position before p - W + 1).
+  const float m_c = p.row_ml[2 * row], den_c = p.row_ml[2 * row + 1];
+  float M = den_c > 0.f ? m_c : -INFINITY;
+  for (int w = 0; w < kTailWarps; ++w) M = fmaxf(M, m_s[w]);  // finite: position p is in the tail
+  const float w_c = den_c > 0.f ? den_c * expf(m_c - M) : 0.f;
+  float den = w_c, w_t[kTailWarps];
+  for (int w = 0; w < kTailWarps; ++w) {
+    w_t[w] = m_s[w] == -INFINITY ? 0.f : expf(m_s[w] - M);
+    den = fmaf(w_t[w], l_s[w], den);
+  }
+  for (int d = threadIdx.x; d < D; d += blockDim.x) {
+    float num = w_c > 0.f ? w_c * p.out[row * D + d] : 0.f;
+    for (int w = 0; w < kTailWarps; ++w) num = fmaf(w_t[w], o_s[w][d], num);
+    p.out[row * D + d] = num / den;
+  }
+}
+
 }  // namespace
 }  // namespace moe::kernels::cuda
 
@@ -637,11 +762,18 @@ namespace {
 bool OneLaunch(absl::Span<const PagedAttentionArgs> batch) {
   const PagedAttentionArgs& a = batch[0];
   const int64_t row = static_cast<int64_t>(a.num_heads) * a.kv.head_dim;
+  const int64_t kv_row = static_cast<int64_t>(a.kv.num_kv_heads) * a.kv.head_dim;
   int64_t tokens = 0;
   for (const PagedAttentionArgs& e : batch) {
     if (!SameLayer(a.kv, e.kv) || e.num_heads != a.num_heads || e.scale != a.scale ||
         e.sliding_window != a.sliding_window || e.q != a.q + tokens * row ||
         e.out != a.out + tokens * row) {
+      return false;
+    }
+    // A tail: every element has one, and its new K/V follow the previous element's.
+    if ((e.kv.tail == nullptr) != (a.kv.tail == nullptr) || e.kv.tail_tokens != a.kv.tail_tokens ||
+        (a.kv.tail != nullptr &&
+         (e.k_new != a.k_new + tokens * kv_row || e.v_new != a.v_new + tokens * kv_row))) {
       return false;
     }
     tokens += e.num_tokens;
@@ -654,9 +786,10 @@ bool OneLaunch(absl::Span<const PagedAttentionArgs> batch) {
 absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> batch) {
   if (batch.empty()) return absl::OkStatus();
   for (const PagedAttentionArgs& e : batch) {
-    if (e.kv.tail != nullptr) {
-      return absl::UnimplementedError(
-          "--kv_tail_tokens is not implemented on the cuda backend yet");
+    if (e.kv.tail != nullptr &&
+        (e.kv.tail_tokens <= 0 || e.k_new == nullptr || e.v_new == nullptr)) {
+      return absl::InvalidArgumentError(
+          "PagedAttention: a tail needs tail_tokens > 0 and the step's new keys and values");
     }
   }
   const cuda::PagedPath path = cuda::ChoosePath(batch[0].kv);
@@ -672,8 +805,12 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   // The sequences' block tables, concatenated, and their descriptors.
   std::vector<int32_t> tables;
   std::vector<cuda::SeqDesc> seqs;
+  std::vector<cuda::TailSeq> tail_seqs;
   int64_t tokens = 0;
   for (const PagedAttentionArgs& e : batch) {
+    if (kv.tail != nullptr) {
+      tail_seqs.push_back({e.start_pos, tokens, ElementOffset(kv.tail, e.kv.tail)});
+    }
     MOE_CHECK(e.start_pos >= 0) << "PagedAttention: start_pos " << e.start_pos;
     cuda::SeqDesc sq;
     sq.start_pos = e.start_pos;
@@ -702,11 +839,19 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   auto stage = [this](const void* host, size_t bytes) {
     return StageHostArgs(kv_seqs_, host, bytes);
   };
+  // With a tail the kernels below read the compressed positions up to p - W only and keep each
+  // row's softmax max and denominator for PagedTailKernel, launched last.
+  cuda::KeyLag lag;
+  if (kv.tail != nullptr) {
+    lag.lag = kv.tail_tokens;
+    lag.row_ml = static_cast<float*>(
+        Reserve(kv_tail_ml_, static_cast<size_t>(tokens) * a.num_heads * 2 * sizeof(float)));
+  }
   // The tensor-core kernel where the shape fits it (decode steps and prefill chunks), the SIMT
   // one otherwise.
   auto run = [&](const AttentionArgs& args, const auto& src) {
-    if (!cuda::RunDecodeAttention(args, seqs, src, num_sms_, reserve, stage, stream_)) {
-      cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_);
+    if (!cuda::RunDecodeAttention(args, seqs, src, num_sms_, reserve, stage, stream_, lag)) {
+      cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_, lag);
     }
   };
   if (path == cuda::PagedPath::kTqSplit) {
@@ -734,7 +879,7 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     // rotates in shared memory itself; otherwise two rotation kernels bracket the SIMT one.
     const cuda::TqTables tb = cuda::TqDeviceTables(kv, TqTablesOnDevice(kv));
     auto run_tq = [&](const auto& src) {
-      if (cuda::RunDecodeAttention(c, seqs, src, num_sms_, reserve, stage, stream_)) return;
+      if (cuda::RunDecodeAttention(c, seqs, src, num_sms_, reserve, stage, stream_, lag)) return;
       const size_t rows = static_cast<size_t>(tokens) * a.num_heads;
       const size_t n = rows * kv.head_dim;
       float* q_rot = static_cast<float*>(Reserve(paged_, 2 * n * sizeof(float)));
@@ -747,7 +892,7 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
       AttentionArgs rotated = c;
       rotated.q = q_rot;
       rotated.out = o_rot;
-      cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_);
+      cuda::RunAttention(rotated, seqs, src, num_sms_, reserve, stage, stream_, lag);
       cuda::Launch(cuda::TqRotateKernel, static_cast<unsigned>(rows), threads, smem, stream_,
                    a.out, o_rot, tb, a.num_heads, group, kv.head_dim, false);
     };
@@ -758,6 +903,27 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
       case 4: run_tq(cuda::TqKvSource<4>{{}, g, tb}); break;
       default: MOE_CHECK(false) << "PagedAttention: TurboQuant with " << tb.bits << " bits";
     }
+  }
+  if (kv.tail != nullptr) {
+    cuda::TailParams tp;
+    tp.out = a.out;
+    tp.q = a.q;
+    tp.row_ml = lag.row_ml;
+    tp.seqs = static_cast<const cuda::TailSeq*>(
+        StageHostArgs(kv_tail_seqs_, tail_seqs.data(), tail_seqs.size() * sizeof(cuda::TailSeq)));
+    tp.num_seqs = static_cast<int>(tail_seqs.size());
+    tp.ring = kv.tail;
+    tp.k_new = a.k_new;
+    tp.v_new = a.v_new;
+    tp.num_heads = a.num_heads;
+    tp.group = a.num_heads / kv.num_kv_heads;
+    tp.num_kv_heads = kv.num_kv_heads;
+    tp.head_dim = kv.head_dim;
+    tp.tail_tokens = kv.tail_tokens;
+    tp.scale = a.scale;
+    tp.sliding_window = a.sliding_window;
+    cuda::Launch(cuda::PagedTailKernel, static_cast<unsigned>(tokens * a.num_heads),
+                 cuda::kTailWarps * cuda::kWarp, 0, stream_, tp);
   }
   return absl::OkStatus();
 }

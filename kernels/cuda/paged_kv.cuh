@@ -503,5 +503,15 @@ bool SameLayer(const PagedKvLayer& a, const PagedKvLayer& b) {
          b.num_kv_heads == a.num_kv_heads && b.head_dim == a.head_dim;
 }
 
+// Elements of T from `base` to `p` (device addresses, not necessarily one allocation): the tail
+// kernels address each sequence's ring by its offset from the first one, which is the same in
+// every layer (the rings sit at one offset in each sequence's state), so that the tables of
+// offsets are staged once a step.
+template <typename T>
+int64_t ElementOffset(const T* base, const T* p) {
+  return static_cast<int64_t>(reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(base)) /
+         static_cast<int64_t>(sizeof(T));
+}
+
 }  // namespace
 }  // namespace moe::kernels

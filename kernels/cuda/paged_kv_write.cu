@@ -1,7 +1,9 @@
 // PagedKvWrite on the GPU: each token's K and V vectors quantized into their cache slots exactly
 // as KvCodec::Quantize (bf16, fp8-e4m3: PagedKvWriteKernel; TurboQuant one part: TqWriteKernel;
 // the split formats: TqSplitWriteKernel), the codecs' tables uploaded once per layer
-// (TqTablesOnDevice) and the step's verdict on rejected vectors (TakeKvWriteError).
+// (TqTablesOnDevice) and the step's verdict on rejected vectors (TakeKvWriteError); the 16-bit
+// tail's ring (PagedKvTailWrite).
+#include <algorithm>
 #include <type_traits>
 #include <vector>
 
@@ -284,6 +286,37 @@ __global__ __launch_bounds__(kSplitD) void TqSplitWriteKernel(PagedGeom g, TqSpl
   }
 }
 
+// The 16-bit tail's ring write of one element (PagedKvTailWrite): tokens first.. of its k and v
+// into ring slots (start_pos + t) % W in bf16, [slot][NKV][2 (K, V)][D]. Offsets (elements) from
+// the batch's first ring, k and v: the same in every layer, so the table is staged once a step.
+struct TailWrite {
+  int64_t ring = 0, k = 0, v = 0;
+  int64_t start_pos = 0, first = 0, num_tokens = 0;
+};
+
+struct TailWriteParams {
+  const TailWrite* writes = nullptr;
+  uint16_t* ring = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  int tail_tokens = 0, num_kv_heads = 0, head_dim = 0;
+};
+
+// Block (element x, token first + y): that token's K and V of every kv-head.
+__global__ void PagedKvTailWriteKernel(const TailWriteParams p) {
+  WaitForPriorKernel();
+  const TailWrite w = p.writes[blockIdx.x];
+  const int64_t t = w.first + blockIdx.y;
+  if (t >= w.num_tokens) return;
+  const int D = p.head_dim, NKV = p.num_kv_heads;
+  uint16_t* slot = p.ring + w.ring + ((w.start_pos + t) % p.tail_tokens) * NKV * 2 * D;
+  for (int i = threadIdx.x; i < NKV * 2 * D; i += blockDim.x) {
+    const int h = i / (2 * D), role = i / D % 2, d = i % D;
+    const int64_t src = (role == 0 ? w.k : w.v) + (t * NKV + h) * D + d;
+    slot[i] = F32ToBf16Bits((role == 0 ? p.k : p.v)[src]);
+  }
+}
+
 }  // namespace
 }  // namespace moe::kernels::cuda
 
@@ -383,6 +416,40 @@ absl::Status CudaBackend::PagedKvWrite(absl::Span<const PagedKvWriteArgs> batch)
     }
   }
   return absl::OkStatus();  // the verdict: TakeKvWriteError
+}
+
+absl::Status CudaBackend::PagedKvTailWrite(absl::Span<const PagedKvWriteArgs> batch) {
+  const PagedKvWriteArgs* a = nullptr;  // the first element with a tail
+  std::vector<cuda::TailWrite> writes;
+  int64_t max_tokens = 0;  // of one element: grid.y
+  for (const PagedKvWriteArgs& e : batch) {
+    const PagedKvLayer& kv = e.kv;
+    if (kv.tail == nullptr || e.num_tokens == 0) continue;
+    if (a == nullptr) a = &e;
+    if (kv.tail_tokens <= 0 || kv.tail_tokens != a->kv.tail_tokens ||
+        kv.num_kv_heads != a->kv.num_kv_heads || kv.head_dim != a->kv.head_dim) {
+      return absl::InvalidArgumentError(
+          "PagedKvTailWrite: a tail needs tail_tokens > 0, the same rings in every element");
+    }
+    // Only the last W tokens survive in a ring of W slots.
+    const int64_t first = std::max<int64_t>(0, e.num_tokens - kv.tail_tokens);
+    writes.push_back({ElementOffset(a->kv.tail, kv.tail), ElementOffset(a->k, e.k),
+                      ElementOffset(a->v, e.v), e.start_pos, first, e.num_tokens});
+    max_tokens = std::max(max_tokens, e.num_tokens - first);
+  }
+  if (writes.empty()) return absl::OkStatus();
+  cuda::TailWriteParams p;
+  p.writes = static_cast<const cuda::TailWrite*>(
+      StageHostArgs(kv_tail_writes_, writes.data(), writes.size() * sizeof(cuda::TailWrite)));
+  p.ring = a->kv.tail;
+  p.k = a->k;
+  p.v = a->v;
+  p.tail_tokens = a->kv.tail_tokens;
+  p.num_kv_heads = a->kv.num_kv_heads;
+  p.head_dim = a->kv.head_dim;
+  const dim3 grid(static_cast<unsigned>(writes.size()), static_cast<unsigned>(max_tokens));
+  cuda::Launch(cuda::PagedKvTailWriteKernel, grid, 256, 0, stream_, p);
+  return absl::OkStatus();
 }
 
 const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {

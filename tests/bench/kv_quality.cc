@@ -4,10 +4,11 @@
 // random weights say little), plus T7 on random Gaussian Q/K/V at head_dim 128. Prints a
 // markdown table.
 //
-//   build/tests/bench/kv-quality [--steps N] [--random_tokens N] [--tail W]
+//   build/tests/bench/kv-quality [--steps N] [--random_tokens N] [--tail W] [--backend cuda]
 //
 // --tail W (> 0) adds, under each compressed format's row, its T8 with a 16-bit tail of the
 // newest W tokens (--kv_tail_tokens); T7 (attention outside the model) has no tail.
+// --backend cuda runs the models (T8) on CUDA; T7 stays on the host either way.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -49,9 +50,12 @@ const kernels::KvFormat kFormats[] = {kernels::KvFormat::kBf16, kernels::KvForma
                                       kernels::KvFormat::kTq3,  kernels::KvFormat::kTq2p5,
                                       kernels::KvFormat::kTq2};
 
-int Run(int steps, int random_tokens, int tail) {
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
-  if (!backend.ok()) return 1;
+int Run(int steps, int random_tokens, int tail, kernels::BackendKind kind) {
+  auto backend = kernels::MakeBackend(kind, {});
+  if (!backend.ok()) {
+    std::fprintf(stderr, "%s\n", std::string(backend.status().message()).c_str());
+    return 1;
+  }
   testing::TempDir d32, d128;
   if (!engine::WriteDefaultModel(d32.path()).ok() ||
       !engine::WriteDefaultModel(d128.path(), 20261121, 128).ok()) {
@@ -174,14 +178,23 @@ int Run(int steps, int random_tokens, int tail) {
 
 int main(int argc, char** argv) {
   int steps = 256, random_tokens = 256, tail = 0;
+  moe::kernels::BackendKind kind = moe::kernels::BackendKind::kCpu;
   for (int i = 1; i + 1 < argc; i += 2) {
     if (std::strcmp(argv[i], "--steps") == 0) steps = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--random_tokens") == 0) random_tokens = std::atoi(argv[i + 1]);
     if (std::strcmp(argv[i], "--tail") == 0) tail = std::atoi(argv[i + 1]);
+    if (std::strcmp(argv[i], "--backend") == 0) {
+      if (std::strcmp(argv[i + 1], "cuda") == 0) {
+        kind = moe::kernels::BackendKind::kCuda;
+      } else if (std::strcmp(argv[i + 1], "cpu") != 0) {
+        std::fprintf(stderr, "--backend %s: cpu or cuda\n", argv[i + 1]);
+        return 2;
+      }
+    }
   }
   if (tail < 0) {
     std::fprintf(stderr, "--tail must be >= 0, got %d\n", tail);
     return 2;
   }
-  return moe::Run(steps, random_tokens, tail);
+  return moe::Run(steps, random_tokens, tail, kind);
 }

@@ -133,7 +133,7 @@ ABSL_FLAG(bool, store_prefetch, false,
           "Offload runs: prefetch each next layer's likely experts (the worker's --prefetch)");
 ABSL_FLAG(std::string, kv_cache_dtype, "bf16", "KV cache format of the runs above (paged, block 16)");
 ABSL_FLAG(int32_t, kv_tail_tokens, 0,
-          "16-bit KV tail of every run's cache (engine/paged_kv.h; CPU backend only): each "
+          "16-bit KV tail of every run's cache (engine/paged_kv.h): each "
           "sequence's newest this many keys/values also in bf16; 0: none");
 ABSL_FLAG(std::string, kv_formats, "",
           "KV sweep: formats to time at --kv_contexts x --kv_batches, e.g. "
@@ -1061,10 +1061,6 @@ absl::Status CheckFlags() {
     if (tail < 0) {
       return absl::InvalidArgumentError(
           absl::StrCat("--kv_tail_tokens must be >= 0 (0: none), got ", tail));
-    }
-    if (backend != "cpu") {
-      return absl::UnimplementedError(
-          "--kv_tail_tokens is not implemented on the cuda backend yet");
     }
   }
   auto format = [](const char* flag, absl::string_view name) {

@@ -320,14 +320,25 @@ INSTANTIATE_TEST_SUITE_P(
 // The history [0, start_pos) is written in one call and the T new tokens in a second (chunked
 // prefill / decode), into blocks scattered at random over a pool that starts as the same random
 // bytes on both backends; then every byte of the pool is compared, and the attention output
-// (poisoned on the GPU) element by element.
+// (poisoned on the GPU) element by element. With a 16-bit tail of W tokens the history's ring
+// write follows its cache write, the attention reads the ring and the new K/V, and the new
+// tokens' ring write follows it (the engine's order); then every byte of the ring is compared.
 struct PagedCase {
   int64_t T, start_pos;
   int heads, kv_heads, head_dim, block_size;
   int64_t window;
   kernels::KvFormat format;
+  int tail = 0;  // W; 0: none
 };
 class PagedKvParity : public ::testing::TestWithParam<PagedCase> {};
+
+// A tail ring [W][NKV][2][D] of random bf16 bits (NaN among them): a slot read before it is
+// written shows up in the output.
+std::vector<uint16_t> RandomRing(std::mt19937& rng, int W, int NKV, int D) {
+  std::vector<uint16_t> ring(static_cast<size_t>(W) * NKV * 2 * D);
+  for (uint16_t& x : ring) x = static_cast<uint16_t>(rng());
+  return ring;
+}
 
 std::vector<kernels::KvCodec> MakeCodecs(kernels::KvFormat format, int kv_heads, int head_dim) {
   std::vector<kernels::KvCodec> codecs;
@@ -390,6 +401,8 @@ TEST_P(PagedKvParity, MatchesCpu) {
   }
   const std::vector<float> q = Random(rng, c.T * c.heads * D, -2.f, 2.f);
   DeviceArray<float> dk(k), dv(v), dq(q);
+  std::vector<uint16_t> ring = RandomRing(rng, c.tail, NKV, D);
+  DeviceArray<uint16_t> dring(ring);
 
   kernels::PagedKvLayer layer;
   layer.block_stride = block_stride;
@@ -399,17 +412,21 @@ TEST_P(PagedKvParity, MatchesCpu) {
   layer.codecs = codec_ptrs.data();
   layer.num_kv_heads = NKV;
   layer.head_dim = D;
+  layer.tail_tokens = c.tail;
   const int64_t row = int64_t{NKV} * D;
-  auto write = [&](Backend& be, uint8_t* base, const float* kp, const float* vp) {
+  // The new tokens' write, the history's before it (cache and ring) in one call each.
+  auto write = [&](Backend& be, uint8_t* base, uint16_t* tail, const float* kp, const float* vp) {
     kernels::PagedKvWriteArgs w;
     w.kv = layer;
     w.kv.layer_base = base;
+    w.kv.tail = c.tail > 0 ? tail : nullptr;
     if (c.start_pos > 0) {  // history in one call
       w.k = kp;
       w.v = vp;
       w.num_tokens = c.start_pos;
       w.start_pos = 0;
       ASSERT_TRUE(be.PagedKvWrite({w}).ok());
+      ASSERT_TRUE(be.PagedKvTailWrite({w}).ok());
     }
     w.k = kp + c.start_pos * row;
     w.v = vp + c.start_pos * row;
@@ -417,12 +434,12 @@ TEST_P(PagedKvParity, MatchesCpu) {
     w.start_pos = c.start_pos;
     ASSERT_TRUE(be.PagedKvWrite({w}).ok());
   };
-  write(Cpu(), pool.data(), k.data(), v.data());
-  write(Gpu(), dpool.get(), dk.get(), dv.get());
-  const std::string name =
-      Name(kernels::KvFormatName(c.format), "T", c.T, "start", c.start_pos, "H", c.heads, "/",
-           c.kv_heads, "D", D, "bs", bs, c.window ? "win" : "",
-           c.window ? std::to_string(c.window) : "");
+  write(Cpu(), pool.data(), ring.data(), k.data(), v.data());
+  write(Gpu(), dpool.get(), dring.get(), dk.get(), dv.get());
+  const std::string name = Name(kernels::KvFormatName(c.format), "T", c.T, "start", c.start_pos,
+                                "H", c.heads, "/", c.kv_heads, "D", D, "bs", bs,
+                                c.window ? "win" : "", c.window ? std::to_string(c.window) : "",
+                                c.tail ? "tail" : "", c.tail ? std::to_string(c.tail) : "");
   {
     const std::vector<uint8_t> got = dpool.Read();
     ExpectEqualIds("PagedKvWrite bytes", name, std::vector<int32_t>(got.begin(), got.end()),
@@ -437,6 +454,11 @@ TEST_P(PagedKvParity, MatchesCpu) {
   a.num_heads = c.heads;
   a.scale = 1.f / std::sqrt(static_cast<float>(D));
   a.sliding_window = c.window;
+  if (c.tail > 0) {
+    a.kv.tail = ring.data();
+    a.k_new = k.data() + c.start_pos * row;
+    a.v_new = v.data() + c.start_pos * row;
+  }
   std::vector<float> want(q.size());
   a.out = want.data();
   a.q = q.data();
@@ -445,8 +467,29 @@ TEST_P(PagedKvParity, MatchesCpu) {
   a.kv.layer_base = dpool.get();
   a.out = out.get();
   a.q = dq.get();
+  if (c.tail > 0) {
+    a.kv.tail = dring.get();
+    a.k_new = dk.get() + c.start_pos * row;
+    a.v_new = dv.get() + c.start_pos * row;
+  }
   ASSERT_TRUE(Gpu().PagedAttention({a}).ok());
   ExpectClose("PagedAttention", name, out.Read(), want, PagedTolFor(c.format));
+  if (c.tail > 0) {  // the new tokens into the ring, after the attention
+    for (Backend* be : {&Cpu(), &Gpu()}) {
+      const bool cpu = be == &Cpu();
+      kernels::PagedKvWriteArgs w;
+      w.kv = a.kv;
+      w.kv.tail = cpu ? ring.data() : dring.get();
+      w.k = (cpu ? k.data() : dk.get()) + c.start_pos * row;
+      w.v = (cpu ? v.data() : dv.get()) + c.start_pos * row;
+      w.num_tokens = c.T;
+      w.start_pos = c.start_pos;
+      ASSERT_TRUE(be->PagedKvTailWrite({w}).ok());
+    }
+    const std::vector<uint16_t> got = dring.Read();
+    ExpectEqualIds("PagedKvTailWrite bytes", name, std::vector<int32_t>(got.begin(), got.end()),
+                   std::vector<int32_t>(ring.begin(), ring.end()));
+  }
 }
 
 constexpr kernels::KvFormat kBf16Kv = kernels::KvFormat::kBf16;
@@ -502,15 +545,51 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{7, 30, 4, 1, 24, 16, 0, kernels::KvFormat::kTq3},
                       PagedCase{1, 300, 8, 2, 96, 16, 0, kernels::KvFormat::kTq2}));
 
+// The same with a 16-bit tail (--kv_tail_tokens W): decode and prefill chunks for every
+// compressed format on the tensor-core kernel and on the SIMT one (32 heads a kv head, an
+// unaligned block size), a window larger than the sequence, a sliding window shorter than the
+// tail (no compressed position), W = 1, and the host-staged path (head_dim 16).
+constexpr kernels::KvFormat kTq4Kv = kernels::KvFormat::kTq4;
+constexpr kernels::KvFormat kTq3p5Kv = kernels::KvFormat::kTq3p5;
+constexpr kernels::KvFormat kTq2p5Kv = kernels::KvFormat::kTq2p5;
+INSTANTIATE_TEST_SUITE_P(
+    Tail, PagedKvParity,
+    ::testing::Values(PagedCase{1, 732, 32, 4, 128, 16, 0, kFp8Kv, 64},   // decode
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kFp8Kv, 64},  // split-K decode
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kFp8Kv, 64},   // chunked prefill
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kFp8Kv, 64},   // prefill of 733
+                      PagedCase{7, 0, 6, 3, 128, 32, 0, kFp8Kv, 64},      // W > sequence
+                      PagedCase{1, 6, 4, 2, 64, 16, 0, kernels::KvFormat::kTq3, 16},
+                      PagedCase{1, 732, 32, 4, 128, 15, 0, kFp8Kv, 64},   // unaligned: SIMT
+                      PagedCase{37, 500, 32, 1, 128, 16, 0, kFp8Kv, 64},  // G 32: SIMT
+                      PagedCase{37, 500, 32, 1, 128, 16, 0, kernels::KvFormat::kTq3, 64},
+                      PagedCase{37, 500, 32, 1, 128, 16, 0, kTq2p5Kv, 64},
+                      PagedCase{5, 300, 8, 2, 72, 16, 0, kFp8Kv, 1},        // W 1, head_dim 72
+                      PagedCase{64, 1000, 4, 1, 128, 32, 256, kFp8Kv, 64},  // window 256
+                      PagedCase{1, 2000, 16, 2, 128, 16, 32, kFp8Kv, 64},   // window < W
+                      PagedCase{1, 3000, 8, 2, 256, 16, 0, kFp8Kv, 64},     // head_dim 256
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kTq4Kv, 64},
+                      PagedCase{1, 900, 16, 1, 64, 16, 0, kTq4Kv, 64},
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kTq4Kv, 128},
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kernels::KvFormat::kTq3, 32},
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kernels::KvFormat::kTq2, 64},
+                      PagedCase{7, 0, 6, 3, 128, 32, 0, kernels::KvFormat::kTq2, 64},
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kTq3p5Kv, 64},
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kTq2p5Kv, 64},
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kTq3p5Kv, 128},
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kTq2p5Kv, 64},
+                      PagedCase{1, 40, 4, 2, 16, 16, 0, kTq4Kv, 8}));  // host-staged
+
 // A step's sequences in one call (the engine's per-layer batch; one launch on CUDA): prefill,
 // decodes at several lengths, a split-K decode and an empty item, over one pool; every byte of
 // the pool and every output element against the CPU, which runs the elements one by one. The
-// tensor-core decode kernel takes both on CUDA (a prefill as one-token rows).
+// tensor-core decode kernel takes both on CUDA (a prefill as one-token rows). With a tail (W > 0)
+// each sequence has its ring, written with its history and after the attention.
 class PagedKvBatchParity
-    : public ::testing::TestWithParam<std::tuple<kernels::KvFormat, bool>> {};
+    : public ::testing::TestWithParam<std::tuple<kernels::KvFormat, bool, int>> {};
 
 TEST_P(PagedKvBatchParity, MatchesCpu) {
-  const auto [format, decode_only] = GetParam();
+  const auto [format, decode_only, W] = GetParam();
   const int D = 128, NKV = 4, NH = 32, bs = 16;
   struct Seq {
     int64_t start_pos, T;
@@ -549,13 +628,18 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
   layer.codecs = codec_ptrs.data();
   layer.num_kv_heads = NKV;
   layer.head_dim = D;
+  layer.tail_tokens = W;
   const int64_t row = int64_t{NKV} * D;
 
   // History of each sequence, written one sequence at a time (same on both backends).
   std::vector<std::vector<float>> hk, hv;
+  std::vector<std::vector<uint16_t>> rings;
+  std::vector<DeviceArray<uint16_t>> drings;
   for (const Seq& q : seqs) {
     hk.push_back(Random(rng, q.start_pos * row));
     hv.push_back(Random(rng, q.start_pos * row));
+    rings.push_back(RandomRing(rng, W, NKV, D));
+    drings.emplace_back(rings.back());
   }
   const std::vector<float> k = Random(rng, tokens * row), v = Random(rng, tokens * row);
   const std::vector<float> qv = Random(rng, tokens * NH * D, -2.f, 2.f);
@@ -573,10 +657,12 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
       w.kv = layer;
       w.kv.layer_base = base;
       w.kv.block_table = tables[i].data();
+      if (W > 0) w.kv.tail = which == 0 ? rings[i].data() : drings[i].get();
       w.k = which == 0 ? hk[i].data() : dhk.get();
       w.v = which == 0 ? hv[i].data() : dhv.get();
       w.num_tokens = seqs[i].start_pos;
       ASSERT_TRUE(be.PagedKvWrite({w}).ok());
+      ASSERT_TRUE(be.PagedKvTailWrite({w}).ok());
     }
     std::vector<kernels::PagedKvWriteArgs> writes;
     std::vector<kernels::PagedAttentionArgs> reads;
@@ -586,6 +672,7 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
       w.kv = layer;
       w.kv.layer_base = base;
       w.kv.block_table = tables[i].data();
+      if (W > 0) w.kv.tail = which == 0 ? rings[i].data() : drings[i].get();
       w.k = (which == 0 ? k.data() : dk.get()) + offset * row;
       w.v = (which == 0 ? v.data() : dv.get()) + offset * row;
       w.num_tokens = seqs[i].T;
@@ -599,18 +686,27 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
       a.start_pos = seqs[i].start_pos;
       a.num_heads = NH;
       a.scale = 1.f / std::sqrt(static_cast<float>(D));
+      a.k_new = w.k;
+      a.v_new = w.v;
       reads.push_back(a);
       offset += seqs[i].T;
     }
     ASSERT_TRUE(be.PagedKvWrite(writes).ok());
     ASSERT_TRUE(be.PagedAttention(reads).ok());
+    ASSERT_TRUE(be.PagedKvTailWrite(writes).ok());
   }
   const std::string name = Name(kernels::KvFormatName(format), decode_only ? "decode" : "mixed",
-                                "batch of", seqs.size());
+                                "batch of", seqs.size(), "tail", W);
   const std::vector<uint8_t> got = dpool.Read();
   ExpectEqualIds("PagedKvWrite batch bytes", name, std::vector<int32_t>(got.begin(), got.end()),
                  std::vector<int32_t>(pool.begin(), pool.end()));
   ExpectClose("PagedAttention batch", name, out.Read(), want, PagedTolFor(format));
+  for (size_t i = 0; i < seqs.size(); ++i) {
+    const std::vector<uint16_t> ring = drings[i].Read();
+    ExpectEqualIds("PagedKvTailWrite batch bytes", Name(name, "sequence", i),
+                   std::vector<int32_t>(ring.begin(), ring.end()),
+                   std::vector<int32_t>(rings[i].begin(), rings[i].end()));
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Formats, PagedKvBatchParity,
@@ -620,7 +716,11 @@ INSTANTIATE_TEST_SUITE_P(Formats, PagedKvBatchParity,
                                                               kernels::KvFormat::kTq2,
                                                               kernels::KvFormat::kTq3p5,
                                                               kernels::KvFormat::kTq2p5),
-                                            ::testing::Bool()));
+                                            ::testing::Bool(), ::testing::Values(0)));
+INSTANTIATE_TEST_SUITE_P(Tail, PagedKvBatchParity,
+                         ::testing::Combine(::testing::Values(kFp8Kv, kTq4Kv,
+                                                              kernels::KvFormat::kTq2, kTq3p5Kv),
+                                            ::testing::Bool(), ::testing::Values(64)));
 
 TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
   const int D = 128, NKV = 2, bs = 16;
@@ -659,24 +759,18 @@ TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
   }
 }
 
-// The 16-bit KV tail is CPU-only for now: CUDA refuses a tail in both calls with a clear
-// Unimplemented (no half-working path), before touching any memory; the engine refuses it at
-// Create (engine/engine.cc). The CPU kernels are tested in tests/unit/kernels/cpu_backend_test.
-TEST(PagedKvTail, CudaRefusesATailClearly) {
+// A tail without the step's new keys and values (which the attention reads for positions >=
+// start_pos) is refused clearly on CUDA, before any launch. The tail's numbers: PagedKvParity's
+// and PagedKvBatchParity's Tail cases.
+TEST(PagedKvTail, CudaNeedsTheNewKeysAndValues) {
   uint16_t ring[8] = {};
-  kernels::PagedKvWriteArgs w;
-  w.kv.tail = ring;
-  w.kv.tail_tokens = 2;
-  w.num_tokens = 1;
   kernels::PagedAttentionArgs a;
-  a.kv = w.kv;
+  a.kv.tail = ring;
+  a.kv.tail_tokens = 2;
   a.num_tokens = 1;
-  for (const absl::Status& st : {Gpu().PagedAttention({a}), Gpu().PagedKvTailWrite({w})}) {
-    EXPECT_EQ(st.code(), absl::StatusCode::kUnimplemented) << st;
-    EXPECT_NE(st.message().find("--kv_tail_tokens is not implemented on the cuda backend yet"),
-              absl::string_view::npos)
-        << st;
-  }
+  const absl::Status st = Gpu().PagedAttention({a});
+  EXPECT_EQ(st.code(), absl::StatusCode::kInvalidArgument) << st;
+  EXPECT_NE(st.message().find("a tail needs"), absl::string_view::npos) << st;
 }
 
 // ---- Route -------------------------------------------------------------------------------------
