@@ -71,10 +71,6 @@ CudaBackend::~CudaBackend() {
   for (CUevent_st* e : copy_done_) cudaEventDestroy(e);
   for (CUevent_st* e : compute_marks_) cudaEventDestroy(e);
   cudaStreamSynchronize(stream_);
-  for (Scratch* s : {&args_, &args2_, &work_, &paged_, &sampled_, &routed_rows_, &routed_plan_,
-                     &staged_experts_, &kv_slots_, &kv_tables_, &kv_seqs_, &linear_seqs_}) {
-    cudaFree(s->data);
-  }
   cudaFree(verdicts_);
   for (auto& [codecs, tables] : tq_tables_) cudaFree(tables.dev);
   graphs_.reset();
@@ -262,6 +258,8 @@ absl::Status CudaBackend::TakeRoutingError() {
   routing_fault_ = kNoRoutingFault;
   return RoutingError(code);
 }
+
+CudaBackend::Scratch::~Scratch() { cudaFree(data); }
 
 void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;

@@ -109,11 +109,16 @@ class CudaBackend final : public Backend {
 
  private:
   // A device buffer that only grows; reused by every call of the op that owns it. Growing
-  // synchronises the stream first, so queued kernels never read freed memory.
+  // synchronises the stream first, so queued kernels never read freed memory. Freed with the
+  // backend, after the destructor's body has waited for its streams.
   struct Scratch {
     void* data = nullptr;
     size_t bytes = 0;
     std::vector<unsigned char> staged;  // the host bytes StageHostArgs last copied in
+    Scratch() = default;
+    Scratch(const Scratch&) = delete;
+    Scratch& operator=(const Scratch&) = delete;
+    ~Scratch();
   };
   enum class OverlapLaunches { kNever, kSmallSteps, kAlways };
   CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap, bool graphs);
