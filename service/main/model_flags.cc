@@ -28,7 +28,7 @@ ABSL_FLAG(std::string, kv_cache_dtype, "bf16",
 ABSL_FLAG(int32_t, kv_tail_tokens, 0,
           "Keep each sequence's newest this many keys and values also in bf16, in front of a "
           "compressed --kv_cache_dtype (fp8_e4m3, tq*): every query reads its newest this many "
-          "positions exactly, older ones compressed. 0: off. CPU backend only for now");
+          "positions exactly, older ones compressed. 0: off");
 ABSL_FLAG(int32_t, kv_block_size, 16, "Tokens per paged KV block");
 ABSL_FLAG(int32_t, state_snapshot_blocks, 4,
           "Hybrid models (linear-attention layers): keep a recurrent-state snapshot every this "
