@@ -8,12 +8,14 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <tuple>
 
 #include "absl/strings/str_cat.h"
 #include "engine/model.h"
 #include "engine/store_import.h"
 #include "gtest/gtest.h"
+#include "kernels/base/status.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
 #include "tests/golden/golden_reference.h"
@@ -63,6 +65,39 @@ constexpr Format kFormats[] = {
     {"int4", DType::kQ4, 2.5e-1, 0.60, 7.5e-1},
 };
 
+// A fixture's checkpoint and the import options moe-import would make for it (named `arch`).
+struct FixtureImport {
+  std::unique_ptr<store::Checkpoint> ckpt;
+  store::ImportOptions options;
+};
+absl::StatusOr<FixtureImport> OpenForImport(const std::string& arch) {
+  FixtureImport f;
+  MOE_ASSIGN_OR_RETURN(f.ckpt, store::Checkpoint::Open(FixtureDir(arch)));
+  MOE_ASSIGN_OR_RETURN(const ModelConfig config, LoadModelConfig(FixtureDir(arch)));
+  MOE_ASSIGN_OR_RETURN(f.options, ImportOptionsFor(config, *f.ckpt));
+  f.options.model = arch;
+  return f;
+}
+
+// The fixture imported with f.options into a fresh store (moe-import's code path) and served
+// with every expert budgeted (64 MiB a tier): one prefill of every position of the reference,
+// compared with it.
+absl::StatusOr<PrefillMatch> ImportAndPrefill(const std::string& arch, const FixtureImport& f,
+                                              kernels::Backend& backend, const Reference& ref) {
+  testing::TempDir dir;
+  MOE_RETURN_IF_ERROR(store::ImportModel(*f.ckpt, dir.path(), f.options).status());
+  std::filesystem::copy_file(FixtureDir(arch) + "/config.json", dir.File("config.json"));
+  store::StoreOptions so;
+  so.device_budget_bytes = so.host_budget_bytes = 64 << 20;
+  MOE_ASSIGN_OR_RETURN(const std::unique_ptr<Model> model, Model::Load(dir.path(), backend, so));
+  MOE_ASSIGN_OR_RETURN(auto kv, SequenceKv::Create(model->config(), backend,
+                                                   static_cast<int64_t>(ref.tokens.size())));
+  const ForwardItem item{ref.tokens, kv.get()};
+  std::vector<float> logits;
+  MOE_RETURN_IF_ERROR(model->Forward({&item, 1}, true, &logits));
+  return ComparePrefill(logits, ref);
+}
+
 class GoldenStoreTest : public ::testing::TestWithParam<std::tuple<std::string, int>> {};
 
 TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
@@ -72,17 +107,12 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
     format.max_rel_logit_error = format.hybrid_max_rel_logit_error;
   }
   const Reference ref = LoadReference(arch);
-  auto ckpt = store::Checkpoint::Open(FixtureDir(arch));
-  ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-  auto config = LoadModelConfig(FixtureDir(arch));
-  ASSERT_TRUE(config.ok()) << config.status();
-  auto options = ImportOptionsFor(*config, **ckpt);
-  ASSERT_TRUE(options.ok()) << options.status();
-  options->model = arch;
-  options->format = format.dtype;
-  options->dense_format = DType::kF32;
+  absl::StatusOr<FixtureImport> fixture = OpenForImport(arch);
+  ASSERT_TRUE(fixture.ok()) << fixture.status();
+  fixture->options.format = format.dtype;
+  fixture->options.dense_format = DType::kF32;
   testing::TempDir dir;
-  auto imported = store::ImportModel(**ckpt, dir.path(), *options);
+  auto imported = store::ImportModel(*fixture->ckpt, dir.path(), fixture->options);
   ASSERT_TRUE(imported.ok()) << imported.status();
   for (const char* f : {"config.json", "generation_config.json"}) {
     std::filesystem::copy_file(FixtureDir(arch) + "/" + f, dir.File(f));
@@ -191,45 +221,29 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
     const std::string arch = name;
     const DType other = dtype == DType::kQ4 ? DType::kQ8 : DType::kQ4;
     const Reference ref = LoadReference(arch);
-    auto ckpt = store::Checkpoint::Open(FixtureDir(arch));
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    auto config = LoadModelConfig(FixtureDir(arch));
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto options = ImportOptionsFor(*config, **ckpt);
-    ASSERT_TRUE(options.ok()) << options.status();
-    auto gate = (*ckpt)->Get(options->experts[0].gate);
+    absl::StatusOr<FixtureImport> fixture = OpenForImport(arch);
+    ASSERT_TRUE(fixture.ok()) << fixture.status();
+    store::ImportOptions& options = fixture->options;
+    auto gate = fixture->ckpt->Get(options.experts[0].gate);
     ASSERT_TRUE(gate.ok()) << gate.status();
     ASSERT_EQ(gate->dtype, dtype) << arch;
-    options->model = arch;
-    options->dense_format = DType::kF32;  // the unquantized tensors (lm head, router) exact
+    options.dense_format = DType::kF32;  // the unquantized tensors (lm head, router) exact
     {
       testing::TempDir dir;
-      options->format = other;
-      options->group_size = gate->group_size;
-      const absl::Status st = store::ImportModel(**ckpt, dir.path(), *options).status();
+      options.format = other;
+      options.group_size = gate->group_size;
+      const absl::Status st = store::ImportModel(*fixture->ckpt, dir.path(), options).status();
       EXPECT_EQ(st.code(), absl::StatusCode::kFailedPrecondition) << st;
       EXPECT_NE(st.message().find(absl::StrCat("the checkpoint's experts are ",
                                                kernels::WeightFormatName(dtype), " group")),
                 std::string::npos)
           << st;
     }
-    options->format = dtype;
-    options->group_size = gate->group_size;
-    testing::TempDir dir;
-    auto imported = store::ImportModel(**ckpt, dir.path(), *options);
-    ASSERT_TRUE(imported.ok()) << imported.status();
-    std::filesystem::copy_file(FixtureDir(arch) + "/config.json", dir.File("config.json"));
-    store::StoreOptions so;
-    so.device_budget_bytes = so.host_budget_bytes = 64 << 20;
-    auto model = Model::Load(dir.path(), **backend, so);
-    ASSERT_TRUE(model.ok()) << model.status();
-    auto kv =
-        SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(ref.tokens.size()));
-    ASSERT_TRUE(kv.ok());
-    const ForwardItem item{ref.tokens, kv->get()};
-    std::vector<float> logits;
-    ASSERT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
-    const PrefillMatch m = ComparePrefill(logits, ref);
+    options.format = dtype;
+    options.group_size = gate->group_size;
+    absl::StatusOr<PrefillMatch> match = ImportAndPrefill(arch, *fixture, **backend, ref);
+    ASSERT_TRUE(match.ok()) << arch << ": " << match.status();
+    const PrefillMatch& m = *match;
     ASSERT_FALSE(m.any_nan) << arch;
     std::printf(
         "%s imported (experts %s g%d as published): max rel logit error %.3g, greedy "
@@ -258,31 +272,14 @@ TEST(QuantizedDenseStoreTest, RegroupedProjectionsLoadQuantized) {
                         Case{"lfm2_moe", 0.3, 27}}) {
     const std::string arch = c.arch;
     const Reference ref = LoadReference(arch);
-    auto ckpt = store::Checkpoint::Open(FixtureDir(arch));
-    ASSERT_TRUE(ckpt.ok()) << ckpt.status();
-    auto config = LoadModelConfig(FixtureDir(arch));
-    ASSERT_TRUE(config.ok()) << config.status();
-    auto options = ImportOptionsFor(*config, **ckpt);
-    ASSERT_TRUE(options.ok()) << options.status();
-    options->model = arch;
-    options->format = DType::kF32;
-    options->dense_format = DType::kQ8;
-    options->group_size = 32;
-    testing::TempDir dir;
-    auto imported = store::ImportModel(**ckpt, dir.path(), *options);
-    ASSERT_TRUE(imported.ok()) << imported.status();
-    std::filesystem::copy_file(FixtureDir(arch) + "/config.json", dir.File("config.json"));
-    store::StoreOptions so;
-    so.device_budget_bytes = so.host_budget_bytes = 64 << 20;
-    auto model = Model::Load(dir.path(), **backend, so);
-    ASSERT_TRUE(model.ok()) << arch << ": " << model.status();
-    auto kv = SequenceKv::Create((*model)->config(), **backend,
-                                 static_cast<int64_t>(ref.tokens.size()));
-    ASSERT_TRUE(kv.ok());
-    const ForwardItem item{ref.tokens, kv->get()};
-    std::vector<float> logits;
-    ASSERT_TRUE((*model)->Forward({&item, 1}, true, &logits).ok());
-    const PrefillMatch m = ComparePrefill(logits, ref);
+    absl::StatusOr<FixtureImport> fixture = OpenForImport(arch);
+    ASSERT_TRUE(fixture.ok()) << fixture.status();
+    fixture->options.format = DType::kF32;
+    fixture->options.dense_format = DType::kQ8;
+    fixture->options.group_size = 32;
+    absl::StatusOr<PrefillMatch> match = ImportAndPrefill(arch, *fixture, **backend, ref);
+    ASSERT_TRUE(match.ok()) << arch << ": " << match.status();
+    const PrefillMatch& m = *match;
     ASSERT_FALSE(m.any_nan) << arch;
     std::printf("%s, f32 experts, int8 dense g32: max rel logit error %.3g, greedy agreement "
                 "%d/%d\n", arch.c_str(), m.max_rel(), m.agree, m.total);
