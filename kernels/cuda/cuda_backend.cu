@@ -100,14 +100,21 @@ base::MemoryTotals CudaBackend::Memory() {
 
 absl::StatusOr<Buffer> CudaBackend::AllocateHost(size_t bytes) {
   if (bytes == 0) return Buffer();
-  void* p = nullptr;  // cudaHostAlloc memory is page-aligned (>= 4 KiB)
-  if (const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault); err != cudaSuccess) {
+  // 4 KiB-aligned as the contract says: cudaHostAlloc's small blocks need not be (H200, driver
+  // 580, stop 42: golden_store_gpu_test's 256 KiB host tier was not, and the store refused it),
+  // so the block is padded and the pointer aligned up.
+  constexpr size_t kAlign = 4096;
+  void* base = nullptr;
+  if (const cudaError_t err = cudaHostAlloc(&base, bytes + kAlign, cudaHostAllocDefault);
+      err != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda backend: cannot allocate ", bytes, " bytes (", base::FormatBytes(bytes),
                      ") of pinned host memory: ", cudaGetErrorName(err)));
   }
-  return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFreeHost(q)); });
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(base) + kAlign - 1) / kAlign * kAlign;
+  return Buffer(reinterpret_cast<void*>(aligned), bytes,
+                [base](void*) { MOE_CUDA_CHECK(cudaFreeHost(base)); });
 }
 
 absl::StatusOr<DeviceTensor> CudaBackend::Upload(const TensorView& host) {
