@@ -89,7 +89,10 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
         ") of device memory: ", cudaGetErrorName(err), "; ", base::FormatBytes(free_bytes),
         " free of ", base::FormatBytes(total_bytes)));
   }
-  return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFree(q)); });
+  return Buffer(p, bytes, [](void* q) {
+    cuda::StepGraphs::MemoryFreed();
+    MOE_CUDA_CHECK(cudaFree(q));
+  });
 }
 
 base::MemoryTotals CudaBackend::Memory() {
@@ -272,6 +275,7 @@ void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
   const size_t grown = std::max(bytes, s.bytes * 2);
   Synchronize();  // queued (or recorded) kernels may still read the old one
+  cuda::StepGraphs::MemoryFreed();
   MOE_CUDA_CHECK(cudaFree(s.data));
   s.data = nullptr;
   s.bytes = 0;
