@@ -23,8 +23,9 @@ using kernels::DTypeName;
 constexpr double kTolF32 = 1e-4;
 constexpr double kTolHalf = 1e-3;
 // Quantized weights: both backends read the same codes, scales and offsets and accumulate in fp32;
-// the GPU regroups the sum (s 2^B sum x f + (m - s 2^B) sum x, matmul_quant.cu), so the bound is
-// the fp32 one with headroom for that cancellation.
+// the GPU's int4/int2 SIMT kernel regroups the sum (s 2^B sum x f + (m - s 2^B) sum x,
+// matmul_quant.cu) and its tensor-core kernels take x as bf16 hi + lo, so the bound is the fp32
+// one with headroom for both. QuantMatMulExactCodes holds the exact-code paths far tighter.
 constexpr double kTolQuant = 1e-3;
 // Paged attention over a TurboQuant cache: the tensor-core kernel takes each centroid as bf16
 // hi + lo (exact to 2^-16 relative, decode_attention.cuh), the CPU in fp32: outputs differ by up to
