@@ -308,8 +308,11 @@ template <bool kExact>
 __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
   const uint32_t biased = ((w >> shift) & 0x000f000fu) | 0x43004300u;
   if constexpr (!kExact) return biased;
+  // 128 as a bf16 pair by its bits: __floats2bfloat162_rn(128, 128) left a conversion (inline
+  // PTX) before each subtraction.
+  const uint32_t k128 = 0x43004300u;
   const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
-                                   __floats2bfloat162_rn(128.f, 128.f));
+                                   *reinterpret_cast<const __nv_bfloat162*>(&k128));
   return *reinterpret_cast<const uint32_t*>(&q);
 }
 
