@@ -28,6 +28,14 @@ constexpr int kTileM = kGemmTileRows, kTileN = kGemmTileCols, kGemmThreads = 256
 template <int KT>
 constexpr int kRowWords = KT / 2 + 4;
 
+// Four 8 x 8 bf16 matrices from shared memory: lanes 8j .. 8j + 7 give the row addresses of matrix
+// j, which lands in r[j] (lane l: row l / 4, columns 2 (l % 4), + 1).
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+
 __device__ __forceinline__ uint32_t PackBf16(float lo_half, float hi_half) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo_half, hi_half);
   return *reinterpret_cast<const uint32_t*>(&h);
@@ -299,6 +307,221 @@ int GemmKTile(const GemmParams& p) {
   return wide && fits ? 64 : 32;
 }
 
+// ---- int4 with A split once a call: a pipelined kernel ----------------------------------------
+// The kernel above converts its A tile into bf16 hi + lo in each of the N / 128 blocks that read
+// it and turns codes into bf16 one at a time, through one shared-memory stage: most of its
+// instructions, and each k-tile's load latency exposed (ncu, tests/bench/NOTES.md, stop 15). For
+// the prefill's int4 expert GEMMs (groups a multiple of 64) A is split once a call instead
+// (SplitForInt4GemmKernel), already in the order in which a lane's weight word gives its codes, so
+// A, codes, {s, m} and A's sums all reach shared memory by cp.async through kStages stages, and a
+// lane makes the bf16 pairs of 8 codes from one 32-bit word: ((w >> 4i) & 0x000f000f) | 0x43004300
+// is (128 + q, 128 + q') for codes i and i + 4, and less 128 (exact in bf16) the codes themselves.
+// Lane t's word t of a weight row's 32 columns holds codes 8t .. 8t + 7; its B fragments take
+// (8t, 8t + 4), (8t + 1, 8t + 5) in the first k-step of the 32 and (8t + 2, 8t + 6), (8t + 3,
+// 8t + 7) in the second, as the (low, high) halves of k = (2t, 2t + 1), (2t + 8, 2t + 9). So
+// position 16 h + k of the split A's 32 columns holds column
+//   8 (k % 8 / 2) + 2 h + k / 8 + 4 (k % 2)      (SplitColumn).
+// The arithmetic is the kernel above's: acc += s (sum_k a q) + m (sum_k a) a k-tile.
+constexpr int kInt4Stages = 3;
+constexpr int kSplitRowWords = 36;  // 32 + 4: ldmatrix's 8 rows a phase on distinct banks
+constexpr int kCodeRowWords = 12;   // 8 + 4: a fragment load's 8 rows on distinct banks
+
+struct Int4Stage {
+  uint32_t a_hi[kTileM][kSplitRowWords];  // bf16 pairs, split order
+  uint32_t a_lo[kTileM][kSplitRowWords];
+  uint32_t codes[kTileN][kCodeRowWords];  // the k-tile's 64 codes of each weight row
+  uint32_t params[kTileN];                // fp16 {s, m} of the k-tile's group
+  float2 sums[kTileM];                    // sum of hi + lo over each 32 columns of the k-tile
+};
+
+__device__ __forceinline__ int SplitColumn(int p) {
+  const int h = p / 16, k = p % 16;
+  return 8 * (k % 8 / 2) + 2 * h + k / 8 + 4 * (k % 2);
+}
+
+// One warp a (row, 32 columns): lane p takes column SplitColumn(p).
+__global__ void SplitForInt4GemmKernel(const float* a, int64_t rows, int64_t lda, int64_t K,
+                                       uint16_t* out) {
+  WaitForPriorKernel();
+  const int64_t row = blockIdx.y;
+  const int64_t chunk =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (chunk >= K / 32) return;
+  const int lane = threadIdx.x % kWarp;
+  const float x = a[row * lda + chunk * 32 + SplitColumn(lane)];
+  const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+  const __nv_bfloat16 lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+  const int64_t at = row * K + chunk * 32 + lane;
+  out[at] = __bfloat16_as_ushort(hi);
+  out[rows * K + at] = __bfloat16_as_ushort(lo);
+  const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
+  if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+}
+
+// 16 bytes (cg), or 4 / 8 (ca), from global to shared memory in the background; zeros when
+// !valid (nothing read).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+template <int kBytes>
+__device__ __forceinline__ void CpAsyncSmall(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "n"(kBytes), "r"(valid ? kBytes : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// The bf16 pair (q_i, q_{i+4}) of the 8 codes in w.
+__device__ __forceinline__ uint32_t CodePair(uint32_t w, int i) {
+  const uint32_t biased = ((w >> (4 * i)) & 0x000f000fu) | 0x43004300u;  // (128 + q, 128 + q')
+  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
+                                   __floats2bfloat162_rn(128.f, 128.f));
+  return *reinterpret_cast<const uint32_t*>(&q);
+}
+
+// Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups); block and warp tiles as
+// GemmMmaKernel's, k-tiles of 64. LaunchInt4Gemm checks what it needs.
+__global__ __launch_bounds__(kGemmThreads, 2) void Int4GemmPipelinedKernel(const GemmParams p) {
+  WaitForPriorKernel();
+  const GemmGroup grp = GroupOf(p, GemmGroup{}, blockIdx.z);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  if (m0 >= grp.row_count) return;  // block-uniform
+  extern __shared__ __align__(16) unsigned char int4_smem[];
+  Int4Stage* stages = reinterpret_cast<Int4Stage*>(int4_smem);
+
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const int64_t K = p.K, row_bytes = K / 2, groups = K / p.group_size;
+  const int num_k = static_cast<int>(K / 64);
+  const uint16_t* a_hi = p.a_split;
+  const uint16_t* a_lo = p.a_split + p.a_split_rows * K;
+  const float* a_sums = reinterpret_cast<const float*>(p.a_split + 2 * p.a_split_rows * K);
+  auto a_row = [&](int m) -> int64_t {  // A's row of the tile's row m, -1 past the group
+    if (m0 + m >= grp.row_count) return -1;
+    const int64_t r = grp.row_begin + m0 + m;
+    return p.a_rows != nullptr ? p.a_rows[r] : r;
+  };
+  // Loaders. A: row tid / 4, 16-byte chunks 2 (tid % 4) and + 1 of hi and lo. Codes: row tid / 2,
+  // chunk tid % 2. {s, m}: row tid (tid < 128). Sums: row tid - 128 (128 <= tid < 192).
+  const int la = tid / 4, lc = 2 * (tid % 4), lw = tid / 2, lwc = tid % 2;
+  const int64_t ra = a_row(la);
+  const int64_t rs = tid >= kTileN && tid < kTileN + kTileM ? a_row(tid - kTileN) : -1;
+  const uint8_t* wbase = static_cast<const uint8_t*>(grp.w);
+  const uint8_t* pbase = wbase + (p.N * row_bytes + 15) / 16 * 16;  // QuantParamsOffset
+  const bool w_ok = n0 + lw < p.N, p_ok = tid < kTileN && n0 + tid < p.N;
+  const uint8_t* wrow = wbase + (w_ok ? n0 + lw : 0) * row_bytes + 16 * lwc;
+  const uint8_t* prow = pbase + (p_ok ? n0 + tid : 0) * groups * 4;
+  const bool aligned = (reinterpret_cast<uintptr_t>(wbase) & 15) == 0;  // block-uniform
+
+  auto issue = [&](int kt) {  // k-tile kt into its stage; a group committed either way
+    if (kt < num_k) {
+      Int4Stage& st = stages[kt % kInt4Stages];
+      const int64_t k0 = static_cast<int64_t>(kt) * 64;
+      const int64_t at = (ra >= 0 ? ra : 0) * K + k0;
+#pragma unroll
+      for (int c = lc; c < lc + 2; ++c) {
+        CpAsync16(&st.a_hi[la][4 * c], a_hi + at + 8 * c, ra >= 0);
+        CpAsync16(&st.a_lo[la][4 * c], a_lo + at + 8 * c, ra >= 0);
+      }
+      const uint8_t* codes = wrow + k0 / 2;
+      const uint8_t* params = prow + (k0 / p.group_size) * 4;
+      if (aligned) {
+        CpAsync16(&st.codes[lw][4 * lwc], codes, w_ok);
+        if (tid < kTileN) CpAsyncSmall<4>(&st.params[tid], params, p_ok);
+      } else {  // a matrix at an odd address: plain loads (visible after the next barrier)
+        uint32_t w4[4] = {0u, 0u, 0u, 0u};
+        if (w_ok) LoadWordsBytewise(codes, w4);
+        *reinterpret_cast<uint4*>(&st.codes[lw][4 * lwc]) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+        if (tid < kTileN) st.params[tid] = p_ok ? LoadU32Bytes(params) : 0u;
+      }
+      if (tid >= kTileN && tid < kTileN + kTileM) {
+        CpAsyncSmall<8>(&st.sums[tid - kTileN], a_sums + (rs >= 0 ? rs : 0) * (K / 32) + k0 / 32,
+                        rs >= 0);
+      }
+    }
+    CpAsyncCommit();
+  };
+
+  const int wm = 32 * (warp / 4), wn = 32 * (warp % 4);  // the warp's 32 x 32 of the block tile
+  float acc[2][4][4] = {};
+#pragma unroll
+  for (int s = 0; s < kInt4Stages - 1; ++s) issue(s);
+  for (int kt = 0; kt < num_k; ++kt) {
+    CpAsyncWait<kInt4Stages - 2>();  // this thread's copies of k-tile kt are in
+    __syncthreads();                 // everyone's; and everyone is done with k-tile kt - 1
+    issue(kt + kInt4Stages - 1);     // into k-tile kt - 1's stage
+    const Int4Stage& st = stages[kt % kInt4Stages];
+    float part[2][4][4] = {};  // sum_k a q over the k-tile, before s and m
+#pragma unroll
+    for (int kc = 0; kc < 2; ++kc) {  // the k-tile's two 32 columns
+      uint32_t b[4][4];               // n-tile j: pairs (0, 4), (1, 5), (2, 6), (3, 7) of word t
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint32_t w = st.codes[wn + 8 * j + g][4 * kc + t];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) b[j][i] = CodePair(w, i);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t ah[2][4], al[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          const int r = wm + 16 * i + (lane & 15), c = 16 * kc + 8 * h + (lane >> 4) * 4;
+          LdMatrixX4(static_cast<uint32_t>(__cvta_generic_to_shared(&st.a_hi[r][c])), ah[i]);
+          LdMatrixX4(static_cast<uint32_t>(__cvta_generic_to_shared(&st.a_lo[r][c])), al[i]);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            MmaBf16(part[i][j], ah[i][0], ah[i][1], ah[i][2], ah[i][3], b[j][2 * h],
+                    b[j][2 * h + 1]);
+            MmaBf16(part[i][j], al[i][0], al[i][1], al[i][2], al[i][3], b[j][2 * h],
+                    b[j][2 * h + 1]);
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {  // acc += s (sum a q) + m (sum a), per (row, weight row)
+      const float2 sa = st.sums[wm + 16 * i + g], sb = st.sums[wm + 16 * i + g + 8];
+      const float s0 = sa.x + sa.y, s1 = sb.x + sb.y;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const uint2 pw = *reinterpret_cast<const uint2*>(&st.params[wn + 8 * j + 2 * t]);
+        const float2 c0 = __half22float2(*reinterpret_cast<const __half2*>(&pw.x));
+        const float2 c1 = __half22float2(*reinterpret_cast<const __half2*>(&pw.y));
+        acc[i][j][0] = fmaf(c0.x, part[i][j][0], fmaf(c0.y, s0, acc[i][j][0]));
+        acc[i][j][1] = fmaf(c1.x, part[i][j][1], fmaf(c1.y, s0, acc[i][j][1]));
+        acc[i][j][2] = fmaf(c0.x, part[i][j][2], fmaf(c0.y, s1, acc[i][j][2]));
+        acc[i][j][3] = fmaf(c1.x, part[i][j][3], fmaf(c1.y, s1, acc[i][j][3]));
+      }
+    }
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int i = 0; i < 2; ++i) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + wm + 16 * i + g + 8 * h;
+      if (m >= grp.row_count) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + wn + 8 * j + 2 * t;
+        if (n < p.N) StoreC(p, grp.row_begin + m, n, acc[i][j][2 * h]);
+        if (n + 1 < p.N) StoreC(p, grp.row_begin + m, n + 1, acc[i][j][2 * h + 1]);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
@@ -330,6 +553,39 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
       return true;
     default: return false;
   }
+}
+
+size_t SplitForInt4GemmBytes(int64_t rows, int64_t K) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(K) * 4 +
+         static_cast<size_t>(rows) * static_cast<size_t>(K / 32) * sizeof(float);
+}
+
+void LaunchSplitForInt4Gemm(const float* a, int64_t rows, int64_t lda, int64_t K, void* out,
+                            cudaStream_t stream) {
+  MOE_CHECK(K % 64 == 0 && rows <= 65535) << "SplitForInt4Gemm: K " << K << ", rows " << rows;
+  if (rows == 0) return;
+  constexpr int kWarps = 8;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(K / 32, kWarps)), static_cast<unsigned>(rows));
+  Launch(SplitForInt4GemmKernel, grid, kWarps * kWarp, 0, stream, a, rows, lda, K,
+         static_cast<uint16_t*>(out));
+}
+
+void LaunchInt4Gemm(const GemmParams& p, cudaStream_t stream) {
+  MOE_CHECK(p.w_dtype == DType::kQ4 && p.K % 64 == 0 && p.group_size % 64 == 0 && p.has_groups() &&
+            !p.glu() && p.k_splits <= 1)
+      << "Int4Gemm: a shape it does not take: K " << p.K << ", group " << p.group_size;
+  constexpr size_t kSmem = kInt4Stages * sizeof(Int4Stage);
+  static const bool attr = [] {  // more than 48 KiB of dynamic shared memory
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(Int4GemmPipelinedKernel,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kSmem)));
+    return true;
+  }();
+  (void)attr;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kTileN)),
+                  static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
+                  static_cast<unsigned>(p.num_groups));
+  Launch(Int4GemmPipelinedKernel, grid, kGemmThreads, kSmem, stream, p);
 }
 
 }  // namespace moe::kernels::cuda
