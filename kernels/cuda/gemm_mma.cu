@@ -10,6 +10,7 @@
 // k-tiles of 64 halve the barriers and the per-tile s/m scalings a product: the prefill's int4
 // expert GEMMs went 830 -> 667 us a launch (H200); bf16 GEMMs, prefill or decode, did not move
 // (tests/bench/NOTES.md, stop 40). 32 where K or the quant group does not allow 64.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -339,23 +340,24 @@ __device__ __forceinline__ int SplitColumn(int p) {
   return 8 * (k % 8 / 2) + 2 * h + k / 8 + 4 * (k % 2);
 }
 
-// One warp a (row, 32 columns): lane p takes column SplitColumn(p).
+// One warp a (row, 32 columns), rows strided by the grid's y: lane p takes column SplitColumn(p).
 __global__ void SplitForInt4GemmKernel(const float* a, int64_t rows, int64_t lda, int64_t K,
                                        uint16_t* out) {
   WaitForPriorKernel();
-  const int64_t row = blockIdx.y;
   const int64_t chunk =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
   if (chunk >= K / 32) return;
   const int lane = threadIdx.x % kWarp;
-  const float x = a[row * lda + chunk * 32 + SplitColumn(lane)];
-  const __nv_bfloat16 hi = __float2bfloat16_rn(x);
-  const __nv_bfloat16 lo = __float2bfloat16_rn(x - __bfloat162float(hi));
-  const int64_t at = row * K + chunk * 32 + lane;
-  out[at] = __bfloat16_as_ushort(hi);
-  out[rows * K + at] = __bfloat16_as_ushort(lo);
-  const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
-  if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const float x = a[row * lda + chunk * 32 + SplitColumn(lane)];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+    const int64_t at = row * K + chunk * 32 + lane;
+    out[at] = __bfloat16_as_ushort(hi);
+    out[rows * K + at] = __bfloat16_as_ushort(lo);
+    const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
+    if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+  }
 }
 
 // 16 bytes (cg), or 4 / 8 (ca), from global to shared memory in the background; zeros when
@@ -562,10 +564,11 @@ size_t SplitForInt4GemmBytes(int64_t rows, int64_t K) {
 
 void LaunchSplitForInt4Gemm(const float* a, int64_t rows, int64_t lda, int64_t K, void* out,
                             cudaStream_t stream) {
-  MOE_CHECK(K % 64 == 0 && rows <= 65535) << "SplitForInt4Gemm: K " << K << ", rows " << rows;
+  MOE_CHECK(K % 64 == 0) << "SplitForInt4Gemm: K " << K << " is no multiple of 64";
   if (rows == 0) return;
   constexpr int kWarps = 8;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(K / 32, kWarps)), static_cast<unsigned>(rows));
+  const dim3 grid(static_cast<unsigned>(CeilDiv(K / 32, kWarps)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
   Launch(SplitForInt4GemmKernel, grid, kWarps * kWarp, 0, stream, a, rows, lda, K,
          static_cast<uint16_t*>(out));
 }
