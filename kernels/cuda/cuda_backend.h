@@ -212,9 +212,10 @@ class CudaBackend final : public Backend {
   Scratch routed_plan_;
   // MOE_ROUTED_CHUNK=n: the plan's rows per group (measurements; 0: chosen by the batch).
   int64_t routed_chunk_override_ = 0;
-  // The int4 expert GEMMs on A split once a call (LaunchInt4Gemm; MOE_INT4_SPLIT=0: the GEMM
-  // that converts A in every block, for measurements).
-  bool split_int4_ = true;
+  // GEMMs on A split once a call (LaunchSplitForGemm; MOE_GEMM_SPLIT=0: the GEMM that converts
+  // A in every block, for measurements), MatMul's split in gemm_split_.
+  bool split_gemm_ = true;
+  Scratch gemm_split_;
   int routed_rows_top_k_ = 0;
   int64_t routed_rows_count_ = 0;
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).

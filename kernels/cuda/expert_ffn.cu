@@ -362,14 +362,14 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
   };
   const int64_t I = w0.gate.dim(0);
   const DType dtype = w0.gate.dtype;
-  // int4 GEMMs (prefill): x split once for gate and up, act once for down (LaunchInt4Gemm).
-  const bool split = split_int4_ && max_rows > cuda::kMatVecMaxRows && dtype == DType::kQ4 &&
-                     H % 64 == 0 && I % 64 == 0 && w0.gate.group_size % 64 == 0 &&
-                     w0.down.group_size % 64 == 0;
+  // GEMMs (prefill): x split once for gate and up, act once for down (LaunchSplitForGemm).
+  const bool split = split_gemm_ && max_rows > cuda::kMatVecMaxRows &&
+                     cuda::PipelinedGemmTakes(dtype, H, w0.gate.group_size) &&
+                     cuda::PipelinedGemmTakes(dtype, I, w0.down.group_size);
   // [R, 2I] gate|up, then [R, I] act, then (split) x's and act's splits
   const size_t acts = StageAligned(static_cast<size_t>(total_rows) * 3 * I * sizeof(float));
-  const size_t x_split = split ? StageAligned(cuda::SplitForInt4GemmBytes(x_rows, H)) : 0;
-  const size_t act_split = split ? cuda::SplitForInt4GemmBytes(total_rows, I) : 0;
+  const size_t x_split = split ? StageAligned(cuda::SplitForGemmBytes(x_rows, H)) : 0;
+  const size_t act_split = split ? cuda::SplitForGemmBytes(total_rows, I) : 0;
   auto* base = static_cast<uint8_t*>(Reserve(work_, acts + x_split + act_split));
   float* gate_up = reinterpret_cast<float*>(base);
   float* act = gate_up + total_rows * 2 * I;
@@ -397,7 +397,7 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
     cuda::LaunchGroupedGemm(p, stream_);
   } else {
     if (split) {
-      cuda::LaunchSplitForInt4Gemm(x, x_rows, H, H, base + acts, stream_);
+      cuda::LaunchSplitForGemm(x, x_rows, H, H, dtype, base + acts, stream_);
       p.a_split = reinterpret_cast<const uint16_t*>(base + acts);
       p.a_split_rows = x_rows;
     }
@@ -426,7 +426,7 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
   d.accumulate = true;
   d.num_sms = num_sms_;
   if (split) {
-    cuda::LaunchSplitForInt4Gemm(act, total_rows, I, I, base + acts + x_split, stream_);
+    cuda::LaunchSplitForGemm(act, total_rows, I, I, dtype, base + acts + x_split, stream_);
     d.a_split = reinterpret_cast<const uint16_t*>(base + acts + x_split);
     d.a_split_rows = total_rows;
   }

@@ -525,6 +525,9 @@ void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
   if (p.glu()) {
     LaunchMatVec<W, true>(p, single, stream);
   } else if (std::is_same_v<W, __nv_bfloat16> && p.max_rows > kBf16GemmAboveRows &&
+             p.a_split != nullptr) {
+    LaunchPipelinedGemm(p, single, stream);
+  } else if (std::is_same_v<W, __nv_bfloat16> && p.max_rows > kBf16GemmAboveRows &&
              LaunchGemmMma(p, single, stream)) {
     // (Measured before the GEMM's K split, stop 18, 32 rows were the better threshold:
     // tests/gpu_results/bf16_gemm_rows_stop18.txt.)
@@ -602,6 +605,12 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
       Zero(out, static_cast<size_t>(T * N) * sizeof(float));
       p.accumulate = true;
     }
+  }
+  if (gemm && split_gemm_ && cuda::PipelinedGemmTakes(w.dtype, K, w.group_size)) {
+    void* split = Reserve(gemm_split_, cuda::SplitForGemmBytes(T, K));
+    cuda::LaunchSplitForGemm(x, T, K, K, w.dtype, split, stream_);
+    p.a_split = static_cast<const uint16_t*>(split);
+    p.a_split_rows = T;
   }
   // One group passed by value: no host->device copy on the decode path.
   cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
