@@ -572,6 +572,9 @@ void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream) {
 
 namespace moe::kernels {
 
+// MatMul takes the pipelined GEMM from this many rows of A plus one (prefill chunks).
+constexpr int64_t kSplitGemmAboveRows = 256;
+
 void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
                          const TensorView* bias) {
   MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
@@ -606,7 +609,12 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
       p.accumulate = true;
     }
   }
-  if (gemm && split_gemm_ && cuda::PipelinedGemmTakes(w.dtype, K, w.group_size)) {
+  // A split once a call for the pipelined GEMM, past decode batches only: its extra launch made
+  // 64 sequences 1.8% slower (3,629 / 3,598 against 3,676 / 3,681 tokens/s, H200), while a
+  // 2,048-token prefill gained 12% (tests/bench/NOTES.md, stop 42). It splits K for bf16 only.
+  if (gemm && split_gemm_ && T > kSplitGemmAboveRows &&
+      cuda::PipelinedGemmTakes(w.dtype, K, w.group_size) &&
+      (p.k_splits <= 1 || w.dtype == DType::kBF16)) {
     void* split = Reserve(gemm_split_, cuda::SplitForGemmBytes(T, K));
     cuda::LaunchSplitForGemm(x, T, K, K, w.dtype, split, stream_);
     p.a_split = static_cast<const uint16_t*>(split);
