@@ -61,6 +61,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   if (const char* chunk = std::getenv("MOE_ROUTED_CHUNK"); chunk != nullptr) {
     routed_chunk_override_ = std::max(0L, std::strtol(chunk, nullptr, 10));
   }
+  if (const char* split = std::getenv("MOE_GEMM_SPLIT"); split != nullptr) {
+    split_gemm_ = std::string(split) != "0";
+  }
 }
 
 CudaBackend::~CudaBackend() {

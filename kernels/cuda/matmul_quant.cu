@@ -567,6 +567,8 @@ void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
     LaunchQuantMatVec<B, true>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
     LaunchQuantMatVec<B, false>(p, single, stream);
+  } else if (p.a_split != nullptr) {
+    LaunchPipelinedGemm(p, single, stream);
   } else if (!LaunchGemmMma(p, single, stream)) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),

@@ -882,7 +882,9 @@ struct FfnCase {
 };
 class ExpertFfnParity : public ::testing::TestWithParam<FfnCase> {};
 
-void RunExpertFfn(const FfnCase& c, int32_t group) {
+// offset > 0: every expert matrix of the GPU side moved to that many bytes past an aligned
+// address (the kernels' unaligned paths).
+void RunExpertFfn(const FfnCase& c, int32_t group, size_t offset = 0) {
   std::mt19937 rng(static_cast<uint32_t>(c.T * 977 + c.H * 3 + c.I + c.pool + group));
   // Route every token to K distinct experts, then group the rows by expert (ascending id).
   std::vector<std::vector<std::pair<int32_t, float>>> per_expert(c.pool);
@@ -912,9 +914,21 @@ void RunExpertFfn(const FfnCase& c, int32_t group) {
     up.push_back(MakeAnyWeight(Random(rng, c.I * c.H, -gs, gs), c.dtype, group, {c.I, c.H}));
     down.push_back(MakeAnyWeight(Random(rng, c.H * c.I, -ds, ds), c.dtype, group, {c.H, c.I}));
   }
+  std::vector<kernels::Buffer> moved;  // offset > 0: the moved copies
+  auto at_offset = [&](const TensorView& v) {
+    if (offset == 0) return v;
+    absl::StatusOr<kernels::Buffer> buf = Gpu().Allocate(v.bytes() + 16);
+    EXPECT_TRUE(buf.ok()) << buf.status();
+    TensorView w = v;
+    w.data = static_cast<uint8_t*>(buf->data()) + offset;
+    Gpu().CopyOnDevice(const_cast<void*>(w.data), v.data, v.bytes());
+    moved.push_back(std::move(buf).value());
+    return w;
+  };
   for (size_t i = 0; i < spans.size(); ++i) {
     cpu_w.push_back({gate[i].cpu, up[i].cpu, down[i].cpu});
-    gpu_w.push_back({gate[i].gpu.view, up[i].gpu.view, down[i].gpu.view});
+    gpu_w.push_back(
+        {at_offset(gate[i].gpu.view), at_offset(up[i].gpu.view), at_offset(down[i].gpu.view)});
   }
   std::vector<kernels::ExpertWork> cpu_work, gpu_work;
   for (size_t i = 0; i < spans.size(); ++i) {
@@ -943,7 +957,7 @@ void RunExpertFfn(const FfnCase& c, int32_t group) {
   Gpu().ExpertFfn(a);
   ExpectClose("ExpertFfn",
               Name("T", c.T, "H", c.H, "I", c.I, "E", c.pool, "K", c.K, DTypeName(c.dtype),
-                   GroupTag(group)),
+                   GroupTag(group), offset > 0 ? absl::StrCat("at byte offset ", offset) : ""),
               out.Read(), want, TolFor(c.dtype));
 }
 
@@ -1273,9 +1287,12 @@ TEST(QuantMatMulExactCodes, MatchesDoubleSum) {
 struct QuantFfnCase {
   FfnCase ffn;
   int32_t group;
+  size_t offset = 0;  // the GPU's expert matrices at this many bytes past an aligned address
 };
 class QuantExpertFfnParity : public ::testing::TestWithParam<QuantFfnCase> {};
-TEST_P(QuantExpertFfnParity, MatchesCpu) { RunExpertFfn(GetParam().ffn, GetParam().group); }
+TEST_P(QuantExpertFfnParity, MatchesCpu) {
+  RunExpertFfn(GetParam().ffn, GetParam().group, GetParam().offset);
+}
 
 INSTANTIATE_TEST_SUITE_P(
     Cases, QuantExpertFfnParity,
@@ -1291,6 +1308,11 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{1, 7, 1, 3, 1, DType::kQ2}, 32},
                       QuantFfnCase{{64, 2048, 768, 16, 8, DType::kQ4}, 128},  // ~32 rows: passes
                       QuantFfnCase{{512, 2048, 768, 16, 8, DType::kQ4}, 64},  // prefill: GEMM
+                      // the int4 GEMM on A split once: partial m- and n-tiles, then experts at
+                      // odd addresses (codes and scales read by plain loads)
+                      QuantFfnCase{{300, 512, 192, 5, 2, DType::kQ4}, 64},
+                      QuantFfnCase{{300, 512, 192, 5, 2, DType::kQ4}, 64, 4},
+                      QuantFfnCase{{200, 256, 128, 4, 2, DType::kQ4}, 128, 1},
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
                       QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128},
                       QuantFfnCase{{8, 2048, 768, 64, 8, DType::kQ4}, 128},  // tensor cores
