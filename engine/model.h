@@ -99,6 +99,11 @@ class Model {
   }
   // The tiered store serving the experts, or null when they come from the checkpoint.
   const store::ExpertStore* expert_store() const { return moe_->expert_store(); }
+  // ExpertStore::Preload for a store-backed model (0 for any other): the VRAM tier filled at
+  // start when it holds every expert.
+  absl::StatusOr<int64_t> PreloadExperts(const std::function<void(int32_t layers_done)>& progress) {
+    return moe_->PreloadExperts(progress);
+  }
 
   // Debugging and quality tools (kv-quality): called once per layer of every Forward with host
   // copies of the step's post-RoPE, post-q/k-norm q [T, NH, D], k and v [T, NKV, D]. Empty: none.

@@ -21,6 +21,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -81,6 +82,9 @@ class MoeLayer {
   Path ChoosePath(int64_t layer);
 
   const store::ExpertStore* expert_store() const { return store_; }
+  absl::StatusOr<int64_t> PreloadExperts(const std::function<void(int32_t layers_done)>& progress) {
+    return store_ != nullptr ? store_->Preload(progress) : int64_t{0};
+  }
   // True when a step can be recorded and replayed as CUDA graphs. With the tiered store too: a
   // kReadable step reads nothing back mid-step, and the host-routed path's first read ends the
   // recording; the store's loads are ordered after the step's kernels through MarkCompute, which

@@ -543,6 +543,25 @@ void ExpertStore::RunWaiters(std::vector<std::function<void(absl::Status)>> wait
   for (auto& w : waiters) w(status);
 }
 
+absl::StatusOr<int64_t> ExpertStore::Preload(
+    const std::function<void(int32_t layers_done)>& progress) {
+  std::vector<std::vector<int32_t>> experts(num_layers_);  // [layer]: ids in the index
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (!device_ || device_->num_slots() < static_cast<int64_t>(locations_.size())) return 0;
+    for (const auto& [id, loc] : locations_) experts[id.layer].push_back(id.expert);
+  }
+  int64_t loaded = 0;
+  for (int32_t layer = 0; layer < num_layers_; ++layer) {
+    std::sort(experts[layer].begin(), experts[layer].end());
+    MOE_ASSIGN_OR_RETURN(const std::vector<ExpertHandle> handles, Acquire(layer, experts[layer]));
+    for (const ExpertHandle& h : handles) MOE_RETURN_IF_ERROR(h.ready.get());
+    loaded += static_cast<int64_t>(handles.size());
+    if (progress) progress(layer + 1);
+  }
+  return loaded;
+}
+
 StoreStats ExpertStore::Stats() const {
   std::lock_guard<std::mutex> lock(mu_);
   return stats_;

@@ -24,6 +24,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -127,6 +128,14 @@ class ExpertStore final : public ExpertProvider {
   // those of them the step read from the host tier (StoreStats::host_reads).
   void Use(int32_t layer, absl::Span<const int32_t> experts,
            absl::Span<const int32_t> from_host);
+
+  // Loads every expert of the index into the device tier when that tier holds them all, layer by
+  // layer, waiting for each layer's loads; `progress(layers_done)` after each. Then every decode
+  // step can route on the device from its first (kReadable, engine/moe_layer.h), where a tier
+  // filled on demand leaves layers incomplete, and host-routed, for as long as some expert was
+  // never used. The loads count as device misses. Returns the experts loaded: 0 (and nothing
+  // done) without a device tier of that size. The first load error, naming the expert and file.
+  absl::StatusOr<int64_t> Preload(const std::function<void(int32_t layers_done)>& progress);
 
   StoreStats Stats() const;
   int32_t num_layers() const { return num_layers_; }

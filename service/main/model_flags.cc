@@ -54,6 +54,10 @@ ABSL_FLAG(bool, prefetch, false,
           "Expert store: prefetch the next layer's likely experts (its router applied to the "
           "current hidden state; one more host copy per layer). Its accuracy is prefetch "
           "used / issued (moe-generate's [store] line, moe_store_prefetches_total)");
+ABSL_FLAG(bool, preload_experts, true,
+          "Expert store: at start, load every expert into the VRAM tier when it holds them all "
+          "(progress logged), so that decode steps route on the device and replay as CUDA graphs "
+          "from the first; false: the tier fills as steps miss");
 ABSL_FLAG(std::string, record_trace, "",
           "Write the routing trace (per step and MoE layer, the experts the batch needed) to "
           "this file, for moe-store-sim --trace. Empty: none");
@@ -130,6 +134,26 @@ absl::StatusOr<LoadedModel> LoadModelFromFlags(const char* who) {
   if (absl::GetFlag(FLAGS_prefetch) && !is_store) {
     MOE_LOG(WARNING) << who << " --prefetch: " << m.dir
                      << " is not a model store (moe-import); no effect";
+  }
+  if (is_store && m.device_budget > 0 && absl::GetFlag(FLAGS_preload_experts)) {
+    // A layer routes on the device only once all its experts are readable (engine/moe_layer.h):
+    // filled as steps miss, the tier left most layers host-routed for as long as some expert had
+    // not been used (the service at 1 stream, tests/bench/NOTES.md, stop 42).
+    const double t0 = base::NowSeconds();
+    const auto layers = static_cast<int32_t>(m.model->config().num_hidden_layers);
+    double next_log = 2.0;  // seconds
+    auto progress = [&](int32_t done) {
+      const double t = base::NowSeconds() - t0;
+      if (done < layers && t < next_log) return;
+      next_log = t + 2.0;
+      MOE_LOG(INFO) << who << " preloading experts into the VRAM tier: " << done << "/" << layers
+                    << " layers in " << t << " s";
+    };
+    MOE_ASSIGN_OR_RETURN(const int64_t loaded, m.model->PreloadExperts(progress));
+    if (loaded == 0) {
+      MOE_LOG(INFO) << who << " experts not preloaded: the VRAM tier holds only part of them "
+                    << "(it fills as steps miss)";
+    }
   }
   if (const std::string path = absl::GetFlag(FLAGS_record_trace); !path.empty()) {
     MOE_ASSIGN_OR_RETURN(m.trace, m.model->RecordRoutingTrace(path));

@@ -325,6 +325,41 @@ TEST(ExpertStoreTest, PinDeviceResidentPinsOnlyReadyDeviceExpertsAndCountsNothin
   EXPECT_EQ((*store)->Stats().device.evictions, 1u) << "unpinned once the handles went";
 }
 
+// Preload: with a device tier that holds every expert, each is loaded once, every layer is then
+// readable in full (a decode step can route on the device from its first), and the loads are
+// the only misses; with a smaller tier it does nothing.
+TEST(ExpertStoreTest, PreloadFillsADeviceTierThatHoldsEveryExpert) {
+  TempDir dir;
+  auto t = ImportTiny(dir.path());
+  auto backend = Cpu();
+  const int32_t L = t.model.layers, E = t.model.experts;
+  auto store = ExpertStore::Open(Options(t.store_dir, uint64_t(L) * E * 16384, 0), backend.get());
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<int32_t> progress;
+  auto loaded = (*store)->Preload([&](int32_t done) { progress.push_back(done); });
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ(*loaded, int64_t{L} * E);
+  EXPECT_EQ(progress, (std::vector<int32_t>{1, 2, 3}));
+  EXPECT_EQ((*store)->Stats().device.misses, uint64_t(L) * E);
+  for (int32_t l = 0; l < L; ++l) {
+    const ExpertStore::ReadableLayer readable = (*store)->PinReadable(l, E);
+    ASSERT_TRUE(readable.complete()) << "layer " << l;
+    for (int32_t e = 0; e < E; ++e) {
+      EXPECT_FALSE(readable.in_host[e]);
+      EXPECT_TRUE(SameAsCheckpoint(*t.checkpoint, readable.views[e], l, e));
+    }
+  }
+
+  // One slot short of the model: nothing is loaded.
+  auto small = ExpertStore::Open(Options(t.store_dir, (uint64_t(L) * E - 1) * 16384, 0),
+                                 backend.get());
+  ASSERT_TRUE(small.ok()) << small.status();
+  auto none = (*small)->Preload(nullptr);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(*none, 0);
+  EXPECT_EQ((*small)->Stats().device.misses, 0u);
+}
+
 // Use: every expert the step read from the host tier is a host read; those the device tier held
 // by then (loaded since the step made its table, or still loading) are counted apart, and a
 // miss is loaded into the device tier for the steps after.
