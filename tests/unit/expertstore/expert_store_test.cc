@@ -351,8 +351,8 @@ TEST(ExpertStoreTest, PreloadFillsADeviceTierThatHoldsEveryExpert) {
   }
 
   // One slot short of the model: nothing is loaded.
-  auto small = ExpertStore::Open(Options(t.store_dir, (uint64_t(L) * E - 1) * 16384, 0),
-                                 backend.get());
+  auto small =
+      ExpertStore::Open(Options(t.store_dir, (uint64_t(L) * E - 1) * 16384, 0), backend.get());
   ASSERT_TRUE(small.ok()) << small.status();
   auto none = (*small)->Preload(nullptr);
   ASSERT_TRUE(none.ok());
