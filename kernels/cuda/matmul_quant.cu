@@ -19,6 +19,9 @@
 // dequantizes element by element.
 // GEMM (prefill) where the tensor-core kernel (gemm_mma.cu) does not apply: the tiled SIMT kernel
 // of matmul.cu with a loader that dequantizes each element.
+// kF8 (fp8 e4m3 codes, an fp32 scale s per group) takes the int8 kernels with kF8 set: a word's 4
+// codes become floats exactly (E4m3ToFloat: 2 integer ops and a multiply a code), summed against x
+// per word, the word's sum times s: sum_c x[c] e4m3(q[c]) s.
 #include <algorithm>
 #include <type_traits>
 
@@ -58,6 +61,17 @@ __device__ __forceinline__ float2 LoadParams(const uint8_t* params_row, int64_t 
   return make_float2(__half2float(__half(s)), __half2float(__half(m)));
 }
 
+// The fp32 scale of group g of a kF8 row, at any alignment.
+__device__ __forceinline__ float LoadScale(const uint8_t* params_row, int64_t g) {
+  return __uint_as_float(LoadU32Bytes(params_row + 4 * g));
+}
+
+// Code i of `byte` dequantized: q s + m.
+template <int B>
+__device__ __forceinline__ float WeightAt(uint32_t byte, int i, float2 sm) {
+  return fmaf(static_cast<float>((byte >> (i * B)) & QFmt<B>::kMask), sm.x, sm.y);
+}
+
 struct QuantMatrix {
   const uint8_t* codes;   // this weight row's codes
   const uint8_t* params;  // this weight row's {s, m} pairs
@@ -78,9 +92,10 @@ __device__ __forceinline__ QuantMatrix RowOf(const void* w, int64_t n, int64_t N
 // per instruction and capped int4 at 10% of HBM bandwidth, H200, tests/bench/NOTES.md.)
 constexpr int kRowsPerWarp = 4;
 
-template <int B, int TB, bool kGlu, int ws>
-__global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmParams p,
+template <int B, int TB, bool kGlu, int ws, bool kF8>
+__global__ __launch_bounds__(kQWarps* kWarp) void QuantMatVecKernel(const GemmParams p,
                                                                     const GemmGroup single) {
+  static_assert(!kF8 || B == 8, "fp8 codes are bytes");
   WaitForPriorKernel();
   using F = QFmt<B>;
   constexpr int NW = kGlu ? 2 : 1;        // gate and up matrices, or the one weight matrix
@@ -138,10 +153,16 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
 #pragma unroll
           for (int q = 0; q < NR; ++q) {
             code[u][q] = wd < words ? __ldg(reinterpret_cast<const uint32_t*>(w[q].codes) + wd) : 0u;
-            const float2 p2 = wd < words ? __half22float2(__ldg(
-                                               reinterpret_cast<const __half2*>(w[q].params) + gi))
-                                         : make_float2(0.f, 0.f);
-            sm[u][q] = make_float2(p2.x * F::kScale, p2.y);
+            if constexpr (kF8) {  // {s, 0}: the fp32 scale
+              sm[u][q] = make_float2(
+                  wd < words ? __ldg(reinterpret_cast<const float*>(w[q].params) + gi) : 0.f, 0.f);
+            } else {
+              const float2 p2 =
+                  wd < words
+                      ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w[q].params) + gi))
+                      : make_float2(0.f, 0.f);
+              sm[u][q] = make_float2(p2.x * F::kScale, p2.y);
+            }
           }
         }
 #pragma unroll
@@ -166,10 +187,18 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
 #pragma unroll
             for (int q = 0; q < NR; ++q) {
               float d = 0.f;
+              if constexpr (kF8) {  // s sum_c x[c] e4m3(q[c])
 #pragma unroll
-              for (int e = 0; e < F::kPerWord; ++e) d = fmaf(xv[e], OnePlusCode<B>(code[u][q], e), d);
-              // s 2^B (sum x f - sum x) + m sum x = sum x (q s + m)
-              acc[q][j] = fmaf(sm[u][q].x, d - xs, fmaf(sm[u][q].y, xs, acc[q][j]));
+                for (int e = 0; e < 4; ++e) d = fmaf(xv[e], E4m3ToFloat(code[u][q] >> (8 * e)), d);
+                acc[q][j] = fmaf(sm[u][q].x, d, acc[q][j]);
+              } else {
+#pragma unroll
+                for (int e = 0; e < F::kPerWord; ++e) {
+                  d = fmaf(xv[e], OnePlusCode<B>(code[u][q], e), d);
+                }
+                // s 2^B (sum x f - sum x) + m sum x = sum x (q s + m)
+                acc[q][j] = fmaf(sm[u][q].x, d - xs, fmaf(sm[u][q].y, xs, acc[q][j]));
+              }
             }
           }
         }
@@ -183,8 +212,8 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
           for (int i = 0; i < F::kPerByte; ++i) {
             const int64_t k = b * F::kPerByte + i;
             if (k >= K) break;
-            const float2 sm = LoadParams(w[q].params, k / G);
-            const float wk = fmaf(static_cast<float>((byte >> (i * B)) & F::kMask), sm.x, sm.y);
+            const float wk = kF8 ? E4m3ToFloat(byte) * LoadScale(w[q].params, k / G)
+                                 : WeightAt<B>(byte, i, LoadParams(w[q].params, k / G));
 #pragma unroll
             for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(wk, xr[j][k], acc[q][j]);
           }
@@ -231,7 +260,7 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
   }
 }
 
-template <int B, int TB, bool kGlu>
+template <int B, int TB, bool kGlu, bool kF8>
 void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const dim3 block(kQWarps * kWarp);
   // K split over 4 warps when whole-row warps would give under 4 blocks per SM (the expert
@@ -241,11 +270,11 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   if (split) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantMatVecKernel<B, TB, kGlu, 4>, grid, block, 0, stream, p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 4, kF8>, grid, block, 0, stream, p, single);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantMatVecKernel<B, TB, kGlu, 1>, grid, block, 0, stream, p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 1, kF8>, grid, block, 0, stream, p, single);
   }
 }
 
@@ -434,28 +463,28 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
   return true;
 }
 
-template <int B, bool kGlu>
+template <int B, bool kGlu, bool kF8>
 void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   if constexpr (B == 4) {
     if (LaunchInt4MmaMatVec(p, single, stream)) return;
   }
   if (p.max_rows <= 1) {
-    LaunchQuantMatVecRows<B, 1, kGlu>(p, single, stream);
+    LaunchQuantMatVecRows<B, 1, kGlu, kF8>(p, single, stream);
   } else if (p.max_rows <= 2) {
-    LaunchQuantMatVecRows<B, 2, kGlu>(p, single, stream);
+    LaunchQuantMatVecRows<B, 2, kGlu, kF8>(p, single, stream);
   } else if (p.max_rows <= 4) {
-    LaunchQuantMatVecRows<B, 4, kGlu>(p, single, stream);
+    LaunchQuantMatVecRows<B, 4, kGlu, kF8>(p, single, stream);
   } else {
-    LaunchQuantMatVecRows<B, 8, kGlu>(p, single, stream);
+    LaunchQuantMatVecRows<B, 8, kGlu, kF8>(p, single, stream);
   }
 }
 
 // ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 (the shapes -----
 // `GemmMmaKernel` does not take: K not a multiple of 32, unaligned A)
 
-template <int B>
+template <int B, bool kF8>
 __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmParams p,
-                                                                    const GemmGroup single) {
+                                                                     const GemmGroup single) {
   WaitForPriorKernel();
   using F = QFmt<B>;
   const GemmGroup g = GroupOf(p, single, blockIdx.z);
@@ -486,9 +515,10 @@ __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmP
       As[lk + i][lr] = arow != nullptr && k < K ? arow[k] : 0.f;
       float wk = 0.f;
       if (n < p.N && k < K) {
-        const uint32_t q = (wrow.codes[k / F::kPerByte] >> ((k % F::kPerByte) * B)) & F::kMask;
-        const float2 sm = LoadParams(wrow.params, k / G);
-        wk = fmaf(static_cast<float>(q), sm.x, sm.y);
+        const uint32_t byte = wrow.codes[k / F::kPerByte];
+        wk = kF8 ? E4m3ToFloat(byte) * LoadScale(wrow.params, k / G)
+                 : WeightAt<B>(byte, static_cast<int>(k % F::kPerByte),
+                               LoadParams(wrow.params, k / G));
       }
       Ws[lk + i][lr] = wk;
     }
@@ -499,17 +529,17 @@ __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmP
   StoreTile(p, g, m0, n0, tx, ty, acc);
 }
 
-template <int B>
+template <int B, bool kF8 = false>
 void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   if (p.glu()) {
-    LaunchQuantMatVec<B, true>(p, single, stream);
+    LaunchQuantMatVec<B, true, kF8>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
-    LaunchQuantMatVec<B, false>(p, single, stream);
+    LaunchQuantMatVec<B, false, kF8>(p, single, stream);
   } else if (!LaunchGemmMma(p, single, stream)) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantGemmTiledKernel<B>, grid, kTileThreads, 0, stream, p, single);
+    Launch(QuantGemmTiledKernel<B, kF8>, grid, kTileThreads, 0, stream, p, single);
   }
 }
 
@@ -523,6 +553,8 @@ void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t st
     case DType::kQ8: return LaunchQuant<8>(p, single, stream);
     case DType::kQ4: return LaunchQuant<4>(p, single, stream);
     case DType::kQ2: return LaunchQuant<2>(p, single, stream);
+    case DType::kF8:
+      return LaunchQuant<8, true>(p, single, stream);
     default: MOE_CHECK(false) << "GroupedGemm: " << DTypeName(p.w_dtype) << " is not quantized";
   }
 }
