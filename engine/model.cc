@@ -228,8 +228,7 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   q_ = qkv_.f32();
   k_ = q_ + T * q_dim;
   v_ = k_ + T * c.num_key_value_heads * c.head_dim;
-  // Replayable (CUDA graphs) unless something reads the device mid-step or the expert store's
-  // copy thread queues loads behind the step's kernels.
+  // Replayable (CUDA graphs) unless an observer or exact timings read the device mid-step.
   backend_.BeginStep(T, moe_->replayable() && !observer_ && !exact_timings_);
   backend_.Embed(x_.f32(), weights_.embed_tokens.view, ids.data(), T);
   backend_.CopyToDevice(positions_.data(), positions.data(), T * sizeof(int32_t));

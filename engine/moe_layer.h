@@ -81,8 +81,11 @@ class MoeLayer {
   Path ChoosePath(int64_t layer);
 
   const store::ExpertStore* expert_store() const { return store_; }
-  // True when a step can be recorded and replayed (no copy thread, nothing read mid-step).
-  bool replayable() const { return store_ == nullptr && trace_ == nullptr; }
+  // True when a step can be recorded and replayed as CUDA graphs. With the tiered store too: a
+  // kReadable step reads nothing back mid-step, and the host-routed path's first read ends the
+  // recording; the store's loads are ordered after the step's kernels through MarkCompute, which
+  // issues what is recorded first. Not while a trace is written (every step host-routed).
+  bool replayable() const { return trace_ == nullptr; }
   void set_exact_timings(bool on) { exact_timings_ = on; }
   // See Model::set_routing_trace and Model::set_prefetch_next_layer.
   void set_routing_trace(store::RoutingTraceWriter* trace) {

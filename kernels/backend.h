@@ -364,9 +364,10 @@ class Backend {
   virtual void Synchronize() = 0;
   // Called before each forward pass with the number of tokens it runs: a backend may pick its
   // launch mode by step size (CUDA overlaps kernel launches for small decode steps only).
-  // `replayable`: until EndStep, nothing is issued on the copy queue and results are read only
-  // through the ops that wait (CopyToHost, Synchronize, ...): CUDA may then record the step's
-  // launches and replay them as CUDA graphs.
+  // `replayable`: until EndStep, results are read only through the ops that wait (CopyToHost,
+  // Synchronize, ...), and copy-queue work that must follow the step's compute waits for a
+  // MarkCompute: CUDA may then record the step's launches and replay them as CUDA graphs (every
+  // op that waits, and MarkCompute, first issues what is recorded).
   virtual void BeginStep(int64_t num_tokens, bool replayable) {}
   // Called when a forward pass ends, done or failed: every op it called is issued to the device
   // (CUDA: what is still recorded is launched), so the caller may free what they read once the

@@ -61,6 +61,9 @@ CudaBackend::CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overl
   if (const char* chunk = std::getenv("MOE_ROUTED_CHUNK"); chunk != nullptr) {
     routed_chunk_override_ = std::max(0L, std::strtol(chunk, nullptr, 10));
   }
+  if (const char* split = std::getenv("MOE_GEMM_SPLIT"); split != nullptr) {
+    split_gemm_ = std::string(split) != "0";
+  }
 }
 
 CudaBackend::~CudaBackend() {
@@ -89,7 +92,10 @@ absl::StatusOr<Buffer> CudaBackend::Allocate(size_t bytes) {
         ") of device memory: ", cudaGetErrorName(err), "; ", base::FormatBytes(free_bytes),
         " free of ", base::FormatBytes(total_bytes)));
   }
-  return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFree(q)); });
+  return Buffer(p, bytes, [](void* q) {
+    cuda::StepGraphs::MemoryFreed();
+    MOE_CUDA_CHECK(cudaFree(q));
+  });
 }
 
 base::MemoryTotals CudaBackend::Memory() {
@@ -100,14 +106,21 @@ base::MemoryTotals CudaBackend::Memory() {
 
 absl::StatusOr<Buffer> CudaBackend::AllocateHost(size_t bytes) {
   if (bytes == 0) return Buffer();
-  void* p = nullptr;  // cudaHostAlloc memory is page-aligned (>= 4 KiB)
-  if (const cudaError_t err = cudaHostAlloc(&p, bytes, cudaHostAllocDefault); err != cudaSuccess) {
+  // 4 KiB-aligned as the contract says: cudaHostAlloc's small blocks need not be (H200, driver
+  // 580, stop 42: golden_store_gpu_test's 256 KiB host tier was not, and the store refused it),
+  // so the block is padded and the pointer aligned up.
+  constexpr size_t kAlign = 4096;
+  void* base = nullptr;
+  if (const cudaError_t err = cudaHostAlloc(&base, bytes + kAlign, cudaHostAllocDefault);
+      err != cudaSuccess) {
     cudaGetLastError();  // not sticky; clear it
     return absl::ResourceExhaustedError(
         absl::StrCat("cuda backend: cannot allocate ", bytes, " bytes (", base::FormatBytes(bytes),
                      ") of pinned host memory: ", cudaGetErrorName(err)));
   }
-  return Buffer(p, bytes, [](void* q) { MOE_CUDA_CHECK(cudaFreeHost(q)); });
+  const uintptr_t aligned = (reinterpret_cast<uintptr_t>(base) + kAlign - 1) / kAlign * kAlign;
+  return Buffer(reinterpret_cast<void*>(aligned), bytes,
+                [base](void*) { MOE_CUDA_CHECK(cudaFreeHost(base)); });
 }
 
 absl::StatusOr<DeviceTensor> CudaBackend::Upload(const TensorView& host) {
@@ -265,6 +278,7 @@ void* CudaBackend::Reserve(Scratch& s, size_t bytes) {
   if (bytes <= s.bytes) return s.data;
   const size_t grown = std::max(bytes, s.bytes * 2);
   Synchronize();  // queued (or recorded) kernels may still read the old one
+  cuda::StepGraphs::MemoryFreed();
   MOE_CUDA_CHECK(cudaFree(s.data));
   s.data = nullptr;
   s.bytes = 0;

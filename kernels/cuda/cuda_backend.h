@@ -144,8 +144,9 @@ class CudaBackend final : public Backend {
   // ExpertFfn's and ExpertFfnRouted's launches (expert_ffn.cu).
   // ExpertFfnRouted with more routed pairs than experts (expert_ffn.cu): planned on the GPU.
   void PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const ExpertWeights& w0);
+  // x: [x_rows, H], the rows `rows` index.
   void LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, int64_t total_rows,
-                       const ExpertWeights& w0, const float* x, const int32_t* rows,
+                       const ExpertWeights& w0, const float* x, int64_t x_rows, const int32_t* rows,
                        const float* row_weights, float* out, int64_t H);
 
   // The TurboQuant rotation signs and codebook of a cache layer as the kernels read them
@@ -211,6 +212,10 @@ class CudaBackend final : public Backend {
   Scratch routed_plan_;
   // MOE_ROUTED_CHUNK=n: the plan's rows per group (measurements; 0: chosen by the batch).
   int64_t routed_chunk_override_ = 0;
+  // GEMMs on A split once a call (LaunchSplitForGemm; MOE_GEMM_SPLIT=0: the GEMM that converts
+  // A in every block, for measurements), MatMul's split in gemm_split_.
+  bool split_gemm_ = true;
+  Scratch gemm_split_;
   int routed_rows_top_k_ = 0;
   int64_t routed_rows_count_ = 0;
   // The smallest KvBadCode of the paged writes since the last TakeKvWriteError (all ones: none).

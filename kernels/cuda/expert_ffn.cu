@@ -243,7 +243,8 @@ void CudaBackend::ExpertFfn(const ExpertFfnArgs& a) {
   groups.count = num_experts;
   groups.table = static_cast<const cuda::GemmGroup*>(
       StageHostArgs(args_, table.data(), table.size() * sizeof(cuda::GemmGroup)));
-  LaunchExpertFfn(groups, max_rows, total_rows, w0, a.x, a.rows, a.row_weights, a.out, H);
+  LaunchExpertFfn(groups, max_rows, total_rows, w0, a.x, a.num_tokens, a.rows, a.row_weights, a.out,
+                  H);
 }
 
 void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
@@ -291,8 +292,8 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
     groups.up = table + E;
     groups.down = table + 2 * E;
   }
-  LaunchExpertFfn(groups, 1, n, *w0, a.x, static_cast<const int32_t*>(routed_rows_.data),
-                  a.weights, a.out, a.hidden_size);
+  LaunchExpertFfn(groups, 1, n, *w0, a.x, a.num_tokens,
+                  static_cast<const int32_t*>(routed_rows_.data), a.weights, a.out, a.hidden_size);
 }
 
 // ExpertFfnRouted for more pairs than experts: the plan above, then the grouped launches.
@@ -338,13 +339,14 @@ void CudaBackend::PlannedExpertFfnRouted(const ExpertFfnRoutedArgs& a, const Exp
   ExpertGroups plan;
   plan.count = static_cast<int>(max_groups);
   plan.table = groups;
-  LaunchExpertFfn(plan, chunk, n, w0, a.x, rows, row_weights, a.out, a.hidden_size);
+  LaunchExpertFfn(plan, chunk, n, w0, a.x, a.num_tokens, rows, row_weights, a.out, a.hidden_size);
 }
 
 // The grouped SwiGLU launches over `groups` (every expert has w0's dtype and shapes).
 void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, int64_t total_rows,
-                                  const ExpertWeights& w0, const float* x, const int32_t* rows,
-                                  const float* row_weights, float* out, int64_t H) {
+                                  const ExpertWeights& w0, const float* x, int64_t x_rows,
+                                  const int32_t* rows, const float* row_weights, float* out,
+                                  int64_t H) {
   // Projection `which` (0 gate, 1 up, 2 down) of every group, into q.
   auto set_groups = [&](cuda::GemmParams& q, int which) {
     q.num_groups = groups.count;
@@ -360,9 +362,16 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
   };
   const int64_t I = w0.gate.dim(0);
   const DType dtype = w0.gate.dtype;
-  // [R, 2I] gate|up, then [R, I] act
-  float* gate_up = static_cast<float*>(
-      Reserve(work_, static_cast<size_t>(total_rows) * 3 * static_cast<size_t>(I) * sizeof(float)));
+  // GEMMs (prefill): x split once for gate and up, act once for down (LaunchSplitForGemm).
+  const bool split = split_gemm_ && max_rows > cuda::kMatVecMaxRows &&
+                     cuda::PipelinedGemmTakes(dtype, H, w0.gate.group_size) &&
+                     cuda::PipelinedGemmTakes(dtype, I, w0.down.group_size);
+  // [R, 2I] gate|up, then [R, I] act, then (split) x's and act's splits
+  const size_t acts = StageAligned(static_cast<size_t>(total_rows) * 3 * I * sizeof(float));
+  const size_t x_split = split ? StageAligned(cuda::SplitForGemmBytes(x_rows, H)) : 0;
+  const size_t act_split = split ? cuda::SplitForGemmBytes(total_rows, I) : 0;
+  auto* base = static_cast<uint8_t*>(Reserve(work_, acts + x_split + act_split));
+  float* gate_up = reinterpret_cast<float*>(base);
   float* act = gate_up + total_rows * 2 * I;
 
   cuda::GemmParams p;
@@ -387,6 +396,11 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
     p.ldc = I;
     cuda::LaunchGroupedGemm(p, stream_);
   } else {
+    if (split) {
+      cuda::LaunchSplitForGemm(x, x_rows, H, H, dtype, base + acts, stream_);
+      p.a_split = reinterpret_cast<const uint16_t*>(base + acts);
+      p.a_split_rows = x_rows;
+    }
     p.ldc = 2 * I;
     p.c = gate_up;
     cuda::LaunchGroupedGemm(p, stream_);
@@ -411,6 +425,11 @@ void CudaBackend::LaunchExpertFfn(const ExpertGroups& groups, int64_t max_rows, 
   d.c_scale = row_weights;
   d.accumulate = true;
   d.num_sms = num_sms_;
+  if (split) {
+    cuda::LaunchSplitForGemm(act, total_rows, I, I, dtype, base + acts + x_split, stream_);
+    d.a_split = reinterpret_cast<const uint16_t*>(base + acts + x_split);
+    d.a_split_rows = total_rows;
+  }
   cuda::LaunchGroupedGemm(d, stream_);
 }
 

@@ -367,6 +367,10 @@ __device__ __forceinline__ void StoreTile(const GemmParams& p, const GemmGroup& 
 constexpr int kGemmTileRows = 64, kGemmTileCols = 128;
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 
+// The pipelined GEMM on p.a_split (gemm_mma.cu), for LaunchGroupedGemm past the matrix-vector
+// sizes.
+void LaunchPipelinedGemm(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
+
 // The quantized path of LaunchGroupedGemm (matmul_quant.cu): p.w_dtype is kQ8, kQ4, kQ2 or kF8.
 void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 

@@ -10,6 +10,7 @@
 // k-tiles of 64 halve the barriers and the per-tile s/m scalings a product: the prefill's int4
 // expert GEMMs went 830 -> 667 us a launch (H200); bf16 GEMMs, prefill or decode, did not move
 // (tests/bench/NOTES.md, stop 40). 32 where K or the quant group does not allow 64.
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -27,6 +28,14 @@ constexpr int kTileM = kGemmTileRows, kTileN = kGemmTileCols, kGemmThreads = 256
 // 20 or 36 words) fall on 32 distinct banks.
 template <int KT>
 constexpr int kRowWords = KT / 2 + 4;
+
+// Four 8 x 8 bf16 matrices from shared memory: lanes 8j .. 8j + 7 give the row addresses of matrix
+// j, which lands in r[j] (lane l: row l / 4, columns 2 (l % 4), + 1).
+__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
 
 __device__ __forceinline__ uint32_t PackBf16(float lo_half, float hi_half) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo_half, hi_half);
@@ -323,6 +332,327 @@ int GemmKTile(const GemmParams& p) {
   return wide && fits ? 64 : 32;
 }
 
+// ---- A split once a call: the pipelined kernel (int4 and bf16 weights) -------------------------
+// The kernel above converts its A tile into bf16 hi + lo in each of the N / 128 blocks that read
+// it (and turns int4 codes into bf16 one at a time), through one shared-memory stage: most of its
+// instructions, and each k-tile's load latency exposed (ncu, tests/bench/NOTES.md, stop 15). Here
+// A is split once a call instead (SplitForGemmKernel), so that A, the weights (and for int4 the
+// {s, m} and A's sums) reach shared memory by cp.async through kPipeStages stages, fragments by
+// ldmatrix. Block and warp tiles as above, k-tiles of 64.
+// bf16 weights: W's tile as it is in memory, B fragments by ldmatrix; A split in column order.
+// int4 weights (groups a multiple of 64): a lane makes the bf16 pairs of 8 codes from one 32-bit
+// word: ((w >> 4i) & 0x000f000f) | 0x43004300 is (128 + q, 128 + q') for codes i and i + 4, less
+// 128 (exact in bf16) the codes themselves. Lane t's word t of a weight row's 32 columns holds
+// codes 8t .. 8t + 7; its B fragments take (8t, 8t + 4), (8t + 1, 8t + 5) in the first k-step of
+// the 32 and (8t + 2, 8t + 6), (8t + 3, 8t + 7) in the second, as the (low, high) halves of
+// k = (2t, 2t + 1), (2t + 8, 2t + 9). So A is split in code order: position 16 h + k of each 32
+// columns holds column
+//   8 (k % 8 / 2) + 2 h + k / 8 + 4 (k % 2)      (SplitColumn),
+// and the arithmetic is the kernel above's: acc += s (sum_k a q) + m (sum_k a) a k-tile.
+constexpr int kPipeStages = 3;
+constexpr int kSplitRowWords = 36;  // 32 + 4: ldmatrix's 8 rows a phase on distinct banks
+constexpr int kCodeRowWords = 12;   // 8 + 4: a fragment load's 8 rows on distinct banks
+
+__device__ __forceinline__ int SplitColumn(int p) {
+  const int h = p / 16, k = p % 16;
+  return 8 * (k % 8 / 2) + 2 * h + k / 8 + 4 * (k % 2);
+}
+
+// One warp a (row, 32 columns), rows strided by the grid's y: lane p takes column SplitColumn(p)
+// (code_order) or p.
+__global__ void SplitForGemmKernel(const float* a, int64_t rows, int64_t lda, int64_t K,
+                                   bool code_order, uint16_t* out) {
+  WaitForPriorKernel();
+  const int64_t chunk =
+      static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
+  if (chunk >= K / 32) return;
+  const int lane = threadIdx.x % kWarp;
+  const int column = code_order ? SplitColumn(lane) : lane;
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    const float x = a[row * lda + chunk * 32 + column];
+    const __nv_bfloat16 hi = __float2bfloat16_rn(x);
+    const __nv_bfloat16 lo = __float2bfloat16_rn(x - __bfloat162float(hi));
+    const int64_t at = row * K + chunk * 32 + lane;
+    out[at] = __bfloat16_as_ushort(hi);
+    out[rows * K + at] = __bfloat16_as_ushort(lo);
+    const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
+    if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+  }
+}
+
+// 16 bytes (cg), or 4 / 8 (ca), from global to shared memory in the background; zeros when
+// !valid (nothing read).
+__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "r"(valid ? 16 : 0));
+}
+template <int kBytes>
+__device__ __forceinline__ void CpAsyncSmall(void* dst, const void* src, bool valid) {
+  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(
+                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
+               "l"(src), "n"(kBytes), "r"(valid ? kBytes : 0));
+}
+__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// The bf16 pair (q_i, q_{i+4}) of the 8 codes in w.
+__device__ __forceinline__ uint32_t CodePair(uint32_t w, int i) {
+  const uint32_t biased = ((w >> (4 * i)) & 0x000f000fu) | 0x43004300u;  // (128 + q, 128 + q')
+  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
+                                   __floats2bfloat162_rn(128.f, 128.f));
+  return *reinterpret_cast<const uint32_t*>(&q);
+}
+
+// The weight side of a stage, per format: Load (this thread's share of k-tile k0, by cp.async,
+// or plain loads for a matrix at an odd address), B (the fragments of the warp's four n-tiles
+// for 32 columns kc: b[j][2h], b[j][2h + 1] are b0, b1 of k-step h) and, for int4, the group's
+// {s, m} and A's sums. Loader: weight row tid / 2, half tid % 2 of its k-tile.
+struct Bf16Pipe {
+  static constexpr bool kScaled = false;
+  struct Weights {
+    uint32_t w[kTileN][kSplitRowWords];  // bf16 pairs
+  };
+  __device__ __forceinline__ static void Load(Weights& st, const GemmParams& p, const uint8_t* w,
+                                              int64_t n, int64_t k0, bool aligned, int tid) {
+    const int row = tid / 2, half = tid % 2;
+    const bool ok = n + row < p.N;
+    const uint8_t* src = w + ((ok ? n + row : 0) * p.K + k0 + 32 * half) * 2;
+#pragma unroll
+    for (int c = 0; c < 4; ++c) {
+      uint32_t* dst = &st.w[row][16 * half + 4 * c];
+      if (aligned) {
+        CpAsync16(dst, src + 16 * c, ok);
+      } else {
+        uint32_t w4[4] = {0u, 0u, 0u, 0u};
+        if (ok) LoadWordsBytewise(src + 16 * c, w4);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+      }
+    }
+  }
+  __device__ __forceinline__ static void B(const Weights& st, int wn, int kc, int lane,
+                                           uint32_t (&b)[4][4]) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int jp = 0; jp < 2; ++jp) {  // n-tiles 2 jp and 2 jp + 1: {n 0-7, 8-15} x {k 0-7, 8-15}
+        const int n = wn + 16 * jp + (lane & 7) + ((lane >> 4) << 3);
+        const int c = 16 * kc + 8 * h + ((lane >> 3) & 1) * 4;
+        uint32_t r[4];
+        LdMatrixX4(SharedAddress(&st.w[n][c]), r);
+        b[2 * jp][2 * h] = r[0], b[2 * jp][2 * h + 1] = r[1];
+        b[2 * jp + 1][2 * h] = r[2], b[2 * jp + 1][2 * h + 1] = r[3];
+      }
+    }
+  }
+};
+
+struct Int4Pipe {
+  static constexpr bool kScaled = true;
+  struct Weights {
+    uint32_t codes[kTileN][kCodeRowWords];  // the k-tile's 64 codes of each weight row
+    uint32_t params[kTileN];                // fp16 {s, m} of the k-tile's group
+  };
+  __device__ __forceinline__ static void Load(Weights& st, const GemmParams& p, const uint8_t* w,
+                                              int64_t n, int64_t k0, bool aligned, int tid) {
+    const int64_t row_bytes = p.K / 2, groups = p.K / p.group_size;
+    const int row = tid / 2, half = tid % 2;
+    const bool ok = n + row < p.N;
+    const uint8_t* codes = w + (ok ? n + row : 0) * row_bytes + k0 / 2 + 16 * half;
+    const bool p_ok = tid < kTileN && n + tid < p.N;
+    const uint8_t* params = w + (p.N * row_bytes + 15) / 16 * 16 +  // QuantParamsOffset
+                            ((p_ok ? n + tid : 0) * groups + k0 / p.group_size) * 4;
+    if (aligned) {
+      CpAsync16(&st.codes[row][4 * half], codes, ok);
+      if (tid < kTileN) CpAsyncSmall<4>(&st.params[tid], params, p_ok);
+    } else {
+      uint32_t w4[4] = {0u, 0u, 0u, 0u};
+      if (ok) LoadWordsBytewise(codes, w4);
+      *reinterpret_cast<uint4*>(&st.codes[row][4 * half]) = make_uint4(w4[0], w4[1], w4[2], w4[3]);
+      if (tid < kTileN) st.params[tid] = p_ok ? LoadU32Bytes(params) : 0u;
+    }
+  }
+  __device__ __forceinline__ static void B(const Weights& st, int wn, int kc, int lane,
+                                           uint32_t (&b)[4][4]) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const uint32_t w = st.codes[wn + 8 * j + g][4 * kc + t];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) b[j][i] = CodePair(w, i);
+    }
+  }
+};
+
+template <typename Fmt>
+struct PipeStage {
+  uint32_t a_hi[kTileM][kSplitRowWords];  // bf16 pairs of the split A
+  uint32_t a_lo[kTileM][kSplitRowWords];
+  typename Fmt::Weights w;
+  float2 sums[kTileM];  // int4: sum of hi + lo over each 32 columns of the k-tile
+};
+
+// Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups or k_splits) as GemmMmaKernel's;
+// LaunchPipelinedGemm checks what it needs.
+template <typename Fmt>
+__global__ __launch_bounds__(kGemmThreads, 2) void PipelinedGemmKernel(const GemmParams p,
+                                                                       const GemmGroup single) {
+  WaitForPriorKernel();
+  const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
+  const GemmGroup grp = GroupOf(p, single, split ? 0 : blockIdx.z);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  if (m0 >= grp.row_count) return;  // block-uniform
+  const int64_t K = p.K;
+  const int64_t tiles = split ? CeilDiv(K / 64, p.k_splits) : K / 64;
+  const int64_t kt_begin = split ? blockIdx.z * tiles : 0;
+  const int num_k = static_cast<int>(Min64(K / 64, kt_begin + tiles) - kt_begin);
+  if (num_k <= 0) return;  // block-uniform
+  extern __shared__ __align__(16) unsigned char pipe_smem[];
+  auto* stages = reinterpret_cast<PipeStage<Fmt>*>(pipe_smem);
+
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const uint16_t* a_hi = p.a_split;
+  const uint16_t* a_lo = p.a_split + p.a_split_rows * K;
+  const float* a_sums = reinterpret_cast<const float*>(p.a_split + 2 * p.a_split_rows * K);
+  auto a_row = [&](int m) -> int64_t {  // A's row of the tile's row m, -1 past the group
+    if (m0 + m >= grp.row_count) return -1;
+    const int64_t r = grp.row_begin + m0 + m;
+    return p.a_rows != nullptr ? p.a_rows[r] : r;
+  };
+  // Loaders. A: row tid / 4, 16-byte chunks 2 (tid % 4) and + 1 of hi and lo. Sums (int4): row
+  // tid - 128 (128 <= tid < 192).
+  const int la = tid / 4, lc = 2 * (tid % 4);
+  const int64_t ra = a_row(la);
+  const int64_t rs =
+      Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM ? a_row(tid - kTileN) : -1;
+  const auto* wbase = static_cast<const uint8_t*>(grp.w);
+  const bool aligned = (reinterpret_cast<uintptr_t>(wbase) & 15) == 0;  // block-uniform
+
+  auto issue = [&](int i) {  // k-tile kt_begin + i into its stage; a group committed either way
+    if (i < num_k) {
+      PipeStage<Fmt>& st = stages[i % kPipeStages];
+      const int64_t k0 = (kt_begin + i) * 64;
+      const int64_t at = (ra >= 0 ? ra : 0) * K + k0;
+#pragma unroll
+      for (int c = lc; c < lc + 2; ++c) {
+        CpAsync16(&st.a_hi[la][4 * c], a_hi + at + 8 * c, ra >= 0);
+        CpAsync16(&st.a_lo[la][4 * c], a_lo + at + 8 * c, ra >= 0);
+      }
+      Fmt::Load(st.w, p, wbase, n0, k0, aligned, tid);
+      if (Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM) {
+        CpAsyncSmall<8>(&st.sums[tid - kTileN], a_sums + (rs >= 0 ? rs : 0) * (K / 32) + k0 / 32,
+                        rs >= 0);
+      }
+    }
+    CpAsyncCommit();
+  };
+
+  const int wm = 32 * (warp / 4), wn = 32 * (warp % 4);  // the warp's 32 x 32 of the block tile
+  float acc[2][4][4] = {};
+  float part[2][4][4];  // int4: sum_k a q over the k-tile, before s and m
+#pragma unroll
+  for (int i = 0; i < kPipeStages - 1; ++i) issue(i);
+  for (int i = 0; i < num_k; ++i) {
+    CpAsyncWait<kPipeStages - 2>();  // this thread's copies of k-tile i are in
+    __syncthreads();                 // everyone's; and everyone is done with k-tile i - 1
+    issue(i + kPipeStages - 1);      // into k-tile i - 1's stage
+    const PipeStage<Fmt>& st = stages[i % kPipeStages];
+    if constexpr (Fmt::kScaled) {
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) part[a][j][e] = 0.f;
+        }
+      }
+    }
+    float(&dst)[2][4][4] = Fmt::kScaled ? part : acc;
+#pragma unroll
+    for (int kc = 0; kc < 2; ++kc) {  // the k-tile's two 32 columns
+      uint32_t b[4][4];
+      Fmt::B(st.w, wn, kc, lane, b);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        uint32_t ah[2][4], al[2][4];
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+          const int r = wm + 16 * a + (lane & 15), c = 16 * kc + 8 * h + (lane >> 4) * 4;
+          LdMatrixX4(SharedAddress(&st.a_hi[r][c]), ah[a]);
+          LdMatrixX4(SharedAddress(&st.a_lo[r][c]), al[a]);
+        }
+#pragma unroll
+        for (int a = 0; a < 2; ++a) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) {
+            MmaBf16(dst[a][j], ah[a][0], ah[a][1], ah[a][2], ah[a][3], b[j][2 * h],
+                    b[j][2 * h + 1]);
+            MmaBf16(dst[a][j], al[a][0], al[a][1], al[a][2], al[a][3], b[j][2 * h],
+                    b[j][2 * h + 1]);
+          }
+        }
+      }
+    }
+    if constexpr (Fmt::kScaled) {  // acc += s (sum a q) + m (sum a), per (row, weight row)
+#pragma unroll
+      for (int a = 0; a < 2; ++a) {
+        const float2 sa = st.sums[wm + 16 * a + g], sb = st.sums[wm + 16 * a + g + 8];
+        const float s0 = sa.x + sa.y, s1 = sb.x + sb.y;
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint2 pw = *reinterpret_cast<const uint2*>(&st.w.params[wn + 8 * j + 2 * t]);
+          const float2 c0 = __half22float2(*reinterpret_cast<const __half2*>(&pw.x));
+          const float2 c1 = __half22float2(*reinterpret_cast<const __half2*>(&pw.y));
+          acc[a][j][0] = fmaf(c0.x, part[a][j][0], fmaf(c0.y, s0, acc[a][j][0]));
+          acc[a][j][1] = fmaf(c1.x, part[a][j][1], fmaf(c1.y, s0, acc[a][j][1]));
+          acc[a][j][2] = fmaf(c0.x, part[a][j][2], fmaf(c0.y, s1, acc[a][j][2]));
+          acc[a][j][3] = fmaf(c1.x, part[a][j][3], fmaf(c1.y, s1, acc[a][j][3]));
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int a = 0; a < 2; ++a) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int64_t m = m0 + wm + 16 * a + g + 8 * h;
+      if (m >= grp.row_count) continue;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int64_t n = n0 + wn + 8 * j + 2 * t;
+        if (n < p.N) StoreC(p, grp.row_begin + m, n, acc[a][j][2 * h]);
+        if (n + 1 < p.N) StoreC(p, grp.row_begin + m, n + 1, acc[a][j][2 * h + 1]);
+      }
+    }
+  }
+}
+
+template <typename Fmt>
+void LaunchPipelined(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  constexpr size_t kSmem = kPipeStages * sizeof(PipeStage<Fmt>);
+  static const bool attr = [] {  // more than 48 KiB of dynamic shared memory
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(PipelinedGemmKernel<Fmt>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kSmem)));
+    return true;
+  }();
+  (void)attr;
+  const bool split = p.k_splits > 1 && !p.has_groups();
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kTileN)),
+                  static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
+                  static_cast<unsigned>(split ? p.k_splits : p.num_groups));
+  Launch(PipelinedGemmKernel<Fmt>, grid, kGemmThreads, kSmem, stream, p, single);
+}
+
 }  // namespace
 
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
@@ -356,6 +686,39 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
       wide ? launch(GemmMmaKernel<F8Weights<32>, 64>) : launch(GemmMmaKernel<F8Weights<16>, 32>);
       return true;
     default: return false;
+  }
+}
+
+size_t SplitForGemmBytes(int64_t rows, int64_t K) {
+  return static_cast<size_t>(rows) * static_cast<size_t>(K) * 4 +
+         static_cast<size_t>(rows) * static_cast<size_t>(K / 32) * sizeof(float);
+}
+
+bool PipelinedGemmTakes(DType w_dtype, int64_t K, int32_t group_size) {
+  return K % 64 == 0 &&
+         (w_dtype == DType::kBF16 || (w_dtype == DType::kQ4 && group_size % 64 == 0));
+}
+
+void LaunchSplitForGemm(const float* a, int64_t rows, int64_t lda, int64_t K, DType w_dtype,
+                        void* out, cudaStream_t stream) {
+  MOE_CHECK(K % 64 == 0) << "SplitForGemm: K " << K << " is no multiple of 64";
+  if (rows == 0) return;
+  constexpr int kWarps = 8;
+  const dim3 grid(static_cast<unsigned>(CeilDiv(K / 32, kWarps)),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  Launch(SplitForGemmKernel, grid, kWarps * kWarp, 0, stream, a, rows, lda, K,
+         w_dtype == DType::kQ4, static_cast<uint16_t*>(out));
+}
+
+void LaunchPipelinedGemm(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  MOE_CHECK(p.a_split != nullptr && PipelinedGemmTakes(p.w_dtype, p.K, p.group_size) && !p.glu() &&
+            (p.k_splits <= 1 || p.w_dtype == DType::kBF16))
+      << "PipelinedGemm: a shape it does not take: " << DTypeName(p.w_dtype) << " K " << p.K
+      << ", group " << p.group_size;
+  if (p.w_dtype == DType::kQ4) {
+    LaunchPipelined<Int4Pipe>(p, single, stream);
+  } else {
+    LaunchPipelined<Bf16Pipe>(p, single, stream);
   }
 }
 

@@ -69,11 +69,26 @@ struct GemmParams {
   // Quantized w_dtype (kQ8/kQ4/kQ2, kernels/quant.h) only: every group's w points at the start of
   // one [N, K] quantized matrix (codes, then fp16 {scale, offset} pairs at QuantParamsOffset).
   int32_t group_size = 0;
+  // A split once for the call by LaunchSplitForGemm over a_split_rows rows of A (where
+  // PipelinedGemmTakes): the tensor-core GEMM then streams it through shared memory instead of
+  // converting it in every block (gemm_mma.cu).
+  const uint16_t* a_split = nullptr;
+  int64_t a_split_rows = 0;
 };
 
 // Picks the matrix-vector kernel when max_rows <= kMatVecMaxRows (decode: weight bytes dominate)
 // and the tiled kernel otherwise.
 void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream);
+
+// The tensor-core GEMM on A split once a call (gemm_mma.cu): for weights of w_dtype (bf16, or
+// int4 in groups of a multiple of 64) and K a multiple of 64, LaunchSplitForGemm writes A
+// (rows x K fp32, row stride lda) into `out` (SplitForGemmBytes(rows, K) bytes) as bf16 hi and lo
+// parts in the order the kernel takes them, and fp32 sums of hi + lo per 32 columns; a GEMM with
+// p.a_split set to it then runs that kernel past the matrix-vector sizes.
+bool PipelinedGemmTakes(DType w_dtype, int64_t K, int32_t group_size);
+size_t SplitForGemmBytes(int64_t rows, int64_t K);
+void LaunchSplitForGemm(const float* a, int64_t rows, int64_t lda, int64_t K, DType w_dtype,
+                        void* out, cudaStream_t stream);
 
 }  // namespace moe::kernels::cuda
 

@@ -525,6 +525,9 @@ void LaunchTyped(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
   if (p.glu()) {
     LaunchMatVec<W, true>(p, single, stream);
   } else if (std::is_same_v<W, __nv_bfloat16> && p.max_rows > kBf16GemmAboveRows &&
+             p.a_split != nullptr) {
+    LaunchPipelinedGemm(p, single, stream);
+  } else if (std::is_same_v<W, __nv_bfloat16> && p.max_rows > kBf16GemmAboveRows &&
              LaunchGemmMma(p, single, stream)) {
     // (Measured before the GEMM's K split, stop 18, 32 rows were the better threshold:
     // tests/gpu_results/bf16_gemm_rows_stop18.txt.)
@@ -570,6 +573,9 @@ void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream) {
 
 namespace moe::kernels {
 
+// MatMul takes the pipelined GEMM from this many rows of A plus one (prefill chunks).
+constexpr int64_t kSplitGemmAboveRows = 256;
+
 void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
                          const TensorView* bias) {
   MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
@@ -603,6 +609,17 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
       Zero(out, static_cast<size_t>(T * N) * sizeof(float));
       p.accumulate = true;
     }
+  }
+  // A split once a call for the pipelined GEMM, past decode batches only: its extra launch made
+  // 64 sequences 1.8% slower (3,629 / 3,598 against 3,676 / 3,681 tokens/s, H200), while a
+  // 2,048-token prefill gained 12% (tests/bench/NOTES.md, stop 42). It splits K for bf16 only.
+  if (gemm && split_gemm_ && T > kSplitGemmAboveRows &&
+      cuda::PipelinedGemmTakes(w.dtype, K, w.group_size) &&
+      (p.k_splits <= 1 || w.dtype == DType::kBF16)) {
+    void* split = Reserve(gemm_split_, cuda::SplitForGemmBytes(T, K));
+    cuda::LaunchSplitForGemm(x, T, K, K, w.dtype, split, stream_);
+    p.a_split = static_cast<const uint16_t*>(split);
+    p.a_split_rows = T;
   }
   // One group passed by value: no host->device copy on the decode path.
   cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);

@@ -1,4 +1,4 @@
-// The grouped GEMM over group-wise quantized weights (kQ8/kQ4/kQ2, layout in kernels/quant.h):
+// The grouped GEMM over group-wise quantized weights (kQ8/kQ4/kQ2/kF8, layout in kernels/quant.h):
 // codes and fp16 {scale, offset} pairs are read straight from the quantized matrix and turned
 // into floats in registers; no full-precision copy of a weight is ever made.
 //
@@ -9,13 +9,18 @@
 //   sum_c x[c] (q[c] s + m) = s 2^B sum_c x[c] f[c] + (m - s 2^B) sum_c x[c],  f = 1 + q / 2^B
 // f is made from the code with one shift and one and/or (its bits go straight into the mantissa
 // of 1.0f), so a code costs 2 integer ops and 1 FMA; int->float conversions (a quarter-rate
-// instruction) would cap int4 below HBM speed. A 32-bit word of codes lies in one quant group,
-// so the sum above is taken per word: sum_c x[c] over the word's 8 (int4) values is computed
-// once and shared by the warp's weight rows, and no per-group prologue or shared memory is
-// needed. (The first version summed x per group into shared memory at the start of each block:
-// a serial prologue that left the decode expert FFN at 41 us for 21 MB, H200, NOTES.md.)
-// Each warp takes 4 weight rows, so that an x value loaded from L1 serves 4 (SwiGLU: 8) rows.
-// Rows whose length in bytes is not a multiple of 16 (odd K) take a scalar path that
+// instruction) would cap int4 below HBM speed. int8 takes the code itself instead,
+//   sum_c x[c] (q[c] s + m) = s sum_c x[c] q[c] + m sum_c x[c]   (as the CPU reference does)
+// q exact in fp32 by one byte permute (0x4B0000qq = 2^23 + q) and one subtraction: the form
+// above cancels sum x out of sum x f, which costs 2^B / |q| of fp32's precision, and for B = 8
+// with the codes near 16 of asymmetric int4 loaded as int8 (published_quant.cc) that was up to
+// 3.7x the 1e-4 golden bound (tests/bench/NOTES.md, "Exact codes"). A 32-bit word of codes lies in
+// one quant group, so the sums above are taken per word: sum_c x[c] over the word's 8 (int4)
+// values is computed once and shared by the warp's weight rows, and no per-group prologue or
+// shared memory is needed. (The first version summed x per group into shared memory at the start of
+// each block: a serial prologue that left the decode expert FFN at 41 us for 21 MB, H200,
+// NOTES.md.) Each warp takes 4 weight rows, so that an x value loaded from L1 serves 4 (SwiGLU: 8)
+// rows. Rows whose length in bytes is not a multiple of 16 (odd K) take a scalar path that
 // dequantizes element by element.
 // GEMM (prefill) where the tensor-core kernel (gemm_mma.cu) does not apply: the tiled SIMT kernel
 // of matmul.cu with a loader that dequantizes each element.
@@ -23,6 +28,8 @@
 // codes become floats exactly (E4m3ToFloat: 2 integer ops and a multiply a code), summed against x
 // per word, the word's sum times s: sum_c x[c] e4m3(q[c]) s.
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -50,6 +57,23 @@ __device__ __forceinline__ float OnePlusCode(uint32_t w, int i) {
   const int sh = 23 - B - i * B;
   const uint32_t s = sh >= 0 ? (w << sh) : (w >> -sh);
   return __uint_as_float((s & (QFmt<B>::kMask << (23 - B))) | 0x3f800000u);
+}
+
+// q_i = byte i of w as an exact float: the byte goes into the low mantissa bits of 2^23
+// (0x4B0000qq = 2^23 + q_i), and 2^23 comes off exactly.
+__device__ __forceinline__ float ByteCode(uint32_t w, int i) {
+  return __uint_as_float(__byte_perm(w, 0x4B000000u, 0x7440u + i)) - 8388608.f;
+}
+
+// Whether the matrix-vector kernels multiply x by the codes themselves (default: int8 on the SIMT
+// kernel, int4 on the tensor cores) or by the codes plus an offset taken off after the sum
+// (1 + q / 256, 128 + q): MOE_EXACT_CODES=0 keeps the latter (an A/B switch for measurements).
+bool ExactCodes() {
+  static const bool exact = [] {
+    const char* env = std::getenv("MOE_EXACT_CODES");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return exact;
 }
 
 // {s, m} of group g of a row, at any alignment (the scalar paths serve unaligned matrices too).
@@ -92,9 +116,12 @@ __device__ __forceinline__ QuantMatrix RowOf(const void* w, int64_t n, int64_t N
 // per instruction and capped int4 at 10% of HBM bandwidth, H200, tests/bench/NOTES.md.)
 constexpr int kRowsPerWarp = 4;
 
-template <int B, int TB, bool kGlu, int ws, bool kF8>
-__global__ __launch_bounds__(kQWarps* kWarp) void QuantMatVecKernel(const GemmParams p,
+// kExact (int8 only): the codes themselves (ByteCode), s and m applied per word as on the CPU.
+// kF8 (fp8 e4m3 codes, B = 8): each code's value (E4m3ToFloat), s per word, no offset.
+template <int B, int TB, bool kGlu, int ws, bool kExact, bool kF8>
+__global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmParams p,
                                                                     const GemmGroup single) {
+  static_assert(!kExact || B == 8, "exact codes by byte permutes: int8 only");
   static_assert(!kF8 || B == 8, "fp8 codes are bytes");
   WaitForPriorKernel();
   using F = QFmt<B>;
@@ -145,7 +172,7 @@ __global__ __launch_bounds__(kQWarps* kWarp) void QuantMatVecKernel(const GemmPa
       constexpr int kU = kGlu ? 2 : 4;
       for (int64_t wd0 = t; wd0 < words; wd0 += static_cast<int64_t>(kThreads) * kU) {
         uint32_t code[kU][NR];
-        float2 sm[kU][NR];  // {s 2^B, m} of the word's group
+        float2 sm[kU][NR];  // {s 2^B, m} of the word's group ({s, m} when kExact)
 #pragma unroll
         for (int u = 0; u < kU; ++u) {
           const int64_t wd = wd0 + static_cast<int64_t>(u) * kThreads;
@@ -161,7 +188,7 @@ __global__ __launch_bounds__(kQWarps* kWarp) void QuantMatVecKernel(const GemmPa
                   wd < words
                       ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w[q].params) + gi))
                       : make_float2(0.f, 0.f);
-              sm[u][q] = make_float2(p2.x * F::kScale, p2.y);
+              sm[u][q] = make_float2(kExact ? p2.x : p2.x * F::kScale, p2.y);
             }
           }
         }
@@ -191,6 +218,11 @@ __global__ __launch_bounds__(kQWarps* kWarp) void QuantMatVecKernel(const GemmPa
 #pragma unroll
                 for (int e = 0; e < 4; ++e) d = fmaf(xv[e], E4m3ToFloat(code[u][q] >> (8 * e)), d);
                 acc[q][j] = fmaf(sm[u][q].x, d, acc[q][j]);
+              } else if constexpr (kExact) {
+#pragma unroll
+                for (int e = 0; e < F::kPerWord; ++e) d = fmaf(xv[e], ByteCode(code[u][q], e), d);
+                // s sum x q + m sum x = sum x (q s + m)
+                acc[q][j] = fmaf(sm[u][q].x, d, fmaf(sm[u][q].y, xs, acc[q][j]));
               } else {
 #pragma unroll
                 for (int e = 0; e < F::kPerWord; ++e) {
@@ -260,7 +292,7 @@ __global__ __launch_bounds__(kQWarps* kWarp) void QuantMatVecKernel(const GemmPa
   }
 }
 
-template <int B, int TB, bool kGlu, bool kF8>
+template <int B, int TB, bool kGlu, bool kExact, bool kF8>
 void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const dim3 block(kQWarps * kWarp);
   // K split over 4 warps when whole-row warps would give under 4 blocks per SM (the expert
@@ -270,11 +302,11 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   if (split) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantMatVecKernel<B, TB, kGlu, 4, kF8>, grid, block, 0, stream, p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 4, kExact, kF8>, grid, block, 0, stream, p, single);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantMatVecKernel<B, TB, kGlu, 1, kF8>, grid, block, 0, stream, p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 1, kExact, kF8>, grid, block, 0, stream, p, single);
   }
 }
 
@@ -291,17 +323,30 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
 //   sum_c x[c] (q[c] s + m) = s sum_c x[c] (128 + q[c]) + (m - 128 s) sum_c x[c]   (per chunk)
 // x goes in as bf16 hi + lo (16 bits of mantissa, two products), made once per block into shared
 // memory with each chunk's sum_c x[c] (of hi + lo: the values the products see).
+// kExact (the default, ExactCodes): 128 comes off each bf16 pair before the products (one bf16x2
+// subtraction, exact), so the sum is s sum_c x[c] q[c] + m sum_c x[c]: the fp32 sum of x (128 + q)
+// rounds at 128 times the magnitude of x q's, which cost the g128 GPTQ golden fixture 2.6x its
+// decode error and its batch-of-24 check a greedy flip (tests/bench/NOTES.md, "Exact codes").
 
-// Codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf as the bf16 pair (128 + q, 128 + q').
+// Codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf as the bf16 pair (128 + q, 128 + q'),
+// or (q, q') when kExact.
+template <bool kExact>
 __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
-  return ((w >> shift) & 0x000f000fu) | 0x43004300u;
+  const uint32_t biased = ((w >> shift) & 0x000f000fu) | 0x43004300u;
+  if constexpr (!kExact) return biased;
+  // 128 as a bf16 pair by its bits: __floats2bfloat162_rn(128, 128) left a conversion (inline
+  // PTX) before each subtraction.
+  const uint32_t k128 = 0x43004300u;
+  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&k128));
+  return *reinterpret_cast<const uint32_t*>(&q);
 }
 
 // The kernel below for group `grp`, its matrices 8-byte aligned (kAligned: 8- and 4-byte loads)
 // or not (byte loads), NT n-tiles of 8 rows of A (2: each weight fragment serves 16 tokens, so an
 // expert with 9-16 tokens of a decode batch is read once, not twice). partial: [kMmaWarps][NT * NW
 // * 4][kWarp] floats when ws > 1.
-template <bool kGlu, int ws, bool kAligned, int NT>
+template <bool kGlu, int ws, bool kAligned, int NT, bool kExact>
 __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
@@ -386,8 +431,9 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
             const uint32_t wa = s < 2 ? w[b][u][m][0].x : w[b][u][m][0].y;
             const uint32_t wb = s < 2 ? w[b][u][m][1].x : w[b][u][m][1].y;
             const int sh = 8 * (s % 2);
-            const uint32_t a0 = CodesAsBf16(wa, sh), a1 = CodesAsBf16(wb, sh);
-            const uint32_t a2 = CodesAsBf16(wa, sh + 4), a3 = CodesAsBf16(wb, sh + 4);
+            const uint32_t a0 = CodesAsBf16<kExact>(wa, sh), a1 = CodesAsBf16<kExact>(wb, sh);
+            const uint32_t a2 = CodesAsBf16<kExact>(wa, sh + 4);
+            const uint32_t a3 = CodesAsBf16<kExact>(wb, sh + 4);
             MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
             MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
           }
@@ -395,7 +441,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sm[b][u][m][h]));
-            const float off = fmaf(-128.f, f.x, f.y);  // m - 128 s
+            const float off = kExact ? f.y : fmaf(-128.f, f.x, f.y);  // m, or m - 128 s
             acc[x][m][2 * h] = fmaf(f.x, d[2 * h], fmaf(off, sx.x, acc[x][m][2 * h]));
             acc[x][m][2 * h + 1] = fmaf(f.x, d[2 * h + 1], fmaf(off, sx.y, acc[x][m][2 * h + 1]));
           }
@@ -410,7 +456,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
 // NT n-tiles: 1 (up to 8 rows of A, two blocks an SM) or 2 (9-16 rows: x of 16 rows at K = 2048
 // is 140 KB, so one block an SM, and its registers are not capped at 128: MmaMatVecKernel's
 // launch bounds).
-template <int NT>
+template <int NT, bool kExact>
 struct Int4Mma {
   static constexpr uintptr_t kAlign = 8;  // 8-byte code loads (the store aligns to 256 bytes)
   static constexpr size_t kMaxSmem = NT == 1 ? kMmaMaxSmem : 200 * 1024;
@@ -418,7 +464,7 @@ struct Int4Mma {
   template <bool kGlu, int ws, bool kAligned>
   __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
-    Int4MmaMatVec<kGlu, ws, kAligned, NT>(p, grp, partial);
+    Int4MmaMatVec<kGlu, ws, kAligned, NT, kExact>(p, grp, partial);
   }
 };
 
@@ -454,28 +500,45 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
   const size_t smem = MmaSmemBytes(p.max_rows, chunks);
   const bool two_tiles = p.max_rows > kMmaTokens;
   if (p.K % kMmaChunk != 0 || p.group_size < kMmaChunk || p.max_rows > kMmaTokens * kMmaMaxTiles ||
-      smem > (two_tiles ? Int4Mma<2>::kMaxSmem : Int4Mma<1>::kMaxSmem) ||
+      smem > (two_tiles ? Int4Mma<2, true>::kMaxSmem : Int4Mma<1, true>::kMaxSmem) ||
       (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
-  two_tiles ? LaunchInt4MmaMatVecAs<Int4Mma<2>>(p, single, smem, stream)
-            : LaunchInt4MmaMatVecAs<Int4Mma<1>>(p, single, smem, stream);
+  if (ExactCodes()) {
+    two_tiles ? LaunchInt4MmaMatVecAs<Int4Mma<2, true>>(p, single, smem, stream)
+              : LaunchInt4MmaMatVecAs<Int4Mma<1, true>>(p, single, smem, stream);
+  } else {
+    two_tiles ? LaunchInt4MmaMatVecAs<Int4Mma<2, false>>(p, single, smem, stream)
+              : LaunchInt4MmaMatVecAs<Int4Mma<1, false>>(p, single, smem, stream);
+  }
   return true;
+}
+
+template <int B, bool kGlu, bool kExact, bool kF8>
+void LaunchQuantMatVecAs(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  if (p.max_rows <= 1) {
+    LaunchQuantMatVecRows<B, 1, kGlu, kExact, kF8>(p, single, stream);
+  } else if (p.max_rows <= 2) {
+    LaunchQuantMatVecRows<B, 2, kGlu, kExact, kF8>(p, single, stream);
+  } else if (p.max_rows <= 4) {
+    LaunchQuantMatVecRows<B, 4, kGlu, kExact, kF8>(p, single, stream);
+  } else {
+    LaunchQuantMatVecRows<B, 8, kGlu, kExact, kF8>(p, single, stream);
+  }
 }
 
 template <int B, bool kGlu, bool kF8>
 void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  if constexpr (B == 4) {
-    if (LaunchInt4MmaMatVec(p, single, stream)) return;
-  }
-  if (p.max_rows <= 1) {
-    LaunchQuantMatVecRows<B, 1, kGlu, kF8>(p, single, stream);
-  } else if (p.max_rows <= 2) {
-    LaunchQuantMatVecRows<B, 2, kGlu, kF8>(p, single, stream);
-  } else if (p.max_rows <= 4) {
-    LaunchQuantMatVecRows<B, 4, kGlu, kF8>(p, single, stream);
+  if constexpr (kF8) {  // codes are their values: nothing to make exact
+    LaunchQuantMatVecAs<B, kGlu, false, true>(p, single, stream);
   } else {
-    LaunchQuantMatVecRows<B, 8, kGlu, kF8>(p, single, stream);
+    if constexpr (B == 4) {
+      if (LaunchInt4MmaMatVec(p, single, stream)) return;
+    }
+    if constexpr (B == 8) {
+      if (ExactCodes()) return LaunchQuantMatVecAs<B, kGlu, true, false>(p, single, stream);
+    }
+    LaunchQuantMatVecAs<B, kGlu, false, false>(p, single, stream);
   }
 }
 
@@ -535,6 +598,8 @@ void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stre
     LaunchQuantMatVec<B, true, kF8>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
     LaunchQuantMatVec<B, false, kF8>(p, single, stream);
+  } else if (p.a_split != nullptr) {
+    LaunchPipelinedGemm(p, single, stream);
   } else if (!LaunchGemmMma(p, single, stream)) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
@@ -553,8 +618,7 @@ void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t st
     case DType::kQ8: return LaunchQuant<8>(p, single, stream);
     case DType::kQ4: return LaunchQuant<4>(p, single, stream);
     case DType::kQ2: return LaunchQuant<2>(p, single, stream);
-    case DType::kF8:
-      return LaunchQuant<8, true>(p, single, stream);
+    case DType::kF8: return LaunchQuant<8, true>(p, single, stream);
     default: MOE_CHECK(false) << "GroupedGemm: " << DTypeName(p.w_dtype) << " is not quantized";
   }
 }

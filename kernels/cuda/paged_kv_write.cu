@@ -464,6 +464,7 @@ const float* CudaBackend::TqTablesOnDevice(const PagedKvLayer& kv) {
   const size_t bytes = host.size() * sizeof(float);
   if (t.bytes != bytes) {
     Synchronize();  // queued (or recorded) kernels may read the old copy
+    cuda::StepGraphs::MemoryFreed();
     MOE_CUDA_CHECK(cudaFree(t.dev));
     t.dev = nullptr;
     MOE_CUDA_CHECK(cudaMalloc(&t.dev, bytes));

@@ -2,6 +2,7 @@
 #include "kernels/cuda/step_graph.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdio>
 #include <cstring>
 
@@ -32,6 +33,8 @@ uint64_t Hash(const std::vector<unsigned char>& bytes) {
   return h;
 }
 
+std::atomic<uint64_t> g_memory_frees{0};  // StepGraphs::MemoryFreed
+
 }  // namespace
 
 cudaStream_t RecordingStream(const StepGraphs& graphs) { return graphs.stream(); }
@@ -55,8 +58,19 @@ StepGraphs::~StepGraphs() {
 
 bool StepGraphs::recording() const { return g_recording == this; }
 
+void StepGraphs::MemoryFreed() { g_memory_frees.fetch_add(1, std::memory_order_relaxed); }
+
+void StepGraphs::ForgetAll() {
+  for (auto& [hash, e] : cache_) Forget(e);
+  cache_.clear();
+}
+
 void StepGraphs::Start() {
   if (recording()) return;
+  if (const uint64_t frees = g_memory_frees.load(std::memory_order_relaxed); frees != frees_seen_) {
+    ForgetAll();
+    frees_seen_ = frees;
+  }
   MOE_CUDA_CHECK(cudaEventSynchronize(arena_read_));  // the last step's copies have run
   arena_used_ = 0;
   fragment_limit_ = kFirstFragment;
@@ -149,6 +163,7 @@ void StepGraphs::CopyFromHost(void* dst, const void* host, size_t bytes, size_t 
     // The recorded copies read the arena as it is: issue them and let them run before it goes.
     Flush();
     MOE_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    ForgetAll();  // their copy nodes read the old arena
     MOE_CUDA_CHECK(cudaFreeHost(arena_));
     arena_ = nullptr;
     arena_bytes_ = std::max({kFirstArena, 2 * arena_bytes_, need});

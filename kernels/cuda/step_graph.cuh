@@ -40,8 +40,13 @@ class StepGraphs {
 
   cudaStream_t stream() const { return stream_; }
   bool recording() const;
-  // Starts recording (waits until the device has read the arena's previous contents).
+  // Starts recording (waits until the device has read the arena's previous contents). Forgets
+  // every cached graph when device memory was freed since the last start (MemoryFreed).
   void Start();
+  // Device memory the graphs may name is freed: a graph launched over a freed (even reallocated)
+  // buffer crashed inside cuGraphLaunch (golden_store_gpu_test, H100, stop 42), so every free of
+  // a buffer (the backend's Allocate, a scratch growing) calls this. Any thread.
+  static void MemoryFreed();
   // Issues what is recorded and stops recording. Every operation that waits for the stream or
   // runs on it unrecorded calls it first: a step is recorded from its start to its first wait.
   void Stop();
@@ -90,6 +95,7 @@ class StepGraphs {
   void Sign(const T& v);
   void Issue();  // items_ onto the stream as they are
   void Forget(Entry& e);
+  void ForgetAll();
 
   cudaStream_t stream_ = nullptr;
   std::vector<Item> items_;
@@ -98,6 +104,7 @@ class StepGraphs {
   std::vector<void*> argv_;               // Issue's argument pointers
   std::vector<unsigned char> signature_;  // of items_
   size_t fragment_limit_ = 0;
+  uint64_t frees_seen_ = 0;  // MemoryFreed's count at the last Start
   // Pinned host memory the recorded host->device copies read from; arena_used_ bytes are taken.
   unsigned char* arena_ = nullptr;
   size_t arena_bytes_ = 0, arena_used_ = 0;

@@ -433,7 +433,12 @@ TEST_P(GoldenTest, BatchOf24MatchesEachAlone) {
                 GetParam().c_str(), kSeqs, chunks, worst, flips);
     // Hybrids: a prompt split in two steps runs the delta rule's chunks from other offsets
     // (another summation order; 1.6e-4 measured on the CPU for qwen3_next).
-    EXPECT_LT(worst, cpu ? (model_->state_bytes() > 0 ? 1e-3 : 1e-5) : CudaBound(1e-3))
+    // qwen3_moe_awq: the CPU reference's own fp32 products of the batched prefill, summed in
+    // reverse order and nothing else changed, move this comparison by 3.1e-3 (exact products:
+    // 1.9e-3; tests/bench/NOTES.md, "Exact codes"): no backend summing in another order than batch
+    // 1 meets 1e-3 on this fixture, so 5e-3 there (CUDA measured 1.98e-3, H200).
+    const double fp32_bound = GetParam() == "qwen3_moe_awq" ? 5e-3 : 1e-3;
+    EXPECT_LT(worst, cpu ? (model_->state_bytes() > 0 ? 1e-3 : 1e-5) : CudaBound(fp32_bound))
         << GetParam();
   }
 }
