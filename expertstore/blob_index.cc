@@ -119,7 +119,7 @@ absl::StatusOr<BlobLocation> DecodeBlobLocation(const std::string& key, const st
     l.checksum = Integer<uint64_t>(j, "checksum");
     l.version = Integer<uint32_t>(j, "version");
     const int dtype = Integer<int>(j, "dtype");
-    if (dtype < 0 || dtype > static_cast<int>(kernels::DType::kQ2))
+    if (dtype < 0 || dtype > static_cast<int>(kernels::DType::kF8))
       throw std::runtime_error("dtype");
     l.dtype = static_cast<kernels::DType>(dtype);
     l.group_size = Integer<int32_t>(j, "group_size");

@@ -92,7 +92,8 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
     scheme.kind = Scheme::kCompressedTensors;
     const json format = q.value("format", json());
     if (format != "pack-quantized") {
-      return Refuse("format", format, "supported: pack-quantized (int4 W4A16)");
+      return Refuse("format", format,
+                    "supported: pack-quantized (int4 W4A16), float-quantized (fp8)");
     }
     const json groups = q.value("config_groups", json());
     if (!groups.is_object() || groups.empty()) {
@@ -157,8 +158,8 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
     return scheme;
   }
   return Refuse("quant_method", method,
-                "supported: gptq (4-bit), awq (4-bit, gemm), compressed-tensors "
-                "(pack-quantized int4 symmetric)");
+                "supported: gptq (4-bit), awq (4-bit, gemm), fp8 (e4m3, block-scaled), "
+                "compressed-tensors (pack-quantized int4 symmetric, float-quantized fp8)");
 }
 
 std::string Shape(const std::vector<int64_t>& s) {
@@ -182,6 +183,9 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     config = json::parse(in, nullptr, /*allow_exceptions=*/false);
   }
   if (!config.is_object() || !config.contains("quantization_config")) return absl::OkStatus();
+  if (const std::string q = config["quantization_config"].dump(); IsPublishedF8(q)) {
+    return RepackPublishedF8(dir, q);  // published_f8.cc
+  }
   MOE_ASSIGN_OR_RETURN(const Scheme scheme, ParseScheme(config["quantization_config"]));
   const bool ct = scheme.kind == Scheme::kCompressedTensors;
   const bool awq = scheme.kind == Scheme::kAwq;

@@ -142,6 +142,7 @@ absl::Status Checkpoint::AddFile(const std::string& path) {
         info.dtype = q == "Q8"   ? kernels::DType::kQ8
                      : q == "Q4" ? kernels::DType::kQ4
                      : q == "Q2" ? kernels::DType::kQ2
+                     : q == "F8" ? kernels::DType::kF8
                                  : kernels::DType::kF32;
         info.group_size = quant[name].at("group_size").get<int32_t>();
         if (absl::Status st = kernels::ValidateQuantFormat(info.dtype, info.group_size);

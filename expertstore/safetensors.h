@@ -75,8 +75,12 @@ class Checkpoint {
   absl::Status NormalizeNames();
   // config.json's quantization_config (published_quant.cc): the quantized modules of a GPTQ,
   // AWQ or compressed-tensors checkpoint become tensors "X.weight", kQ4 (symmetric int4) or the
-  // exact kQ8 of asymmetric int4; anything else is refused.
+  // exact kQ8 of asymmetric int4, an fp8 one kF8; anything else is refused.
   absl::Status RepackPublishedQuant(const std::string& dir);
+  // The fp8 ones (published_f8.cc): quant_method fp8 (block-scaled e4m3) and compressed-tensors
+  // float-quantized, into kF8. `config_text` is the quantization_config as JSON text.
+  static bool IsPublishedF8(const std::string& config_text);
+  absl::Status RepackPublishedF8(const std::string& dir, const std::string& config_text);
   std::vector<std::unique_ptr<MappedFile>> files_;
   std::map<std::string, TensorInfo> tensors_;
   std::vector<std::vector<uint8_t>> repacked_;  // the bytes of the tensors with TensorInfo::data

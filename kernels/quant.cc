@@ -3,8 +3,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/kvcodec/kv_quant.h"
 
 namespace moe::kernels {
 namespace {
@@ -14,12 +16,40 @@ void RowsCols(const TensorView& v, int64_t* rows, int64_t* cols) {
   *rows = *cols == 0 ? 0 : v.numel() / *cols;
 }
 
+// kF8 from floats: s = max|w| / 448 per group (fp32), codes e4m3(w / s) rounded to nearest even
+// (F32ToE4m3: the fp8 KV cache's rounding).
+absl::Status QuantizeF8(const TensorView& src, int64_t rows, int64_t cols, int32_t group_size,
+                        void* dst) {
+  const int64_t groups = QuantGroups(cols, group_size);
+  auto* codes = static_cast<uint8_t*>(dst);
+  std::fill(codes, codes + QuantizedBytes(DType::kF8, rows, cols, group_size), 0);
+  auto* scales = reinterpret_cast<float*>(codes + QuantParamsOffset(DType::kF8, rows, cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t g = 0; g < groups; ++g) {
+      const int64_t c0 = g * group_size, c1 = std::min(cols, c0 + group_size);
+      float amax = 0.f;
+      for (int64_t c = c0; c < c1; ++c) amax = std::max(amax, std::fabs(src.at(r * cols + c)));
+      if (!std::isfinite(amax)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("Quantize: row ", r, " group ", g, " holds a non-finite weight"));
+      }
+      const float s = amax / 448.f;
+      scales[r * groups + g] = s;
+      for (int64_t c = c0; c < c1; ++c) {
+        const float v = s > 0.f ? std::clamp(src.at(r * cols + c) / s, -448.f, 448.f) : 0.f;
+        codes[r * cols + c] = F32ToE4m3(v);
+      }
+    }
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::Status ValidateQuantFormat(DType dtype, int32_t group_size) {
   if (!IsQuantized(dtype)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("dtype ", DTypeName(dtype), " is not a quantized format (Q8, Q4, Q2)"));
+        absl::StrCat("dtype ", DTypeName(dtype), " is not a quantized format (Q8, Q4, Q2, F8)"));
   }
   if (group_size != 32 && group_size != 64 && group_size != 128 && group_size != 256) {
     return absl::InvalidArgumentError(
@@ -35,8 +65,9 @@ absl::StatusOr<DType> ParseWeightFormat(const std::string& name) {
   if (name == "int8") return DType::kQ8;
   if (name == "int4") return DType::kQ4;
   if (name == "int2") return DType::kQ2;
-  return absl::InvalidArgumentError(
-      absl::StrCat("weight format '", name, "' is not one of bf16, f16, f32, int8, int4, int2"));
+  if (name == "fp8") return DType::kF8;
+  return absl::InvalidArgumentError(absl::StrCat(
+      "weight format '", name, "' is not one of bf16, f16, f32, int8, int4, int2, fp8"));
 }
 
 const char* WeightFormatName(DType dtype) {
@@ -47,6 +78,7 @@ const char* WeightFormatName(DType dtype) {
     case DType::kQ8: return "int8";
     case DType::kQ4: return "int4";
     case DType::kQ2: return "int2";
+    case DType::kF8: return "fp8";
   }
   return "?";
 }
@@ -64,6 +96,14 @@ float QuantizedAt(const TensorView& q, int64_t i) {
   const int64_t r = i / cols, c = i % cols;
   MOE_DCHECK(r < rows) << "QuantizedAt: element " << i << " of " << rows << "x" << cols;
   const auto* base = static_cast<const uint8_t*>(q.data);
+  if (q.dtype == DType::kF8) {
+    float s;
+    std::memcpy(&s,
+                base + QuantParamsOffset(q.dtype, rows, cols) +
+                    (r * QuantGroups(cols, q.group_size) + c / q.group_size) * 4,
+                4);
+    return E4m3ToF32(base[r * cols + c]) * s;
+  }
   const auto* params =
       reinterpret_cast<const uint16_t*>(base + QuantParamsOffset(q.dtype, rows, cols)) +
       (r * QuantGroups(cols, q.group_size) + c / q.group_size) * 2;
@@ -80,6 +120,14 @@ absl::StatusOr<TensorView> Quantize(const TensorView& src, DType dtype, int32_t 
   }
   int64_t rows, cols;
   RowsCols(src, &rows, &cols);
+  if (dtype == DType::kF8) {
+    if (absl::Status s = QuantizeF8(src, rows, cols, group_size, dst); !s.ok()) return s;
+    TensorView out = src;
+    out.data = dst;
+    out.dtype = dtype;
+    out.group_size = group_size;
+    return out;
+  }
   const int64_t row_bytes = QuantRowBytes(dtype, cols), groups = QuantGroups(cols, group_size);
   const uint32_t qmax = (1u << QuantBits(dtype)) - 1;
   auto* codes = static_cast<uint8_t*>(dst);

@@ -18,6 +18,22 @@
 //   |w - dequant(w)| <= s/2 + 2^-11 * (|lo| + (hi - lo))       (s = the fp16 scale stored)
 // the second term being fp16 rounding of s and m. So int8 keeps ~ (hi-lo)/510, int4 (hi-lo)/30,
 // int2 (hi-lo)/6 (int2 is coarse: a deliberate memory/quality trade the caller chooses).
+//
+// kF8 (fp8 block-scaled: published FP8 checkpoints, issue 30) has the same shape of layout, so the
+// same sizes: one e4m3 code byte per element and a 4-byte parameter per group, but the parameter
+// is one fp32 scale s (kept exactly as the checkpoint has it) and there is no offset:
+//
+//   w[r, c] = e4m3(q[r, c]) * s[r, g]      (fp32; e4m3 values are exact in bf16 and fp16)
+//
+//   codes   [rows, cols]      one e4m3 byte per element (E4m3ToF32 in tensor.h)
+//   scales  [rows, groups]    fp32; starts at ParamsOffset (16-byte aligned)
+//
+// Why a scale per (row, group) and not per 128x128 block as the checkpoints store it: a weight row
+// then reads its scales as an int8 row reads its {s, m} (every kernel's addressing is the int8
+// one), per-channel and per-tensor scales fit the same layout, and it costs 4 bytes per 128
+// weights (3%). Kernels take sum_c x[c] e4m3(q[c]) over a group, then multiply by s. Quantize
+// (from floats, for moe-import --format=fp8) picks s = max|w| / 448 per group, so the error is
+// e4m3 rounding: |w - dequant(w)| <= 2^-4 |w| for |w| >= 2^-6 s, and <= 2^-10 s below.
 #pragma once
 
 #include <cstdint>
@@ -30,7 +46,7 @@
 namespace moe::kernels {
 
 inline int QuantBits(DType t) {
-  return t == DType::kQ8 ? 8 : t == DType::kQ4 ? 4 : t == DType::kQ2 ? 2 : 0;
+  return t == DType::kQ8 || t == DType::kF8 ? 8 : t == DType::kQ4 ? 4 : t == DType::kQ2 ? 2 : 0;
 }
 inline int64_t QuantRowBytes(DType t, int64_t cols) { return (cols * QuantBits(t) + 7) / 8; }
 inline int64_t QuantGroups(int64_t cols, int32_t group_size) {
@@ -44,26 +60,27 @@ inline int64_t QuantParamsOffset(DType t, int64_t rows, int64_t cols) {
 inline uint32_t QuantCode(const uint8_t* codes, DType t, int64_t row_bytes, int64_t r, int64_t c) {
   const uint8_t* row = codes + r * row_bytes;
   switch (t) {
-    case DType::kQ8: return row[c];
+    case DType::kQ8:
+    case DType::kF8: return row[c];
     case DType::kQ4: return (row[c >> 1] >> ((c & 1) * 4)) & 0xfu;
     case DType::kQ2: return (row[c >> 2] >> ((c & 3) * 2)) & 0x3u;
     default: return 0;
   }
 }
 
-// InvalidArgument unless dtype is kQ8/kQ4/kQ2 and group_size is 32, 64, 128 or 256.
+// InvalidArgument unless dtype is kQ8/kQ4/kQ2/kF8 and group_size is 32, 64, 128 or 256.
 absl::Status ValidateQuantFormat(DType dtype, int32_t group_size);
 
-// Parses "bf16", "f16", "f32", "int8", "int4", "int2" (the CLI spelling). InvalidArgument lists
-// them.
+// Parses "bf16", "f16", "f32", "int8", "int4", "int2", "fp8" (the CLI spelling). InvalidArgument
+// lists them.
 absl::StatusOr<DType> ParseWeightFormat(const std::string& name);
-// The inverse: "bf16", ..., "int2".
+// The inverse: "bf16", ..., "fp8".
 const char* WeightFormatName(DType dtype);
 
 // Quantizes src (F32/F16/BF16, rank >= 1) into `dst`, which must hold
 // QuantizedBytes(dtype, rows, cols, group_size) bytes. Returns the view of dst (same shape).
 // InvalidArgument: bad format, quantized source, or a group whose scale or offset overflows fp16
-// (|w| > 65504) or is not finite (the message names the row and group).
+// (|w| > 65504) or is not finite (the message names the row and group; kF8: a non-finite w).
 absl::StatusOr<TensorView> Quantize(const TensorView& src, DType dtype, int32_t group_size,
                                     void* dst);
 

@@ -11,6 +11,7 @@ const char* DTypeName(DType t) {
     case DType::kQ8: return "Q8";
     case DType::kQ4: return "Q4";
     case DType::kQ2: return "Q2";
+    case DType::kF8: return "F8";
   }
   return "?";
 }

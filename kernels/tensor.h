@@ -10,11 +10,14 @@
 
 namespace moe::kernels {
 
-// Element types of weights and activations. kQ8/kQ4/kQ2 are group-wise quantized weight matrices
-// (layout and error bounds in quant.h); a view of one carries its group size.
-enum class DType : uint8_t { kF32, kF16, kBF16, kQ8, kQ4, kQ2 };
+// Element types of weights and activations. kQ8/kQ4/kQ2 are group-wise quantized weight matrices,
+// kF8 e4m3 codes with an fp32 scale per group (layouts and error bounds in quant.h); a view of
+// one carries its group size.
+enum class DType : uint8_t { kF32, kF16, kBF16, kQ8, kQ4, kQ2, kF8 };
 
-inline bool IsQuantized(DType t) { return t == DType::kQ8 || t == DType::kQ4 || t == DType::kQ2; }
+inline bool IsQuantized(DType t) {
+  return t == DType::kQ8 || t == DType::kQ4 || t == DType::kQ2 || t == DType::kF8;
+}
 
 // Bytes per element of the dense dtypes; 0 for quantized ones, whose size is not a whole number of
 // bytes per element: use TensorView::bytes().
@@ -25,7 +28,8 @@ inline size_t DTypeSize(DType t) {
     case DType::kBF16: return 2;
     case DType::kQ8:
     case DType::kQ4:
-    case DType::kQ2: return 0;
+    case DType::kQ2:
+    case DType::kF8: return 0;
   }
   return 0;
 }
@@ -47,6 +51,18 @@ inline uint16_t F32ToBf16(float f) {
   return static_cast<uint16_t>(bits >> 16);
 }
 float F16ToF32(uint16_t h);
+// An fp8 e4m3 (OCP "e4m3fn": bias 7, no infinities, S.1111.111 NaN, max 448) code as float; exact
+// (also in bf16 and fp16). Subnormals: exponent field 0, value m/8 * 2^-6.
+inline float E4m3ToF32(uint8_t b) {
+  // The 7 magnitude bits at the top of fp32's exponent and mantissa, then 2^120 re-biases the
+  // exponent (127 - 7); fp32 denormals make e4m3 subnormals exact too.
+  uint32_t bits = static_cast<uint32_t>(b & 0x7fu) << 20;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  f *= 0x1p120f;
+  if ((b & 0x7fu) == 0x7fu) f = __builtin_nanf("");
+  return (b & 0x80u) ? -f : f;
+}
 uint16_t F32ToF16(float f);
 
 // Reads element i of a buffer of a dense dtype t as float (quantized ones need the view: at()).
@@ -57,7 +73,8 @@ inline float LoadAsF32(const void* data, DType t, size_t i) {
     case DType::kF16: return F16ToF32(static_cast<const uint16_t*>(data)[i]);
     case DType::kQ8:
     case DType::kQ4:
-    case DType::kQ2: break;
+    case DType::kQ2:
+    case DType::kF8: break;
   }
   MOE_CHECK(false) << "LoadAsF32: " << static_cast<int>(t) << " is quantized; use TensorView::at";
   return 0.f;

@@ -1,5 +1,6 @@
 // MatMul on the CPU: one output row of the weight per task, fp32 accumulation.
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <vector>
 
@@ -31,6 +32,29 @@ float QuantDotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
   return acc;
 }
 
+// Row n of a kF8 w (quant.h): per group, s * sum_c x[c] e4m3(q[c]); the scale multiplies the
+// group's partial sum, as the block-scaled checkpoints' own kernels apply it.
+float F8DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
+  const int64_t N = w.dim(0), G = w.group_size, groups = QuantGroups(K, G);
+  const auto* codes = static_cast<const uint8_t*>(w.data);
+  const auto* scales =
+      reinterpret_cast<const float*>(codes + QuantParamsOffset(w.dtype, N, K)) + n * groups;
+  static const std::array<float, 256> kValue = [] {  // every code's value: a load, not a branch
+    std::array<float, 256> v;
+    for (int b = 0; b < 256; ++b) v[b] = E4m3ToF32(static_cast<uint8_t>(b));
+    return v;
+  }();
+  const uint8_t* row = codes + n * K;
+  float acc = 0.f;
+  for (int64_t g = 0; g < groups; ++g) {
+    const int64_t c0 = g * G, c1 = std::min(K, c0 + G);
+    float xq = 0.f;
+    for (int64_t c = c0; c < c1; ++c) xq += x[c] * kValue[row[c]];
+    acc += scales[g] * xq;
+  }
+  return acc;
+}
+
 // Dot product of an fp32 vector with row `n` of w (any weight dtype), fp32 accumulation in
 // four lanes so the compiler can vectorise without -ffast-math.
 float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
@@ -56,6 +80,8 @@ float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
     case DType::kQ4:
     case DType::kQ2:
       return QuantDotRow(x, w, n, K);
+    case DType::kF8:
+      return F8DotRow(x, w, n, K);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }

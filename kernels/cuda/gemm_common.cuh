@@ -22,6 +22,14 @@ __device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGrou
   return p.groups != nullptr ? p.groups[g] : single;
 }
 
+// An fp8 e4m3 code (the low byte of b) as float, exactly (kernels/tensor.h: E4m3ToF32): the 7
+// magnitude bits into fp32's exponent and mantissa, 2^120 re-biasing the exponent (fp32
+// denormals keep e4m3's subnormals exact; codes are checked at load to hold no NaN).
+__device__ __forceinline__ float E4m3ToFloat(uint32_t b) {
+  const float mag = __uint_as_float((b & 0x7fu) << 20) * 0x1p120f;
+  return __uint_as_float(__float_as_uint(mag) | ((b & 0x80u) << 24));
+}
+
 // U_g of the SwiGLU form.
 __device__ __forceinline__ const void* UpOf(const GemmParams& p, int g) {
   return p.routed_ids != nullptr ? p.routed_up[p.routed_ids[g]] : p.up_groups[g].w;
@@ -363,7 +371,7 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
 // sizes.
 void LaunchPipelinedGemm(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 
-// The quantized path of LaunchGroupedGemm (matmul_quant.cu): p.w_dtype is kQ8, kQ4 or kQ2.
+// The quantized path of LaunchGroupedGemm (matmul_quant.cu): p.w_dtype is kQ8, kQ4, kQ2 or kF8.
 void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 
 }  // namespace moe::kernels::cuda

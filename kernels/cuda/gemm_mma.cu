@@ -1,5 +1,5 @@
 // The grouped GEMM on the tensor cores (prefill, and decode groups past kMatVecMaxRows rows):
-// C = A Wᵀ for bf16 and quantized (kQ8/kQ4/kQ2) weights, by mma.sync m16n8k16 (bf16 operands,
+// C = A Wᵀ for bf16 and quantized (kQ8/kQ4/kQ2/kF8) weights, by mma.sync m16n8k16 (bf16 operands,
 // fp32 accumulation). fp32 and fp16 weights, K not a multiple of 32 and A rows not 16-byte
 // aligned keep the SIMT tiled kernels (matmul.cu, matmul_quant.cu).
 //
@@ -133,6 +133,30 @@ struct QuantWeights {
       const uint32_t q0 = (raw[bit0 / 32] >> (bit0 % 32)) & kMask;
       const uint32_t q1 = (raw[bit1 / 32] >> (bit1 % 32)) & kMask;
       out[i] = PackBf16(static_cast<float>(q0), static_cast<float>(q1));
+    }
+  }
+};
+
+// kF8 weights (e4m3 codes, an fp32 scale s per group): each code enters as its value, exact in
+// bf16, with {s, 0} for the tile's group: acc += s (sum_k a e4m3(q)). Loads as int8's.
+template <int E>
+struct F8Weights : QuantWeights<8, E> {
+  __device__ __forceinline__ void Load(const GemmParams& p, const void* w, int64_t n, int64_t k,
+                                       bool aligned) {
+    QuantWeights<8, E>::Load(p, w, n, k, aligned);  // codes; the params word is the fp32 scale
+    const uint8_t* params = static_cast<const uint8_t*>(w) + (p.N * p.K + 15) / 16 * 16 +
+                            (n * CeilDiv(p.K, p.group_size) + k / p.group_size) * 4;
+    this->sm =
+        make_float2(__uint_as_float(aligned ? __ldg(reinterpret_cast<const uint32_t*>(params))
+                                            : LoadU32Bytes(params)),
+                    0.f);
+  }
+  __device__ __forceinline__ void Pairs(uint32_t (&out)[E / 2]) const {
+#pragma unroll
+    for (int i = 0; i < E / 2; ++i) {
+      const int bit0 = 16 * i;  // compile-time after unrolling
+      out[i] = PackBf16(E4m3ToFloat(this->raw[bit0 / 32] >> (bit0 % 32)),
+                        E4m3ToFloat(this->raw[bit0 / 32] >> (bit0 % 32 + 8)));
     }
   }
 };
@@ -657,6 +681,9 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
     case DType::kQ2:
       wide ? launch(GemmMmaKernel<QuantWeights<2, 32>, 64>)
            : launch(GemmMmaKernel<QuantWeights<2, 16>, 32>);
+      return true;
+    case DType::kF8:
+      wide ? launch(GemmMmaKernel<F8Weights<32>, 64>) : launch(GemmMmaKernel<F8Weights<16>, 32>);
       return true;
     default: return false;
   }

@@ -1,7 +1,7 @@
 // MatMul on the GPU: a grouped matrix-vector kernel (decode, weight-bandwidth bound) and a tiled
 // grouped GEMM (prefill), both fp32 accumulation over fp32/bf16/fp16 weights; bias added after.
 // bf16 GEMMs go to the tensor cores where they can (gemm_mma.cu); quantized weights
-// (kQ8/kQ4/kQ2) take the kernels of matmul_quant.cu.
+// (kQ8/kQ4/kQ2/kF8) take the kernels of matmul_quant.cu.
 //
 // Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
 // Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
@@ -556,7 +556,8 @@ void Dispatch(const GemmParams& p, const GemmGroup& single, cudaStream_t stream)
     case DType::kF16: return LaunchTyped<__half>(p, single, stream);
     case DType::kQ8:
     case DType::kQ4:
-    case DType::kQ2: return DispatchQuant(p, single, stream);
+    case DType::kQ2:
+    case DType::kF8: return DispatchQuant(p, single, stream);
     default: MOE_CHECK(false) << "GroupedGemm: unsupported weight dtype " << DTypeName(p.w_dtype);
   }
 }

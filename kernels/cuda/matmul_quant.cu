@@ -1,4 +1,4 @@
-// The grouped GEMM over group-wise quantized weights (kQ8/kQ4/kQ2, layout in kernels/quant.h):
+// The grouped GEMM over group-wise quantized weights (kQ8/kQ4/kQ2/kF8, layout in kernels/quant.h):
 // codes and fp16 {scale, offset} pairs are read straight from the quantized matrix and turned
 // into floats in registers; no full-precision copy of a weight is ever made.
 //
@@ -24,6 +24,9 @@
 // dequantizes element by element.
 // GEMM (prefill) where the tensor-core kernel (gemm_mma.cu) does not apply: the tiled SIMT kernel
 // of matmul.cu with a loader that dequantizes each element.
+// kF8 (fp8 e4m3 codes, an fp32 scale s per group) takes the int8 kernels with kF8 set: a word's 4
+// codes become floats exactly (E4m3ToFloat: 2 integer ops and a multiply a code), summed against x
+// per word, the word's sum times s: sum_c x[c] e4m3(q[c]) s.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -82,6 +85,17 @@ __device__ __forceinline__ float2 LoadParams(const uint8_t* params_row, int64_t 
   return make_float2(__half2float(__half(s)), __half2float(__half(m)));
 }
 
+// The fp32 scale of group g of a kF8 row, at any alignment.
+__device__ __forceinline__ float LoadScale(const uint8_t* params_row, int64_t g) {
+  return __uint_as_float(LoadU32Bytes(params_row + 4 * g));
+}
+
+// Code i of `byte` dequantized: q s + m.
+template <int B>
+__device__ __forceinline__ float WeightAt(uint32_t byte, int i, float2 sm) {
+  return fmaf(static_cast<float>((byte >> (i * B)) & QFmt<B>::kMask), sm.x, sm.y);
+}
+
 struct QuantMatrix {
   const uint8_t* codes;   // this weight row's codes
   const uint8_t* params;  // this weight row's {s, m} pairs
@@ -103,10 +117,12 @@ __device__ __forceinline__ QuantMatrix RowOf(const void* w, int64_t n, int64_t N
 constexpr int kRowsPerWarp = 4;
 
 // kExact (int8 only): the codes themselves (ByteCode), s and m applied per word as on the CPU.
-template <int B, int TB, bool kGlu, int ws, bool kExact>
+// kF8 (fp8 e4m3 codes, B = 8): each code's value (E4m3ToFloat), s per word, no offset.
+template <int B, int TB, bool kGlu, int ws, bool kExact, bool kF8>
 __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmParams p,
                                                                     const GemmGroup single) {
   static_assert(!kExact || B == 8, "exact codes by byte permutes: int8 only");
+  static_assert(!kF8 || B == 8, "fp8 codes are bytes");
   WaitForPriorKernel();
   using F = QFmt<B>;
   constexpr int NW = kGlu ? 2 : 1;        // gate and up matrices, or the one weight matrix
@@ -164,10 +180,16 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
 #pragma unroll
           for (int q = 0; q < NR; ++q) {
             code[u][q] = wd < words ? __ldg(reinterpret_cast<const uint32_t*>(w[q].codes) + wd) : 0u;
-            const float2 p2 = wd < words ? __half22float2(__ldg(
-                                               reinterpret_cast<const __half2*>(w[q].params) + gi))
-                                         : make_float2(0.f, 0.f);
-            sm[u][q] = make_float2(kExact ? p2.x : p2.x * F::kScale, p2.y);
+            if constexpr (kF8) {  // {s, 0}: the fp32 scale
+              sm[u][q] = make_float2(
+                  wd < words ? __ldg(reinterpret_cast<const float*>(w[q].params) + gi) : 0.f, 0.f);
+            } else {
+              const float2 p2 =
+                  wd < words
+                      ? __half22float2(__ldg(reinterpret_cast<const __half2*>(w[q].params) + gi))
+                      : make_float2(0.f, 0.f);
+              sm[u][q] = make_float2(kExact ? p2.x : p2.x * F::kScale, p2.y);
+            }
           }
         }
 #pragma unroll
@@ -192,7 +214,11 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
 #pragma unroll
             for (int q = 0; q < NR; ++q) {
               float d = 0.f;
-              if constexpr (kExact) {
+              if constexpr (kF8) {  // s sum_c x[c] e4m3(q[c])
+#pragma unroll
+                for (int e = 0; e < 4; ++e) d = fmaf(xv[e], E4m3ToFloat(code[u][q] >> (8 * e)), d);
+                acc[q][j] = fmaf(sm[u][q].x, d, acc[q][j]);
+              } else if constexpr (kExact) {
 #pragma unroll
                 for (int e = 0; e < F::kPerWord; ++e) d = fmaf(xv[e], ByteCode(code[u][q], e), d);
                 // s sum x q + m sum x = sum x (q s + m)
@@ -218,8 +244,8 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
           for (int i = 0; i < F::kPerByte; ++i) {
             const int64_t k = b * F::kPerByte + i;
             if (k >= K) break;
-            const float2 sm = LoadParams(w[q].params, k / G);
-            const float wk = fmaf(static_cast<float>((byte >> (i * B)) & F::kMask), sm.x, sm.y);
+            const float wk = kF8 ? E4m3ToFloat(byte) * LoadScale(w[q].params, k / G)
+                                 : WeightAt<B>(byte, i, LoadParams(w[q].params, k / G));
 #pragma unroll
             for (int j = 0; j < TB; ++j) acc[q][j] = fmaf(wk, xr[j][k], acc[q][j]);
           }
@@ -266,7 +292,7 @@ __global__ __launch_bounds__(kQWarps * kWarp) void QuantMatVecKernel(const GemmP
   }
 }
 
-template <int B, int TB, bool kGlu, bool kExact>
+template <int B, int TB, bool kGlu, bool kExact, bool kF8>
 void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const dim3 block(kQWarps * kWarp);
   // K split over 4 warps when whole-row warps would give under 4 blocks per SM (the expert
@@ -276,11 +302,11 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
   if (split) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N * 4, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantMatVecKernel<B, TB, kGlu, 4, kExact>, grid, block, 0, stream, p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 4, kExact, kF8>, grid, block, 0, stream, p, single);
   } else {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kRowsPerBlock)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantMatVecKernel<B, TB, kGlu, 1, kExact>, grid, block, 0, stream, p, single);
+    Launch(QuantMatVecKernel<B, TB, kGlu, 1, kExact, kF8>, grid, block, 0, stream, p, single);
   }
 }
 
@@ -488,36 +514,40 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
   return true;
 }
 
-template <int B, bool kGlu, bool kExact>
+template <int B, bool kGlu, bool kExact, bool kF8>
 void LaunchQuantMatVecAs(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   if (p.max_rows <= 1) {
-    LaunchQuantMatVecRows<B, 1, kGlu, kExact>(p, single, stream);
+    LaunchQuantMatVecRows<B, 1, kGlu, kExact, kF8>(p, single, stream);
   } else if (p.max_rows <= 2) {
-    LaunchQuantMatVecRows<B, 2, kGlu, kExact>(p, single, stream);
+    LaunchQuantMatVecRows<B, 2, kGlu, kExact, kF8>(p, single, stream);
   } else if (p.max_rows <= 4) {
-    LaunchQuantMatVecRows<B, 4, kGlu, kExact>(p, single, stream);
+    LaunchQuantMatVecRows<B, 4, kGlu, kExact, kF8>(p, single, stream);
   } else {
-    LaunchQuantMatVecRows<B, 8, kGlu, kExact>(p, single, stream);
+    LaunchQuantMatVecRows<B, 8, kGlu, kExact, kF8>(p, single, stream);
   }
 }
 
-template <int B, bool kGlu>
+template <int B, bool kGlu, bool kF8>
 void LaunchQuantMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  if constexpr (B == 4) {
-    if (LaunchInt4MmaMatVec(p, single, stream)) return;
+  if constexpr (kF8) {  // codes are their values: nothing to make exact
+    LaunchQuantMatVecAs<B, kGlu, false, true>(p, single, stream);
+  } else {
+    if constexpr (B == 4) {
+      if (LaunchInt4MmaMatVec(p, single, stream)) return;
+    }
+    if constexpr (B == 8) {
+      if (ExactCodes()) return LaunchQuantMatVecAs<B, kGlu, true, false>(p, single, stream);
+    }
+    LaunchQuantMatVecAs<B, kGlu, false, false>(p, single, stream);
   }
-  if constexpr (B == 8) {
-    if (ExactCodes()) return LaunchQuantMatVecAs<B, kGlu, true>(p, single, stream);
-  }
-  LaunchQuantMatVecAs<B, kGlu, false>(p, single, stream);
 }
 
 // ---- tiled GEMM: 64x64 output tile per block, 4x4 per thread, K in steps of 16 (the shapes -----
 // `GemmMmaKernel` does not take: K not a multiple of 32, unaligned A)
 
-template <int B>
+template <int B, bool kF8>
 __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmParams p,
-                                                                    const GemmGroup single) {
+                                                                     const GemmGroup single) {
   WaitForPriorKernel();
   using F = QFmt<B>;
   const GemmGroup g = GroupOf(p, single, blockIdx.z);
@@ -548,9 +578,10 @@ __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmP
       As[lk + i][lr] = arow != nullptr && k < K ? arow[k] : 0.f;
       float wk = 0.f;
       if (n < p.N && k < K) {
-        const uint32_t q = (wrow.codes[k / F::kPerByte] >> ((k % F::kPerByte) * B)) & F::kMask;
-        const float2 sm = LoadParams(wrow.params, k / G);
-        wk = fmaf(static_cast<float>(q), sm.x, sm.y);
+        const uint32_t byte = wrow.codes[k / F::kPerByte];
+        wk = kF8 ? E4m3ToFloat(byte) * LoadScale(wrow.params, k / G)
+                 : WeightAt<B>(byte, static_cast<int>(k % F::kPerByte),
+                               LoadParams(wrow.params, k / G));
       }
       Ws[lk + i][lr] = wk;
     }
@@ -561,19 +592,19 @@ __global__ __launch_bounds__(kTileThreads) void QuantGemmTiledKernel(const GemmP
   StoreTile(p, g, m0, n0, tx, ty, acc);
 }
 
-template <int B>
+template <int B, bool kF8 = false>
 void LaunchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   if (p.glu()) {
-    LaunchQuantMatVec<B, true>(p, single, stream);
+    LaunchQuantMatVec<B, true, kF8>(p, single, stream);
   } else if (p.max_rows <= kMatVecMaxRows) {
-    LaunchQuantMatVec<B, false>(p, single, stream);
+    LaunchQuantMatVec<B, false, kF8>(p, single, stream);
   } else if (p.a_split != nullptr) {
     LaunchPipelinedGemm(p, single, stream);
   } else if (!LaunchGemmMma(p, single, stream)) {
     const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kBN)),
                     static_cast<unsigned>(CeilDiv(p.max_rows, kBM)),
                     static_cast<unsigned>(p.num_groups));
-    Launch(QuantGemmTiledKernel<B>, grid, kTileThreads, 0, stream, p, single);
+    Launch(QuantGemmTiledKernel<B, kF8>, grid, kTileThreads, 0, stream, p, single);
   }
 }
 
@@ -587,6 +618,7 @@ void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t st
     case DType::kQ8: return LaunchQuant<8>(p, single, stream);
     case DType::kQ4: return LaunchQuant<4>(p, single, stream);
     case DType::kQ2: return LaunchQuant<2>(p, single, stream);
+    case DType::kF8: return LaunchQuant<8, true>(p, single, stream);
     default: MOE_CHECK(false) << "GroupedGemm: " << DTypeName(p.w_dtype) << " is not quantized";
   }
 }

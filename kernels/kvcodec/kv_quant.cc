@@ -384,18 +384,4 @@ uint8_t F32ToE4m3(float f) {
   return sign | static_cast<uint8_t>(std::min(code, 0x7e));
 }
 
-float E4m3ToF32(uint8_t code) {
-  const int exponent = (code >> 3) & 0xf;
-  const int mantissa = code & 0x7;
-  float v;
-  if (exponent == 0xf && mantissa == 0x7) {
-    v = std::numeric_limits<float>::quiet_NaN();
-  } else if (exponent == 0) {
-    v = std::ldexp(static_cast<float>(mantissa), -9);
-  } else {
-    v = std::ldexp(1.f + mantissa / 8.f, exponent - 7);
-  }
-  return (code & 0x80) ? -v : v;
-}
-
 }  // namespace moe::kernels

@@ -44,6 +44,7 @@
 #include "absl/strings/string_view.h"
 #include "kernels/kvcodec/kv_codebook.h"
 #include "kernels/kvcodec/kv_rotation.h"
+#include "kernels/tensor.h"
 
 namespace moe::kernels {
 
@@ -172,6 +173,6 @@ class KvCodec {
 // OCP E4M3FN: bias 7, max ±448, no infinities; round to nearest even, saturating (what
 // cvt.rn.satfinite.e4m3x2.f32 does). Input must be finite.
 uint8_t F32ToE4m3(float f);
-float E4m3ToF32(uint8_t code);
+// (E4m3ToF32, the inverse: kernels/tensor.h.)
 
 }  // namespace moe::kernels

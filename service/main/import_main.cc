@@ -29,18 +29,19 @@ ABSL_FLAG(std::string, store_dir, "",
           "Store directory to write (created; an existing one resumes)");
 ABSL_FLAG(std::string, model, "", "Model id recorded in the index. Default: the model_dir's name");
 ABSL_FLAG(std::string, format, "",
-          "Expert format: bf16, f16, f32, int8, int4, int2. Default: bf16, or for a published "
-          "int4 checkpoint (GPTQ, AWQ, compressed-tensors: config.json's quantization_config) "
-          "its experts' own bits, copied without re-quantizing: int4, or for asymmetric int4 "
-          "(GPTQ sym false, AWQ) int8, which holds its zero points exactly at twice the bytes");
+          "Expert format: bf16, f16, f32, int8, int4, int2, fp8. Default: bf16, or for a published "
+          "quantized checkpoint (GPTQ, AWQ, compressed-tensors, fp8: config.json's "
+          "quantization_config) its experts' own bits, copied without re-quantizing: int4, or "
+          "for asymmetric int4 (GPTQ sym false, AWQ) int8, which holds its zero points exactly "
+          "at twice the bytes, or fp8 (e4m3 codes, an fp32 scale per 128 columns)");
 ABSL_FLAG(int32_t, group_size, 0,
-          "Group size of quantized formats: 32, 64, 128 or 256. Default: 64, or a published "
-          "int4 checkpoint's own");
+          "Group size of quantized formats: 32, 64, 128 or 256. Default: 64 (fp8: 128), or a "
+          "published checkpoint's own");
 ABSL_FLAG(std::string, dense_format, "bf16",
-          "Dense weight format: bf16, f16, f32, int8, int4 (quantized: matrices only, with "
+          "Dense weight format: bf16, f16, f32, int8, int4, fp8 (quantized: matrices only, with "
           "--group_size; norms, biases, routers and the embedding keep the checkpoint's dtype)");
 ABSL_FLAG(std::string, lm_head_format, "",
-          "The lm head's format: bf16, f16, f32, int8, int4. Default: --dense_format. (The "
+          "The lm head's format: bf16, f16, f32, int8, int4, fp8. Default: --dense_format. (The "
           "embedding, and a lm head tied to it, keep the checkpoint's dtype)");
 ABSL_FLAG(std::string, max_blob_file_bytes, "4GiB", "Size at which a new blob file is started");
 ABSL_FLAG(bool, verify, false,
@@ -174,10 +175,15 @@ int main(int argc, char** argv) {
     if (!format.ok()) return Fail(base::Annotate(format.status(), "--format"));
     options->format = *format;
   }
-  if (absl::GetFlag(FLAGS_group_size) != 0) options->group_size = absl::GetFlag(FLAGS_group_size);
   auto dense = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_dense_format));
   if (!dense.ok()) return Fail(base::Annotate(dense.status(), "--dense_format"));
   options->dense_format = *dense;
+  // fp8 from a float checkpoint: 128-column groups, as published FP8 checkpoints block theirs.
+  if (options->format == kernels::DType::kF8 ||
+      (!kernels::IsQuantized(options->format) && *dense == kernels::DType::kF8)) {
+    options->group_size = 128;
+  }
+  if (absl::GetFlag(FLAGS_group_size) != 0) options->group_size = absl::GetFlag(FLAGS_group_size);
   if (!absl::GetFlag(FLAGS_lm_head_format).empty()) {
     auto lm_head = kernels::ParseWeightFormat(absl::GetFlag(FLAGS_lm_head_format));
     if (!lm_head.ok()) return Fail(base::Annotate(lm_head.status(), "--lm_head_format"));

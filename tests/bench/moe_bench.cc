@@ -8,9 +8,9 @@
 // per layer, with --layers small enough to fit; --shape=lfm2-8b-a1b: 24 layers, 18 short-conv
 // and 6 attention (32 / 8 heads of 64), the first 2 dense, 32 experts top-4 of 1792 with
 // expert-bias routing, vocabulary 65536, tied). Dense weights bf16 (random) or, with
-// --dense_format / --lm_head_format int8|int4, quantized by moe-import's dense writer (routers and
-// the embedding stay bf16); experts --expert_format (int4 default, or int8) group --group 64
-// (random codes, scales and offsets).
+// --dense_format / --lm_head_format int8|int4|fp8, quantized by moe-import's dense writer (routers
+// and the embedding stay bf16); experts --expert_format (int4 default, int8, or fp8) group --group
+// 64 (random codes, scales and offsets; fp8: e4m3 codes, fp32 scales, --group=128 as published).
 //
 // The generator (WriteSyntheticModel) writes config.json + model.safetensors with the dense
 // weights only; the experts never touch the disk: ResidentInt4Provider (an ExpertProvider) puts
@@ -100,10 +100,11 @@ ABSL_FLAG(int64_t, layers, 0, "Layers (0: the shape's; Qwen3-30B-A3B 48, Qwen3.5
 ABSL_FLAG(int64_t, experts, 0, "Experts per layer (0: the shape's)");
 ABSL_FLAG(int64_t, vocab, 0, "Vocabulary (0: the shape's)");
 ABSL_FLAG(int32_t, group, 64, "Group size of the quantized weights (experts and dense)");
-ABSL_FLAG(std::string, expert_format, "int4", "Format of the experts: int4 or int8");
+ABSL_FLAG(std::string, expert_format, "int4", "Format of the experts: int4, int8 or fp8");
 ABSL_FLAG(std::string, dense_format, "bf16",
           "Format of the dense matrices (attention, shared expert, dense MLP; as moe-import "
-          "--dense_format: routers and the embedding stay bf16): bf16, int8 or int4");
+          "--dense_format: routers and the embedding stay bf16): bf16, int8, int4 or fp8 (e4m3, "
+          "an fp32 scale per --group)");
 ABSL_FLAG(std::string, lm_head_format, "", "Format of the lm head. Default: --dense_format");
 ABSL_FLAG(int64_t, context, 512, "Context of the batch-1 decode and the batched runs");
 ABSL_FLAG(std::string, decode_contexts, "",
@@ -463,6 +464,14 @@ ExpertTemplates MakeTemplates(int32_t group) {
     const size_t off = static_cast<size_t>(kernels::QuantParamsOffset(f, rows, cols));
     for (size_t i = 0; i < off; ++i) dst[i] = static_cast<uint8_t>(rng.Next() >> 56);
     const int64_t pairs = rows * kernels::QuantGroups(cols, group);
+    if (f == DType::kF8) {  // e4m3 codes without the NaNs, fp32 scales: |w| < 0.03 x 2
+      for (size_t i = 0; i < off; ++i) dst[i] = (dst[i] & 0x7f) == 0x7f ? dst[i] ^ 1 : dst[i];
+      for (int64_t i = 0; i < pairs; ++i) {
+        const float s = (1.f + rng.Uniform()) * 0.03f / 448.f;
+        std::memcpy(dst + off + 4 * i, &s, 4);
+      }
+      return;
+    }
     for (int64_t i = 0; i < pairs; ++i) {
       const float s = (0.003f + 0.002f * rng.Uniform()) * 15.f / levels;
       const uint16_t sm[2] = {kernels::F32ToF16(s), kernels::F32ToF16(-levels / 2 * s)};
@@ -1076,10 +1085,11 @@ absl::Status CheckFlags() {
     if (name.empty() && std::string(flag) == "lm_head_format") continue;
     const absl::StatusOr<DType> f = kernels::ParseWeightFormat(name);
     const bool expert = std::string(flag) == "expert_format";
-    if (!f.ok() || (expert ? !kernels::IsQuantized(*f) || *f == DType::kQ2
-                           : *f != DType::kBF16 && *f != DType::kQ8 && *f != DType::kQ4)) {
+    if (!f.ok() ||
+        (expert ? !kernels::IsQuantized(*f) || *f == DType::kQ2
+                : *f != DType::kBF16 && *f != DType::kQ8 && *f != DType::kQ4 && *f != DType::kF8)) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "--", flag, "=", name, ": ", expert ? "int4 or int8" : "bf16, int8 or int4"));
+          "--", flag, "=", name, ": ", expert ? "int4, int8 or fp8" : "bf16, int8, int4 or fp8"));
     }
   }
   if (absl::Status s = kernels::ValidateQuantFormat(DType::kQ4, absl::GetFlag(FLAGS_group));

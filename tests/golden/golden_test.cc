@@ -725,6 +725,48 @@ TEST(PublishedQuantTest, SwappedZeroPointOrAwqReadInGptqOrderFails) {
   }
 }
 
+// The FP8 fixtures' scales misplaced: each square block-scale tensor transposed (the scale of
+// block (i, j) applied to block (j, i)), the others reversed, must fail the comparison with
+// transformers; so must every e4m3 code read with its sign flipped. (As written they pass:
+// GoldenTest.)
+TEST(PublishedF8Test, MisplacedScalesOrFlippedSignsFail) {
+  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  for (const std::string arch : {"qwen3_moe_fp8", "qwen3_moe_ct_fp8"}) {
+    const std::string suffix = arch == "qwen3_moe_fp8" ? ".weight_scale_inv" : ".weight_scale";
+    const size_t elem = arch == "qwen3_moe_fp8" ? 4 : 2;  // F32, or BF16 channel scales
+    testing::TempDir same, misplaced, flipped;
+    CopyEditingTensors(arch, same.path(), [](const std::string&, uint8_t*, size_t) {});
+    CopyEditingTensors(arch, misplaced.path(), [&](const std::string& name, uint8_t* d, size_t n) {
+      if (!absl::EndsWith(name, suffix)) return;
+      const size_t count = n / elem;
+      const auto side = static_cast<size_t>(std::lround(std::sqrt(count)));
+      std::vector<uint8_t> out(d, d + n);
+      for (size_t i = 0; i < count; ++i) {
+        const size_t from =
+            side * side == count && side > 1 ? (i % side) * side + i / side : count - 1 - i;
+        std::memcpy(out.data() + i * elem, d + from * elem, elem);
+      }
+      std::memcpy(d, out.data(), n);
+    });
+    CopyEditingTensors(arch, flipped.path(), [](const std::string& name, uint8_t* d, size_t n) {
+      if (!absl::EndsWith(name, "_proj.weight")) return;
+      for (size_t i = 0; i < n; ++i) d[i] ^= 0x80;
+    });
+    const double as_written = FixturePrefillError(arch, same.path(), **backend);
+    const double wrong_scales = FixturePrefillError(arch, misplaced.path(), **backend);
+    const double wrong_signs = FixturePrefillError(arch, flipped.path(), **backend);
+    std::printf(
+        "%s: max relative logit error %.3g as written, %.3g scales misplaced, %.3g "
+        "signs flipped\n",
+        arch.c_str(), as_written, wrong_scales, wrong_signs);
+    EXPECT_GE(as_written, 0);
+    EXPECT_LT(as_written, 1e-4);
+    EXPECT_GT(wrong_scales, 1e-2);
+    EXPECT_GT(wrong_signs, 1e-2);
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                          ::testing::Values("qwen3_moe", "qwen2_moe", "mixtral", "olmoe",
                                            "qwen3_5_moe", "qwen3_next", "lfm2_moe",
@@ -732,7 +774,9 @@ INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,
                                            // published int4 checkpoints (make_fixtures.py QUANT)
                                            "qwen3_moe_gptq", "qwen3_moe_gptq_g128", "qwen3_moe_ct",
                                            // asymmetric int4, loaded exactly as int8 (stop 41)
-                                           "qwen3_moe_gptq_asym", "qwen3_moe_awq"));
+                                           "qwen3_moe_gptq_asym", "qwen3_moe_awq",
+                                           // fp8 e4m3, block-scaled and per channel (issue 30)
+                                           "qwen3_moe_fp8", "qwen3_moe_ct_fp8"));
 
 }  // namespace
 }  // namespace moe::engine

@@ -217,10 +217,19 @@ def make(arch, spec, out_dir, seed):
 #   awq (AutoAWQ's WQLinear_GEMM, version gemm): qweight int32 [K, N/8], word [k, i] holding
 #     outputs 8i..8i+7 with output 8i + AWQ_ORDER[p] in bits 4p..4p+3; qzeros int32 [K/g, N/8]
 #     packed the same way, z itself; scales fp16 [K/g, N].
+# FP8 e4m3 weights (issue 30), w = fp8 * scale in fp32:
+#   fp8 (transformers' FineGrainedFP8, Qwen3-FP8 and DeepSeek checkpoints): weight float8_e4m3fn
+#     [N, K], weight_scale_inv fp32 [ceil(N/128), ceil(K/128)] (one per 128x128 block, partial
+#     blocks at the edges; it multiplies, despite its name); scales random, so that the blocks
+#     differ and a transposed or misplaced scale shows.
+#   compressed-tensors float-quantized, strategy channel (FP8_DYNAMIC): weight float8_e4m3fn
+#     [N, K], weight_scale bf16 [N, 1]; input activations dynamic per token (we keep ours bf16/fp32).
 # Fused experts on disk ([E, 2I, H] gate rows first, [E, H, I]) become per-expert modules, as
 # quantized Qwen3-MoE checkpoints name them.
 QWEN3_G128 = dict(hidden_size=128, head_dim=32, intermediate_size=256, moe_intermediate_size=256)
 QWEN3_G64 = dict(head_dim=32, intermediate_size=128, moe_intermediate_size=64)
+# FP8 (issue 30): widths that are not multiples of the 128 block (192, 160, 320: partial blocks).
+QWEN3_FP8 = dict(hidden_size=192, head_dim=32, intermediate_size=320, moe_intermediate_size=160)
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # the nibble of output 8i + j (AutoAWQ's unpacking)
 QUANT = {
@@ -230,6 +239,8 @@ QUANT = {
     "qwen3_moe_gptq_asym": dict(base="qwen3_moe", method="gptq_asym", group=64,
                                 overrides=QWEN3_G64),
     "qwen3_moe_awq": dict(base="qwen3_moe", method="awq", group=128, overrides=QWEN3_G128),
+    "qwen3_moe_fp8": dict(base="qwen3_moe", method="fp8", group=128, overrides=QWEN3_FP8),
+    "qwen3_moe_ct_fp8": dict(base="qwen3_moe", method="ct_fp8", group=128, overrides=QWEN3_FP8),
 }
 
 
@@ -263,6 +274,28 @@ def quantize_asym4(w, group, gen):
     q = (torch.round(g / sf) + zf).clamp(0, 15)
     deq = ((q - zf) * sf).reshape(n, k)
     return q.reshape(n, k).to(torch.int32), z.to(torch.int32), s, deq
+
+
+def quantize_fp8(w, gen, block):
+    """w [N, K] fp32 -> codes float8_e4m3fn [N, K], scales [ceil(N/b), ceil(K/b)] fp32 (block) or
+    [N, 1] bf16 (block None: per output channel), dequantized fp8 * scale [N, K] fp32. A scale is
+    the block's max |w| / 448 times a random factor in [1, 4): codes use varied exponents."""
+    n, k = w.shape
+    if block is None:
+        amax = w.abs().amax(dim=1, keepdim=True)
+        s = (amax / 448 * (1 + 3 * torch.rand(amax.shape, generator=gen))).clamp(min=1e-6)
+        s = s.to(torch.bfloat16)
+        full = s.float().expand(n, k)
+    else:
+        nb, kb = -(-n // block), -(-k // block)
+        s = torch.empty(nb, kb)
+        for i in range(nb):
+            for j in range(kb):
+                amax = w[i * block:(i + 1) * block, j * block:(j + 1) * block].abs().max()
+                s[i, j] = (amax / 448 * (1 + 3 * torch.rand((), generator=gen))).clamp(min=1e-6)
+        full = s.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+    q = (w / full).clamp(-448, 448).to(torch.float8_e4m3fn)
+    return q, s, q.float() * full
 
 
 def pack8(codes):
@@ -345,6 +378,14 @@ def make_quant(name, q, out_dir, seed):
                 packed[mod + ".qzeros"] = awq_pack(zeros)
             packed[mod + ".scales"] = s.t().contiguous()
             check_asym_packing(method, packed, mod, codes, z)
+        elif method == "fp8":
+            codes, s, d = quantize_fp8(w, gen, group)
+            packed[mod + ".weight"] = codes
+            packed[mod + ".weight_scale_inv"] = s
+        elif method == "ct_fp8":
+            codes, s, d = quantize_fp8(w, gen, None)
+            packed[mod + ".weight"] = codes
+            packed[mod + ".weight_scale"] = s
         elif method == "gptq":
             codes, s, d = quantize_sym4(w, group, torch.float16)
             # [K, N] -> [K/8, N, 8]: word (i, n) holds inputs 8i..8i+7 of output n.
@@ -397,6 +438,21 @@ def make_quant(name, q, out_dir, seed):
         config["quantization_config"] = dict(
             quant_method="awq", bits=4, group_size=group, zero_point=True, version="gemm",
             modules_to_not_convert=None)
+    elif method == "fp8":  # as Qwen3-30B-A3B-FP8's config.json has it
+        config["quantization_config"] = dict(
+            quant_method="fp8", activation_scheme="dynamic", fmt="e4m3",
+            weight_block_size=[group, group], modules_to_not_convert=["lm_head"])
+    elif method == "ct_fp8":  # llm-compressor's FP8_DYNAMIC scheme
+        config["quantization_config"] = dict(
+            quant_method="compressed-tensors", format="float-quantized",
+            quantization_status="compressed", kv_cache_scheme=None,
+            ignore=["lm_head", "re:.*mlp.gate$"],
+            config_groups=dict(group_0=dict(
+                targets=["Linear"], format="float-quantized", output_activations=None,
+                input_activations=dict(num_bits=8, type="float", symmetric=True,
+                                       strategy="token", dynamic=True, observer=None),
+                weights=dict(num_bits=8, type="float", symmetric=True, strategy="channel",
+                             group_size=None, dynamic=False, observer="minmax"))))
     else:
         config["quantization_config"] = dict(
             quant_method="compressed-tensors", format="pack-quantized",

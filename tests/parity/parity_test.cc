@@ -1136,7 +1136,7 @@ INSTANTIATE_TEST_SUITE_P(
                       RoutedCase{64, 512, 256, 16, 4, DType::kQ4, 64, true, false, false, true},
                       RoutedCase{600, 512, 256, 9, 4, DType::kQ4, 64, false, true, true, true}));
 
-// ---- Quantized weights (kQ8/kQ4/kQ2, kernels/quant.h): MatMul and ExpertFfn -----------------
+// ---- Quantized weights (kQ8/kQ4/kQ2/kF8, kernels/quant.h): MatMul and ExpertFfn -----------------
 // Realistic Qwen3-30B-A3B expert shapes (2048x768, 768x2048) for every format and group size 64
 // and 128 (int2 also 32, where a 16-byte load spans two groups), odd sizes (7, 733: the scalar
 // path), K split over 4 warps, several rows per expert, and the tiled prefill kernel. int4 with
@@ -1188,14 +1188,26 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{5, 1000, 1024, DType::kQ4, true}, 128},
                       QuantMatMulCase{{8, 2048, 768, DType::kQ4, false}, 256},
                       QuantMatMulCase{{2, 40, 8192, DType::kQ4, false}, 64},
-                      QuantMatMulCase{{2, 100003, 2048, DType::kQ4, false}, 64}));  // vocab-like
+                      QuantMatMulCase{{2, 100003, 2048, DType::kQ4, false}, 64},  // vocab-like
+                      // fp8 e4m3 (kF8): the int8 matrix-vector kernel's fp8 form (vector and
+                      // scalar paths, K split), the tensor-core GEMM's F8Weights, the tiled GEMM;
+                      // K not a multiple of 128 (a partial last group), odd N.
+                      QuantMatMulCase{{1, 2048, 768, DType::kF8, false}, 128},
+                      QuantMatMulCase{{1, 768, 2048, DType::kF8, false}, 128},  // K split
+                      QuantMatMulCase{{3, 733, 300, DType::kF8, true}, 128},    // scalar path
+                      QuantMatMulCase{{5, 200, 160, DType::kF8, false}, 128},
+                      QuantMatMulCase{{8, 64, 2048, DType::kF8, false}, 64},
+                      QuantMatMulCase{{100, 300, 2048, DType::kF8, false}, 128},  // GEMM, k-tile 64
+                      QuantMatMulCase{{130, 257, 160, DType::kF8, true}, 128},    // GEMM, k-tile 32
+                      QuantMatMulCase{{65, 733, 300, DType::kF8, false}, 128},    // tiled SIMT
+                      QuantMatMulCase{{512, 2048, 768, DType::kF8, false}, 128}));  // prefill
 
 // Weights at an address that is not 8-byte aligned (a view into a larger buffer): the int4
 // tensor-core kernels (matrix-vector, GEMM) read codes and scales byte by byte there, the SIMT
 // kernel (int8 matrix-vector) element by element.
 TEST(QuantMatMulUnaligned, MatchesCpu) {
   const int64_t N = 733, K = 2048;
-  for (const DType dtype : {DType::kQ4, DType::kQ8}) {
+  for (const DType dtype : {DType::kQ4, DType::kQ8, DType::kF8}) {
     for (const int64_t T : {1, 3, 100}) {  // 100: the tensor-core GEMM
       for (const size_t offset : {1, 4}) {
         std::mt19937 rng(static_cast<uint32_t>(T * 31 + offset));
@@ -1316,7 +1328,12 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
                       QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128},
                       QuantFfnCase{{8, 2048, 768, 64, 8, DType::kQ4}, 128},  // tensor cores
-                      QuantFfnCase{{3, 1024, 320, 8, 4, DType::kQ4}, 64}));
+                      QuantFfnCase{{3, 1024, 320, 8, 4, DType::kQ4}, 64},
+                      QuantFfnCase{{1, 2048, 768, 128, 8, DType::kF8}, 128},  // fp8 (kF8)
+                      QuantFfnCase{{4, 2048, 768, 16, 8, DType::kF8}, 128},
+                      QuantFfnCase{{7, 733, 257, 16, 4, DType::kF8}, 128},   // odd: scalar path
+                      QuantFfnCase{{200, 512, 160, 4, 2, DType::kF8}, 128},  // GEMM, partial group
+                      QuantFfnCase{{512, 2048, 768, 16, 8, DType::kF8}, 128}));  // prefill
 
 // ---- Embed, Add, Sigmoid -----------------------------------------------------------------------
 struct EmbedCase {

@@ -103,6 +103,7 @@ HostWeight MakeWeight(const std::vector<float>& values, DType dtype,
       case DType::kQ8:
       case DType::kQ4:
       case DType::kQ2:
+      case DType::kF8:
         MOE_CHECK(false) << "MakeWeight: quantized weights are made by kernels/quant.h";
     }
   }

@@ -55,6 +55,18 @@ TEST(BlobIndexTest, RefusesBadGeometry) {
   EXPECT_NE(Decode(q).message().find("group_size 0"), std::string::npos) << Decode(q);
 }
 
+// kF8 (6, the last dtype) decodes; one past it is refused naming the field.
+TEST(BlobIndexTest, Fp8DecodesAndUnknownDtypesAreRefused) {
+  auto j = Entry();
+  j["dtype"] = 6;  // kF8
+  j["group_size"] = 128;
+  EXPECT_TRUE(Decode(j).ok()) << Decode(j);
+  j["dtype"] = 7;
+  const absl::Status st = Decode(j);
+  EXPECT_EQ(st.code(), absl::StatusCode::kDataLoss) << st;
+  EXPECT_NE(st.message().find("dtype"), std::string::npos) << st;
+}
+
 // fuzz_blob: "layer": 4.09e9 went through nlohmann's float->int conversion (undefined).
 TEST(BlobIndexTest, RefusesNonIntegersAndOutOfRange) {
   for (const auto& [key, value] : std::vector<std::pair<std::string, nlohmann::json>>{
