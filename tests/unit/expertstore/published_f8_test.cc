@@ -12,6 +12,7 @@
 #include "gtest/gtest.h"
 #include "kernels/quant.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/raw_safetensors.h"
 #include "tests/testing/temp_dir.h"
 
 namespace moe::store {
@@ -20,37 +21,10 @@ namespace {
 using kernels::DType;
 using nlohmann::json;
 
-struct Raw {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-template <typename T>
-std::string Bytes(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
-void WriteFile(const testing::TempDir& dir, const std::vector<Raw>& tensors) {
-  json header = json::object();
-  std::string payload;
-  for (const Raw& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {payload.size(), payload.size() + t.bytes.size()}}};
-    payload += t.bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  const uint64_t n = text.size();
-  dir.Write("model.safetensors",
-            std::string(reinterpret_cast<const char*>(&n), 8) + text + payload);
-}
-
-void WriteConfig(const testing::TempDir& dir, const json& quant) {
-  dir.Write("config.json",
-            json{{"model_type", "qwen3_moe"}, {"quantization_config", quant}}.dump());
-}
+using testing::Bytes;
+using testing::RawTensor;
+using testing::WriteQuantConfig;
+using testing::WriteSafetensors;
 
 // A [N=200, K=160] matrix: 128x128 blocks leave a partial block in both directions (72 rows,
 // 32 columns). Code of (n, k): every byte but the NaNs 0x7f and 0xff, in an order where
@@ -79,7 +53,7 @@ std::string Codes() {
 
 // transformers' fp8: m.weight F8_E4M3 [N, K], m.weight_scale_inv F32 [2, 2]; the unquantized
 // lm head and router in their own dtypes.
-std::vector<Raw> Fp8Tensors() {
+std::vector<RawTensor> Fp8Tensors() {
   std::vector<float> s;
   for (int64_t i = 0; i < 2; ++i) {
     for (int64_t j = 0; j < 2; ++j) s.push_back(Scale(i, j));
@@ -133,11 +107,11 @@ void ExpectExact(const Checkpoint& ckpt, ScaleOf scale_of) {
   }
 }
 
-absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::vector<Raw>& tensors,
+absl::StatusOr<std::unique_ptr<Checkpoint>> Open(const std::vector<RawTensor>& tensors,
                                                  const json& config) {
   testing::TempDir dir;
-  WriteFile(dir, tensors);
-  WriteConfig(dir, config);
+  WriteSafetensors(dir, tensors);
+  WriteQuantConfig(dir, config);
   return Checkpoint::Open(dir.path());
 }
 
@@ -165,7 +139,7 @@ TEST(PublishedF8Test, BlockScaledRepacksExactly) {
 }
 
 TEST(PublishedF8Test, CompressedTensorsStrategiesRepackExactly) {
-  std::vector<Raw> t = Fp8Tensors();
+  std::vector<RawTensor> t = Fp8Tensors();
   t[1].name = "m.weight_scale";
   {  // block: as transformers' fp8
     auto ckpt = Open(t, CtConfig("block"));
@@ -188,7 +162,7 @@ TEST(PublishedF8Test, CompressedTensorsStrategiesRepackExactly) {
   }
 }
 
-void ExpectRefused(const std::vector<Raw>& tensors, const json& config,
+void ExpectRefused(const std::vector<RawTensor>& tensors, const json& config,
                    const std::vector<std::string>& words) {
   auto ckpt = Open(tensors, config);
   ASSERT_FALSE(ckpt.ok()) << config.dump();
@@ -211,7 +185,7 @@ TEST(PublishedF8Test, UnsupportedOptionsAreRefusedNamingKeyAndValue) {
   c = Fp8Config();
   c["activation_scheme"] = "static";
   ExpectRefused(Fp8Tensors(), c, {"activation_scheme", "static"});
-  std::vector<Raw> t = Fp8Tensors();
+  std::vector<RawTensor> t = Fp8Tensors();
   t[1].name = "m.weight_scale";
   c = CtConfig("group");
   ExpectRefused(t, c, {"config_groups.group_0.weights.strategy", "group"});
@@ -227,7 +201,7 @@ TEST(PublishedF8Test, UnsupportedOptionsAreRefusedNamingKeyAndValue) {
 }
 
 TEST(PublishedF8Test, MalformedTensorsAreNamed) {
-  std::vector<Raw> t = Fp8Tensors();
+  std::vector<RawTensor> t = Fp8Tensors();
   t.erase(t.begin() + 1);
   ExpectRefused(t, Fp8Config(), {"m.weight_scale_inv", "missing"});
   t = Fp8Tensors();
@@ -258,7 +232,7 @@ TEST(PublishedF8Test, MalformedTensorsAreNamed) {
 // Without a quantization_config, an fp8 tensor is refused naming it (nothing says how to scale).
 TEST(PublishedF8Test, Fp8WithoutAQuantizationConfigIsRefused) {
   testing::TempDir dir;
-  WriteFile(dir, Fp8Tensors());
+  WriteSafetensors(dir, Fp8Tensors());
   dir.Write("config.json", json{{"model_type", "qwen3_moe"}}.dump());
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_FALSE(ckpt.ok());

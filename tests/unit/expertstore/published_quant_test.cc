@@ -11,6 +11,7 @@
 #include "expertstore/safetensors.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/raw_safetensors.h"
 #include "tests/testing/temp_dir.h"
 
 namespace moe::store {
@@ -19,37 +20,10 @@ namespace {
 using kernels::DType;
 using nlohmann::json;
 
-struct Raw {
-  std::string name, dtype;
-  std::vector<int64_t> shape;
-  std::string bytes;
-};
-
-template <typename T>
-std::string Bytes(const std::vector<T>& v) {
-  return std::string(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(T));
-}
-
-void WriteFile(const testing::TempDir& dir, const std::vector<Raw>& tensors) {
-  json header = json::object();
-  std::string payload;
-  for (const Raw& t : tensors) {
-    header[t.name] = {{"dtype", t.dtype},
-                      {"shape", t.shape},
-                      {"data_offsets", {payload.size(), payload.size() + t.bytes.size()}}};
-    payload += t.bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');
-  const uint64_t n = text.size();
-  dir.Write("model.safetensors",
-            std::string(reinterpret_cast<const char*>(&n), 8) + text + payload);
-}
-
-void WriteConfig(const testing::TempDir& dir, const json& quant) {
-  dir.Write("config.json",
-            json{{"model_type", "qwen3_moe"}, {"quantization_config", quant}}.dump());
-}
+using testing::Bytes;
+using testing::RawTensor;
+using testing::WriteQuantConfig;
+using testing::WriteSafetensors;
 
 // A [N=8 outputs, K=64 inputs] matrix: code of (n, k) = (3n + 5k) % 16, scale of (n, group r)
 // = 2^-8 (1 + n + 4r) (exact in fp16 and bf16).
@@ -62,7 +36,7 @@ uint32_t Zero(int64_t n, int64_t r) { return static_cast<uint32_t>(1 + (5 * n + 
 
 // gptq tensors of module "m" with group g: qweight [K/8, N], qzeros [K/g, N/8] (stored zero
 // `zero(n, r)`), scales fp16 [K/g, N], g_idx [K].
-std::vector<Raw> Gptq(int64_t g, const std::function<uint32_t(int64_t, int64_t)>& zero) {
+std::vector<RawTensor> Gptq(int64_t g, const std::function<uint32_t(int64_t, int64_t)>& zero) {
   std::vector<int32_t> qweight(K / 8 * N, 0), qzeros(K / g * (N / 8), 0), g_idx(K);
   for (int64_t k = 0; k < K; ++k) {
     g_idx[k] = static_cast<int32_t>(k / g);
@@ -86,14 +60,14 @@ std::vector<Raw> Gptq(int64_t g, const std::function<uint32_t(int64_t, int64_t)>
           {"lm_head.weight", "F32", {2, 4}, std::string(32, '\0')}};
 }
 // Symmetric: every stored zero point z (7 in the v1 format).
-std::vector<Raw> Gptq(int64_t g, uint32_t z = 7) {
+std::vector<RawTensor> Gptq(int64_t g, uint32_t z = 7) {
   return Gptq(g, [z](int64_t, int64_t) { return z; });
 }
 
 // awq (GEMM) tensors of module "m" with group g: qweight [K, N/8] and qzeros [K/g, N/8], output
 // 8i + j in nibble kAwqNibble[j] of word i; zero points Zero; scales fp16 [K/g, N].
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};  // AutoAWQ's [0, 2, 4, 6, 1, 3, 5, 7]
-std::vector<Raw> Awq(int64_t g) {
+std::vector<RawTensor> Awq(int64_t g) {
   std::vector<int32_t> qweight(K * (N / 8), 0), qzeros(K / g * (N / 8), 0);
   for (int64_t n = 0; n < N; ++n) {
     const int shift = 4 * kAwqNibble[n % 8];
@@ -125,7 +99,7 @@ json GptqConfig(int64_t g) {
 
 // compressed-tensors pack-quantized: weight_packed [N, K/8] (stored code + 8 of q in [-8, 7],
 // i.e. our code), weight_scale bf16 [N, K/g], weight_shape [2].
-std::vector<Raw> CompressedTensors(int64_t g) {
+std::vector<RawTensor> CompressedTensors(int64_t g) {
   std::vector<int32_t> packed(N * (K / 8), 0);
   for (int64_t n = 0; n < N; ++n) {
     for (int64_t k = 0; k < K; ++k) {
@@ -181,11 +155,11 @@ absl::Status OpenStatus(const testing::TempDir& dir) {
 
 // `tensors` under `config` open as "m.weight" exactly (ExpectExact), with `left` tensors in all:
 // the packed ones consumed.
-void ExpectOpensExactly(const std::vector<Raw>& tensors, const json& config, int64_t g,
+void ExpectOpensExactly(const std::vector<RawTensor>& tensors, const json& config, int64_t g,
                         bool symmetric, size_t left) {
   testing::TempDir dir;
-  WriteFile(dir, tensors);
-  WriteConfig(dir, config);
+  WriteSafetensors(dir, tensors);
+  WriteQuantConfig(dir, config);
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   ExpectExact(**ckpt, g, symmetric);
@@ -198,8 +172,8 @@ TEST(PublishedQuantTest, GptqSymmetricRepacksExactly) {
     ExpectOpensExactly(Gptq(g), GptqConfig(g), g, /*symmetric=*/true, 2);
   }
   testing::TempDir dir;
-  WriteFile(dir, Gptq(32));
-  WriteConfig(dir, GptqConfig(32));
+  WriteSafetensors(dir, Gptq(32));
+  WriteQuantConfig(dir, GptqConfig(32));
   auto ckpt = Checkpoint::Open(dir.path());
   ASSERT_TRUE(ckpt.ok()) << ckpt.status();
   EXPECT_EQ((*ckpt)->Get("lm_head.weight")->dtype, DType::kF32);
@@ -247,14 +221,14 @@ TEST(PublishedQuantTest, UnsupportedOptionsAreRefusedNamingKeyAndValue) {
     const char* named;
   };
   // Each case: `config` with key set to value, refused naming them.
-  const auto each_refused = [](const std::vector<Raw>& tensors, const json& config,
+  const auto each_refused = [](const std::vector<RawTensor>& tensors, const json& config,
                                std::initializer_list<Case> cases) {
     for (const Case& c : cases) {
       testing::TempDir dir;
-      WriteFile(dir, tensors);
+      WriteSafetensors(dir, tensors);
       json q = config;
       q[c.key] = c.value;
-      WriteConfig(dir, q);
+      WriteQuantConfig(dir, q);
       ExpectRefused(dir, absl::StatusCode::kUnimplemented, c.named);
     }
   };
@@ -277,15 +251,15 @@ TEST(PublishedQuantTest, UnsupportedOptionsAreRefusedNamingKeyAndValue) {
                    {"group_size", 96, "quantization_config.group_size = 96"},
                });
   testing::TempDir dir;
-  WriteFile(dir, CompressedTensors(32));
+  WriteSafetensors(dir, CompressedTensors(32));
   json q = CtConfig(32);
   q["config_groups"]["group_0"]["weights"]["symmetric"] = false;
-  WriteConfig(dir, q);
+  WriteQuantConfig(dir, q);
   ExpectRefused(dir, absl::StatusCode::kUnimplemented,
                 "quantization_config.config_groups.group_0.weights.symmetric = false");
   q = CtConfig(32);
   q["config_groups"]["group_0"]["input_activations"] = {{"num_bits", 8}};
-  WriteConfig(dir, q);
+  WriteQuantConfig(dir, q);
   ExpectRefused(dir, absl::StatusCode::kUnimplemented,
                 "quantization_config.config_groups.group_0.input_activations");
 }
@@ -294,10 +268,10 @@ TEST(PublishedQuantTest, MalformedTensorsAreNamed) {
   // Scales of the wrong shape.
   {
     testing::TempDir dir;
-    std::vector<Raw> t = Gptq(32);
+    std::vector<RawTensor> t = Gptq(32);
     t[2].shape = {N, K / 32};
-    WriteFile(dir, t);
-    WriteConfig(dir, GptqConfig(32));
+    WriteSafetensors(dir, t);
+    WriteQuantConfig(dir, GptqConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
                   "'m.scales': shape [8,2], expected [2,8]");
   }
@@ -305,76 +279,76 @@ TEST(PublishedQuantTest, MalformedTensorsAreNamed) {
   // 256 > K likewise).
   {
     testing::TempDir dir;
-    WriteFile(dir, Gptq(32));
-    WriteConfig(dir, GptqConfig(128));
+    WriteSafetensors(dir, Gptq(32));
+    WriteQuantConfig(dir, GptqConfig(128));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
                   "'m.qweight': group size 128 does not divide the width 64");
   }
   // qweight of the wrong dtype.
   {
     testing::TempDir dir;
-    std::vector<Raw> t = Gptq(32);
+    std::vector<RawTensor> t = Gptq(32);
     t[0].dtype = "F32";
-    WriteFile(dir, t);
-    WriteConfig(dir, GptqConfig(32));
+    WriteSafetensors(dir, t);
+    WriteQuantConfig(dir, GptqConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.qweight': dtype F32, expected I32");
   }
   {
     testing::TempDir dir;
-    std::vector<Raw> t = Gptq(32);
+    std::vector<RawTensor> t = Gptq(32);
     t[0].dtype = "I64";
     t[0].shape = {K / 16, N};
-    WriteFile(dir, t);
-    WriteConfig(dir, GptqConfig(32));
+    WriteSafetensors(dir, t);
+    WriteQuantConfig(dir, GptqConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.qweight': dtype I64, expected I32");
   }
   // Missing scales.
   {
     testing::TempDir dir;
-    std::vector<Raw> t = Gptq(32);
+    std::vector<RawTensor> t = Gptq(32);
     t.erase(t.begin() + 2);
-    WriteFile(dir, t);
-    WriteConfig(dir, GptqConfig(32));
+    WriteSafetensors(dir, t);
+    WriteQuantConfig(dir, GptqConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.scales': missing");
   }
   // An asymmetric zero point in a checkpoint that says sym: the zero point is checked.
   {
     testing::TempDir dir;
-    WriteFile(dir, Gptq(32, 3));
-    WriteConfig(dir, GptqConfig(32));
+    WriteSafetensors(dir, Gptq(32, 3));
+    WriteQuantConfig(dir, GptqConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.qzeros': zero point 3");
   }
   // Act-order (desc_act) g_idx.
   {
     testing::TempDir dir;
-    std::vector<Raw> t = Gptq(32);
+    std::vector<RawTensor> t = Gptq(32);
     std::vector<int32_t> g_idx(K);
     for (int64_t k = 0; k < K; ++k) g_idx[k] = static_cast<int32_t>(k % 2);
     t[3].bytes = Bytes(g_idx);
-    WriteFile(dir, t);
+    WriteSafetensors(dir, t);
     json q = GptqConfig(32);
     q["desc_act"] = true;
-    WriteConfig(dir, q);
+    WriteQuantConfig(dir, q);
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument,
                   "'m.g_idx': input 1 is in group 1, not 0: act-order (desc_act)");
   }
   // compressed-tensors: weight_shape that contradicts weight_packed.
   {
     testing::TempDir dir;
-    std::vector<Raw> t = CompressedTensors(32);
+    std::vector<RawTensor> t = CompressedTensors(32);
     t[2].bytes = Bytes(std::vector<int64_t>{N, 2 * K});
-    WriteFile(dir, t);
-    WriteConfig(dir, CtConfig(32));
+    WriteSafetensors(dir, t);
+    WriteQuantConfig(dir, CtConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.weight_shape': [8,128]");
   }
   // A scale fp16 cannot hold exactly (fp32 scales are accepted only when they are fp16 values).
   {
     testing::TempDir dir;
-    std::vector<Raw> t = CompressedTensors(32);
+    std::vector<RawTensor> t = CompressedTensors(32);
     std::vector<float> scales(N * (K / 32), 0.1f);
     t[1] = {"m.weight_scale", "F32", {N, K / 32}, Bytes(scales)};
-    WriteFile(dir, t);
-    WriteConfig(dir, CtConfig(32));
+    WriteSafetensors(dir, t);
+    WriteQuantConfig(dir, CtConfig(32));
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, "'m.weight_scale': scale 0.1");
   }
 }
@@ -388,13 +362,13 @@ TEST(PublishedQuantTest, MalformedAsymmetricTensorsAreNamed) {
   asym_config["sym"] = false;
   struct Case {
     const char* what;
-    std::vector<Raw> tensors;
+    std::vector<RawTensor> tensors;
     json config;
     const char* named;
   };
   std::vector<Case> cases;
   {  // qzeros of the wrong shape: one word more per group row
-    std::vector<Raw> t = Awq(32);
+    std::vector<RawTensor> t = Awq(32);
     t[1].shape = {K / 32 / 2, 2 * (N / 8)};
     cases.push_back(
         {"awq qzeros shape", t, AwqConfig(32), "'m.qzeros': I32 [1,2], expected I32 [2,1]"});
@@ -404,12 +378,12 @@ TEST(PublishedQuantTest, MalformedAsymmetricTensorsAreNamed) {
         {"gptq qzeros shape", t, asym_config, "'m.qzeros': I32 [1,2], expected I32 [2,1]"});
   }
   {  // qzeros missing
-    std::vector<Raw> t = Awq(32);
+    std::vector<RawTensor> t = Awq(32);
     t.erase(t.begin() + 1);
     cases.push_back({"awq qzeros missing", t, AwqConfig(32), "'m.qzeros': missing"});
   }
   {  // scales of the wrong shape ([N, K/g], the compressed-tensors orientation)
-    std::vector<Raw> t = Awq(32);
+    std::vector<RawTensor> t = Awq(32);
     t[2].shape = {N, K / 32};
     cases.push_back(
         {"awq scales shape", t, AwqConfig(32), "'m.scales': shape [8,2], expected [2,8]"});
@@ -428,7 +402,7 @@ TEST(PublishedQuantTest, MalformedAsymmetricTensorsAreNamed) {
         {"gptq group", asym_gptq(), q, "'m.qweight': group size 128 does not divide the width 64"});
   }
   {  // qweight of the wrong dtype
-    std::vector<Raw> t = Awq(32);
+    std::vector<RawTensor> t = Awq(32);
     t[0].dtype = "F32";
     cases.push_back({"awq qweight F32", t, AwqConfig(32), "'m.qweight': dtype F32, expected I32"});
     t = Awq(32);
@@ -442,15 +416,15 @@ TEST(PublishedQuantTest, MalformedAsymmetricTensorsAreNamed) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.what);
     testing::TempDir dir;
-    WriteFile(dir, c.tensors);
-    WriteConfig(dir, c.config);
+    WriteSafetensors(dir, c.tensors);
+    WriteQuantConfig(dir, c.config);
     ExpectRefused(dir, absl::StatusCode::kInvalidArgument, c.named);
   }
 }
 
 TEST(PublishedQuantTest, IntegerTensorsWithoutAQuantizationConfigAreRefused) {
   testing::TempDir dir;
-  WriteFile(dir, Gptq(32));
+  WriteSafetensors(dir, Gptq(32));
   ExpectRefused(dir, absl::StatusCode::kUnimplemented, "dtype I32 is not supported");
 }
 
