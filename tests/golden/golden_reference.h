@@ -13,9 +13,20 @@
 #include <vector>
 
 #include "expertstore/safetensors.h"
+#include "kernels/backend.h"
 #include "nlohmann/json.hpp"
 
 namespace moe::testing {
+
+// The backend a golden binary checks: CUDA in the *_gpu_test targets (MOE_GOLDEN_ON_CUDA), else
+// the CPU.
+inline kernels::BackendKind GoldenBackendKind() {
+#if MOE_GOLDEN_ON_CUDA
+  return kernels::BackendKind::kCuda;
+#else
+  return kernels::BackendKind::kCpu;
+#endif
+}
 
 inline std::string FixtureDir(const std::string& arch) {
   return std::string(MOE_SOURCE_DIR) + "/tests/golden/fixtures/" + arch;

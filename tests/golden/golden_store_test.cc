@@ -119,11 +119,8 @@ TEST_P(GoldenStoreTest, MatchesTransformersAtEveryBudget) {
   }
   ASSERT_TRUE(Model::IsStoreDir(dir.path()));
 
-#if MOE_GOLDEN_ON_CUDA  // golden_store_gpu_test: VRAM and a pinned host tier the GPU reads in place
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCuda, {});
-#else
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
-#endif
+  // golden_store_gpu_test: VRAM and a pinned host tier the GPU reads in place.
+  auto backend = kernels::MakeBackend(testing::GoldenBackendKind(), {});
   ASSERT_TRUE(backend.ok()) << backend.status();
   for (const Budget& budget : kBudgets) {
     store::StoreOptions so;
@@ -263,11 +260,7 @@ TEST(PublishedQuantStoreTest, Int4CheckpointsImportWithTheirOwnBits) {
 constexpr double kFp8MaxRelLogitError = 0.35;
 constexpr int kFp8MinGreedyAgreement = 20;  // of 32
 TEST(QuantizedDenseStoreTest, Fp8ImportOfAFloatCheckpoint) {
-#if MOE_GOLDEN_ON_CUDA
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCuda, {});
-#else
-  auto backend = kernels::MakeBackend(kernels::BackendKind::kCpu, {});
-#endif
+  auto backend = kernels::MakeBackend(testing::GoldenBackendKind(), {});
   ASSERT_TRUE(backend.ok()) << backend.status();
   for (const std::string arch : {"qwen3_moe", "qwen2_moe", "mixtral"}) {
     const Reference ref = LoadReference(arch);
