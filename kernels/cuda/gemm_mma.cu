@@ -17,6 +17,7 @@
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/gemm_common.cuh"
 #include "kernels/cuda/launch.cuh"
+#include "kernels/cuda/mma_smem.cuh"
 
 namespace moe::kernels::cuda {
 namespace {
@@ -28,14 +29,6 @@ constexpr int kTileM = kGemmTileRows, kTileN = kGemmTileCols, kGemmThreads = 256
 // 20 or 36 words) fall on 32 distinct banks.
 template <int KT>
 constexpr int kRowWords = KT / 2 + 4;
-
-// Four 8 x 8 bf16 matrices from shared memory: lanes 8j .. 8j + 7 give the row addresses of matrix
-// j, which lands in r[j] (lane l: row l / 4, columns 2 (l % 4), + 1).
-__device__ __forceinline__ void LdMatrixX4(uint32_t addr, uint32_t (&r)[4]) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(addr));
-}
 
 __device__ __forceinline__ uint32_t PackBf16(float lo_half, float hi_half) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo_half, hi_half);
@@ -378,28 +371,6 @@ __global__ void SplitForGemmKernel(const float* a, int64_t rows, int64_t lda, in
     const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
     if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
   }
-}
-
-// 16 bytes (cg), or 4 / 8 (ca), from global to shared memory in the background; zeros when
-// !valid (nothing read).
-__device__ __forceinline__ void CpAsync16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "r"(valid ? 16 : 0));
-}
-template <int kBytes>
-__device__ __forceinline__ void CpAsyncSmall(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.ca.shared.global [%0], [%1], %2, %3;\n" ::"r"(
-                   static_cast<uint32_t>(__cvta_generic_to_shared(dst))),
-               "l"(src), "n"(kBytes), "r"(valid ? kBytes : 0));
-}
-__device__ __forceinline__ void CpAsyncCommit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int kPending>
-__device__ __forceinline__ void CpAsyncWait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
-}
-__device__ __forceinline__ uint32_t SharedAddress(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
 }
 
 // The bf16 pair (q_i, q_{i+4}) of the 8 codes in w.

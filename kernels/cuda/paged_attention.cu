@@ -3,6 +3,8 @@
 // combine kernels of those formats), read by the tensor-core decode kernel where the shape fits
 // it (decode_attention.cuh) and by the SIMT flash kernel otherwise (attention_common.cuh).
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <type_traits>
 #include <vector>
 
@@ -12,6 +14,7 @@
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/decode_attention.cuh"
 #include "kernels/cuda/paged_kv.cuh"
+#include "kernels/cuda/prefill_attention.cuh"
 
 namespace moe::kernels::cuda {
 namespace {
@@ -757,6 +760,17 @@ namespace moe::kernels {
 
 namespace {
 
+// Whether prefill chunks of a bf16 cache take the flash kernel (prefill_attention.cuh): the
+// default; MOE_PREFILL_ATTENTION=0 keeps them on the decode kernel (an A/B switch for
+// measurements).
+bool PrefillKernelOn() {
+  static const bool on = [] {
+    const char* env = std::getenv("MOE_PREFILL_ATTENTION");
+    return env == nullptr || std::strcmp(env, "0") != 0;
+  }();
+  return on;
+}
+
 // True when the batch can be one launch: every element reads the same layer of the same cache
 // and its rows of q/out follow the previous element's.
 bool OneLaunch(absl::Span<const PagedAttentionArgs> batch) {
@@ -873,7 +887,9 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   } else if (path == cuda::PagedPath::kFp8) {
     run(c, cuda::PagedKvSource<true>{{}, g});
   } else if (path == cuda::PagedPath::kBf16) {
-    run(c, cuda::PagedKvSource<false>{{}, g});
+    if (!(PrefillKernelOn() && cuda::RunPrefillAttention(c, seqs, g, lag.lag, stage, stream_))) {
+      run(c, cuda::PagedKvSource<false>{{}, g});
+    }
   } else {
     // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc. The decode kernel
     // rotates in shared memory itself; otherwise two rotation kernels bracket the SIMT one.

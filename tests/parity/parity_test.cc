@@ -497,22 +497,28 @@ constexpr kernels::KvFormat kBf16Kv = kernels::KvFormat::kBf16;
 constexpr kernels::KvFormat kFp8Kv = kernels::KvFormat::kFp8E4m3;
 INSTANTIATE_TEST_SUITE_P(
     Cases, PagedKvParity,
-    ::testing::Values(PagedCase{1, 0, 8, 8, 64, 16, 0, kBf16Kv},       // first token
-                      PagedCase{1, 732, 32, 4, 128, 16, 0, kBf16Kv},   // decode at 733
+    ::testing::Values(PagedCase{1, 0, 8, 8, 64, 16, 0, kBf16Kv},      // first token
+                      PagedCase{1, 732, 32, 4, 128, 16, 0, kBf16Kv},  // decode at 733
                       PagedCase{1, 732, 32, 4, 128, 16, 0, kFp8Kv},
-                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kFp8Kv},   // split-K decode
-                      PagedCase{1, 6, 4, 2, 64, 16, 0, kFp8Kv},        // length 7
-                      PagedCase{7, 0, 4, 2, 64, 16, 0, kBf16Kv},       // prefill of 7
+                      PagedCase{1, 4095, 32, 4, 128, 16, 0, kFp8Kv},  // split-K decode
+                      PagedCase{1, 6, 4, 2, 64, 16, 0, kFp8Kv},       // length 7
+                      PagedCase{7, 0, 4, 2, 64, 16, 0, kBf16Kv},      // prefill of 7
                       PagedCase{7, 0, 6, 3, 128, 32, 0, kFp8Kv},
-                      PagedCase{37, 500, 8, 2, 128, 16, 0, kBf16Kv},   // chunked prefill
+                      PagedCase{37, 500, 8, 2, 128, 16, 0, kBf16Kv},  // chunked prefill
                       PagedCase{37, 500, 8, 2, 64, 16, 0, kFp8Kv},
                       PagedCase{1, 2000, 16, 2, 128, 16, 256, kBf16Kv},  // sliding window
                       PagedCase{64, 1000, 4, 1, 128, 32, 256, kFp8Kv},
-                      PagedCase{733, 0, 16, 4, 128, 16, 0, kBf16Kv},   // prefill of 733
+                      PagedCase{733, 0, 16, 4, 128, 16, 0, kBf16Kv},  // prefill of 733
                       PagedCase{733, 0, 16, 4, 64, 16, 0, kFp8Kv},
-                      PagedCase{1, 732, 32, 4, 128, 15, 0, kFp8Kv},   // unaligned: per element
-                      PagedCase{7, 100, 4, 2, 36, 16, 0, kBf16Kv},    // head_dim 36: per element
-                      PagedCase{5, 300, 8, 2, 72, 16, 0, kFp8Kv},     // head_dim 72: chunks
+                      // The prefill kernel (bf16): the Qwen3-30B-A3B heads, head_dim 64 with
+                      // history in blocks of 32, one head a kv head, odd rows (G = 2).
+                      PagedCase{300, 0, 32, 4, 128, 16, 0, kBf16Kv},
+                      PagedCase{200, 777, 32, 4, 64, 32, 0, kBf16Kv},
+                      PagedCase{130, 0, 16, 16, 128, 16, 0, kBf16Kv},
+                      PagedCase{65, 19, 6, 3, 64, 16, 0, kBf16Kv},
+                      PagedCase{1, 732, 32, 4, 128, 15, 0, kFp8Kv},  // unaligned: per element
+                      PagedCase{7, 100, 4, 2, 36, 16, 0, kBf16Kv},   // head_dim 36: per element
+                      PagedCase{5, 300, 8, 2, 72, 16, 0, kFp8Kv},    // head_dim 72: chunks
                       // TurboQuant (spec T9): codes and fp16 scales bit for bit
                       PagedCase{1, 732, 32, 4, 128, 16, 0, kernels::KvFormat::kTq4},
                       PagedCase{1, 6, 4, 2, 64, 16, 0, kernels::KvFormat::kTq3},
@@ -581,23 +587,29 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{1, 4095, 32, 4, 128, 16, 0, kTq2p5Kv, 64},
                       PagedCase{1, 40, 4, 2, 16, 16, 0, kTq4Kv, 8}));  // host-staged
 
-// A step's sequences in one call (the engine's per-layer batch; one launch on CUDA): prefill,
-// decodes at several lengths, a split-K decode and an empty item, over one pool; every byte of
+// A step's sequences in one call (the engine's per-layer batch; one launch on CUDA): decodes at
+// several lengths, a split-K decode and an empty item (kDecode); with a short prefill and a
+// 3-token chunk among them (kMixed); or prefill chunks alone, with and without history (kPrefill:
+// on a bf16 cache, the prefill kernel's sequences and query tiles), over one pool; every byte of
 // the pool and every output element against the CPU, which runs the elements one by one. The
-// tensor-core decode kernel takes both on CUDA (a prefill as one-token rows). With a tail (W > 0)
-// each sequence has its ring, written with its history and after the attention.
+// tensor-core decode kernel takes the first two on CUDA (a prefill as one-token rows). With a
+// tail (W > 0) each sequence has its ring, written with its history and after the attention.
+enum class BatchMix { kDecode, kMixed, kPrefill };
 class PagedKvBatchParity
-    : public ::testing::TestWithParam<std::tuple<kernels::KvFormat, bool, int>> {};
+    : public ::testing::TestWithParam<std::tuple<kernels::KvFormat, BatchMix, int>> {};
 
 TEST_P(PagedKvBatchParity, MatchesCpu) {
-  const auto [format, decode_only, W] = GetParam();
+  const auto [format, mix, W] = GetParam();
   const int D = 128, NKV = 4, NH = 32, bs = 16;
   struct Seq {
     int64_t start_pos, T;
   };
   const std::vector<Seq> seqs =
-      decode_only ? std::vector<Seq>{{732, 1}, {4000, 1}, {16, 1}, {10, 0}, {0, 1}, {300, 1}}
-                  : std::vector<Seq>{{0, 5}, {732, 1}, {4000, 1}, {16, 1}, {10, 0}, {100, 3}};
+      mix == BatchMix::kDecode
+          ? std::vector<Seq>{{732, 1}, {4000, 1}, {16, 1}, {10, 0}, {0, 1}, {300, 1}}
+      : mix == BatchMix::kMixed
+          ? std::vector<Seq>{{0, 5}, {732, 1}, {4000, 1}, {16, 1}, {10, 0}, {100, 3}}
+          : std::vector<Seq>{{0, 40}, {732, 17}, {100, 64}, {5, 9}, {0, 200}};
   std::mt19937 rng(static_cast<uint32_t>(7 + static_cast<int>(format)));
   int64_t pool_blocks = 3, tokens = 0;
   for (const Seq& q : seqs) {
@@ -696,8 +708,11 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
     ASSERT_TRUE(be.PagedAttention(reads).ok());
     ASSERT_TRUE(be.PagedKvTailWrite(writes).ok());
   }
-  const std::string name = Name(kernels::KvFormatName(format), decode_only ? "decode" : "mixed",
-                                "batch of", seqs.size(), "tail", W);
+  const char* mix_name = mix == BatchMix::kDecode  ? "decode"
+                         : mix == BatchMix::kMixed ? "mixed"
+                                                   : "prefill";
+  const std::string name =
+      Name(kernels::KvFormatName(format), mix_name, "batch of", seqs.size(), "tail", W);
   const std::vector<uint8_t> got = dpool.Read();
   ExpectEqualIds("PagedKvWrite batch bytes", name, std::vector<int32_t>(got.begin(), got.end()),
                  std::vector<int32_t>(pool.begin(), pool.end()));
@@ -710,18 +725,18 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Formats, PagedKvBatchParity,
-                         ::testing::Combine(::testing::Values(kBf16Kv, kFp8Kv,
-                                                              kernels::KvFormat::kTq4,
-                                                              kernels::KvFormat::kTq3,
-                                                              kernels::KvFormat::kTq2,
-                                                              kernels::KvFormat::kTq3p5,
-                                                              kernels::KvFormat::kTq2p5),
-                                            ::testing::Bool(), ::testing::Values(0)));
-INSTANTIATE_TEST_SUITE_P(Tail, PagedKvBatchParity,
-                         ::testing::Combine(::testing::Values(kFp8Kv, kTq4Kv,
-                                                              kernels::KvFormat::kTq2, kTq3p5Kv),
-                                            ::testing::Bool(), ::testing::Values(64)));
+INSTANTIATE_TEST_SUITE_P(
+    Formats, PagedKvBatchParity,
+    ::testing::Combine(::testing::Values(kBf16Kv, kFp8Kv, kernels::KvFormat::kTq4,
+                                         kernels::KvFormat::kTq3, kernels::KvFormat::kTq2,
+                                         kernels::KvFormat::kTq3p5, kernels::KvFormat::kTq2p5),
+                       ::testing::Values(BatchMix::kDecode, BatchMix::kMixed, BatchMix::kPrefill),
+                       ::testing::Values(0)));
+INSTANTIATE_TEST_SUITE_P(
+    Tail, PagedKvBatchParity,
+    ::testing::Combine(::testing::Values(kFp8Kv, kTq4Kv, kernels::KvFormat::kTq2, kTq3p5Kv),
+                       ::testing::Values(BatchMix::kDecode, BatchMix::kMixed, BatchMix::kPrefill),
+                       ::testing::Values(64)));
 
 TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
   const int D = 128, NKV = 2, bs = 16;
