@@ -21,6 +21,13 @@ inline const uint8_t* PagedTileAt(const PagedKvLayer& kv, int64_t pos, int kv_he
   return kv.layer_base + block * kv.block_stride + (2 * kv_head + role) * kv.tile_bytes;
 }
 
+// Whether a step of `step_tokens` tokens sums its quantized dot products (int and fp8 weights,
+// MatMul and ExpertFfn) in reverse order: groups last to first, and the elements within each.
+// A measurement knob, off unless MOE_CPU_REVERSE_SUMS_ABOVE=N is set (then: steps of more than N
+// tokens): how far a pure change of fp32 summation order moves a batch-against-alone golden
+// comparison (tests/bench/NOTES.md, "Issue 30: the four CUDA batch bounds").
+bool ReverseSums(int64_t step_tokens);
+
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(int num_threads);
@@ -60,6 +67,10 @@ class CpuBackend final : public Backend {
   void Sample(const SampleArgs& args) override;
 
  private:
+  // MatMul with ReverseSums' choice made by the caller (ExpertFfn: from the step's tokens).
+  void MatMulRows(float* out, const float* x, int64_t T, const TensorView& w,
+                  const TensorView* bias, bool reverse_sums);
+
   base::ThreadPool pool_;
 };
 

@@ -9,6 +9,7 @@ namespace moe::kernels {
 
 void CpuBackend::ExpertFfn(const ExpertFfnArgs& a) {
   const int64_t H = a.hidden_size;
+  const bool reverse = ReverseSums(a.num_tokens);  // the step's tokens, not the expert's rows
   std::vector<float> xs, gate, up, down;
   for (const ExpertWork& work : a.experts) {
     const ExpertWeights& w = *work.weights;
@@ -26,13 +27,13 @@ void CpuBackend::ExpertFfn(const ExpertFfnArgs& a) {
     gate.resize(n * I);
     up.resize(n * I);
     down.resize(n * H);
-    MatMul(gate.data(), xs.data(), n, w.gate, nullptr);
-    MatMul(up.data(), xs.data(), n, w.up, nullptr);
+    MatMulRows(gate.data(), xs.data(), n, w.gate, nullptr, reverse);
+    MatMulRows(up.data(), xs.data(), n, w.up, nullptr, reverse);
     for (int64_t i = 0; i < n * I; ++i) {
       const float g = gate[i];
       gate[i] = g / (1.f + std::exp(-g)) * up[i];  // F.silu(gate(x)) * up(x)
     }
-    MatMul(down.data(), gate.data(), n, w.down, nullptr);
+    MatMulRows(down.data(), gate.data(), n, w.down, nullptr, reverse);
     for (int64_t r = 0; r < n; ++r) {
       const int32_t row = a.rows[work.row_begin + r];
       const float weight = a.row_weights[work.row_begin + r];

@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <cstdlib>
+#include <limits>
 #include <vector>
 
 #include "kernels/cpu/cpu_backend.h"
@@ -12,7 +14,9 @@ namespace {
 
 // Row n of a group-wise quantized w (quant.h): per group,
 //   sum_c x[c] * (q[c] * s + m) = s * sum_c x[c] q[c] + m * sum_c x[c]
-// so each group costs one multiply by s and one by m, not one per element.
+// so each group costs one multiply by s and one by m, not one per element. kReverse: the same
+// sums with the groups, and the elements within each, taken last to first (ReverseSums).
+template <bool kReverse>
 float QuantDotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
   const int64_t N = w.dim(0), G = w.group_size, groups = QuantGroups(K, G);
   const int64_t row_bytes = QuantRowBytes(w.dtype, K);
@@ -20,10 +24,12 @@ float QuantDotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
   const auto* params =
       reinterpret_cast<const uint16_t*>(codes + QuantParamsOffset(w.dtype, N, K)) + n * groups * 2;
   float acc = 0.f;
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t i = 0; i < groups; ++i) {
+    const int64_t g = kReverse ? groups - 1 - i : i;
     const int64_t c0 = g * G, c1 = std::min(K, c0 + G);
     float xq = 0.f, xs = 0.f;
-    for (int64_t c = c0; c < c1; ++c) {
+    for (int64_t j = 0; j < c1 - c0; ++j) {
+      const int64_t c = kReverse ? c1 - 1 - j : c0 + j;
       xq += x[c] * static_cast<float>(QuantCode(codes, w.dtype, row_bytes, n, c));
       xs += x[c];
     }
@@ -33,7 +39,8 @@ float QuantDotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
 }
 
 // Row n of a kF8 w (quant.h): per group, s * sum_c x[c] e4m3(q[c]); the scale multiplies the
-// group's partial sum, as the block-scaled checkpoints' own kernels apply it.
+// group's partial sum, as the block-scaled checkpoints' own kernels apply it. kReverse as above.
+template <bool kReverse>
 float F8DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
   const int64_t N = w.dim(0), G = w.group_size, groups = QuantGroups(K, G);
   const auto* codes = static_cast<const uint8_t*>(w.data);
@@ -46,18 +53,23 @@ float F8DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
   }();
   const uint8_t* row = codes + n * K;
   float acc = 0.f;
-  for (int64_t g = 0; g < groups; ++g) {
+  for (int64_t i = 0; i < groups; ++i) {
+    const int64_t g = kReverse ? groups - 1 - i : i;
     const int64_t c0 = g * G, c1 = std::min(K, c0 + G);
     float xq = 0.f;
-    for (int64_t c = c0; c < c1; ++c) xq += x[c] * kValue[row[c]];
+    for (int64_t j = 0; j < c1 - c0; ++j) {
+      const int64_t c = kReverse ? c1 - 1 - j : c0 + j;
+      xq += x[c] * kValue[row[c]];
+    }
     acc += scales[g] * xq;
   }
   return acc;
 }
 
 // Dot product of an fp32 vector with row `n` of w (any weight dtype), fp32 accumulation in
-// four lanes so the compiler can vectorise without -ffast-math.
-float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
+// four lanes so the compiler can vectorise without -ffast-math. `reverse`: quantized rows summed
+// in reverse order (ReverseSums); the float rows ignore it.
+float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K, bool reverse) {
   float acc[4] = {0, 0, 0, 0};
   int64_t k = 0;
   switch (w.dtype) {
@@ -79,17 +91,30 @@ float DotRow(const float* x, const TensorView& w, int64_t n, int64_t K) {
     case DType::kQ8:
     case DType::kQ4:
     case DType::kQ2:
-      return QuantDotRow(x, w, n, K);
+      return reverse ? QuantDotRow<true>(x, w, n, K) : QuantDotRow<false>(x, w, n, K);
     case DType::kF8:
-      return F8DotRow(x, w, n, K);
+      return reverse ? F8DotRow<true>(x, w, n, K) : F8DotRow<false>(x, w, n, K);
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
 
 }  // namespace
 
+bool ReverseSums(int64_t step_tokens) {
+  static const int64_t above = [] {
+    const char* env = std::getenv("MOE_CPU_REVERSE_SUMS_ABOVE");
+    return env == nullptr ? std::numeric_limits<int64_t>::max() : std::atoll(env);
+  }();
+  return step_tokens > above;
+}
+
 void CpuBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
                         const TensorView* bias) {
+  MatMulRows(out, x, T, w, bias, ReverseSums(T));
+}
+
+void CpuBackend::MatMulRows(float* out, const float* x, int64_t T, const TensorView& w,
+                            const TensorView* bias, bool reverse_sums) {
   MOE_CHECK(w.rank == 2) << "MatMul: weight rank " << w.rank;
   MOE_CHECK(!IsQuantized(w.dtype) || w.group_size > 0)
       << "MatMul: quantized weight " << DTypeName(w.dtype) << " without a group size";
@@ -99,7 +124,7 @@ void CpuBackend::MatMul(float* out, const float* x, int64_t T, const TensorView&
   pool_.ParallelFor(N, [&](int64_t begin, int64_t end) {
     for (int64_t n = begin; n < end; ++n) {
       const float b = bias ? bias->at(n) : 0.f;
-      for (int64_t t = 0; t < T; ++t) out[t * N + n] = DotRow(x + t * K, w, n, K) + b;
+      for (int64_t t = 0; t < T; ++t) out[t * N + n] = DotRow(x + t * K, w, n, K, reverse_sums) + b;
     }
   });
 }

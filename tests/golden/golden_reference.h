@@ -39,14 +39,16 @@ struct Reference {
   int64_t vocab = 0;
 };
 
-inline Reference LoadReference(const std::string& arch) {
+// `logits_file`: another reference's logits in the same format (fp8_loader/expected_logits...).
+inline Reference LoadReference(const std::string& arch,
+                               const std::string& logits_file = "expected_logits.safetensors") {
   Reference r;
   std::ifstream in(FixtureDir(arch) + "/expected.json");
   const auto j = nlohmann::json::parse(in);
   r.tokens = j["prompt_ids"].get<std::vector<int32_t>>();
   r.prompt_len = r.tokens.size();
   for (int32_t t : j["greedy_ids"].get<std::vector<int32_t>>()) r.tokens.push_back(t);
-  auto file = store::MappedFile::Open(FixtureDir(arch) + "/expected_logits.safetensors");
+  auto file = store::MappedFile::Open(FixtureDir(arch) + "/" + logits_file);
   uint64_t header = 0;
   std::memcpy(&header, (*file)->data(), 8);
   const auto h = nlohmann::json::parse((*file)->data() + 8, (*file)->data() + 8 + header);

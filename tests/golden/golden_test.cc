@@ -282,7 +282,10 @@ TEST_P(GoldenTest, BatchedStepMatchesSingle) {
   ASSERT_TRUE(model_->Forward(batch, false, &both).ok());
   const ForwardItem single{other, kv_c->get()};
   ASSERT_TRUE(model_->Forward({&single, 1}, false, &alone).ok());
-  EXPECT_LT(MaxRelError(both.data() + vocab_, alone.data(), vocab_), 1e-5);
+  const double err = MaxRelError(both.data() + vocab_, alone.data(), vocab_);
+  std::printf("%s: batched step max relative logit error against alone %.3g\n", GetParam().c_str(),
+              err);
+  EXPECT_LT(err, 1e-5) << GetParam();
 }
 
 // The paged cache (what the engine uses), prompt prefilled in chunks, then greedy decode
@@ -758,6 +761,46 @@ TEST(PublishedF8Test, MisplacedScalesOrFlippedSignsFail) {
     EXPECT_GT(wrong_scales, 1e-2);
     EXPECT_GT(wrong_signs, 1e-2);
   }
+}
+
+// transformers' own FP8 loading as a second reference (issue 30; tests/bench/NOTES.md, "Issue 30:
+// the four CUDA batch bounds and transformers' FP8 loader"). On qwen3_moe_fp8 transformers 5.17
+// cannot be one: its FP8 modules compute through the `kernels` package's hub kernel
+// (kernels-community/finegrained-fp8), absent on the GPU machine ("finegrained-fp8 kernel
+// unavailable: `kernels` is either not installed or uses an incompatible version"), and its
+// FineGrainedFP8Config(dequantize=True) path takes a block as dim // scale-grid dim, so it refuses
+// that fixture's [320, 192] ("Weight shape (320, 192) not divisible by scale grid (3, 2).") and
+// reads its partial blocks wrong ([128, 192] with scales [1, 2] as blocks of 128 x 96: 0.066 max
+// relative weight error; [160, 192], 0.63). qwen3_moe_fp8_b128 is the same format with no partial
+// block, as published checkpoints have: there transformers' dequantized weights equal fp8 * block
+// scale exactly and its logits the fixture's own reference bit for bit (measured difference 0,
+// H100), so the engine is held to the prefill bound, 1e-4, and to its greedy tokens.
+TEST(GoldenFp8LoaderTest, PrefillMatchesTransformersOwnFp8Loading) {
+  const std::string arch = "qwen3_moe_fp8_b128";
+  auto backend = kernels::MakeBackend(testing::GoldenBackendKind(), {});
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const testing::Reference ref = testing::LoadReference(arch);
+  const testing::Reference loader =
+      testing::LoadReference(arch, "fp8_loader/expected_logits.safetensors");
+  ASSERT_EQ(loader.logits.size(), ref.logits.size());
+  auto model = Model::Load(FixtureDir(arch), **backend);
+  ASSERT_TRUE(model.ok()) << model.status();
+  auto kv =
+      SequenceKv::Create((*model)->config(), **backend, static_cast<int64_t>(loader.tokens.size()));
+  ASSERT_TRUE(kv.ok()) << kv.status();
+  const ForwardItem item{loader.tokens, kv->get()};
+  std::vector<float> logits;
+  ASSERT_TRUE((*model)->Forward({&item, 1}, /*all_positions=*/true, &logits).ok());
+  ASSERT_EQ(logits.size(), loader.logits.size());
+  const testing::PrefillMatch m = testing::ComparePrefill(logits, loader);
+  std::printf(
+      "%s: prefill max relative logit error %.3g against transformers' FP8 loading, %.3g against "
+      "the fp32 reference; the two references differ by %.3g; greedy %d of %d\n",
+      arch.c_str(), m.max_rel(), MaxRelError(logits.data(), ref.logits.data(), ref.logits.size()),
+      MaxRelError(loader.logits.data(), ref.logits.data(), ref.logits.size()), m.agree, m.total);
+  EXPECT_FALSE(m.any_nan);
+  EXPECT_LT(m.max_rel(), 1e-4);
+  EXPECT_EQ(m.agree, m.total);
 }
 
 INSTANTIATE_TEST_SUITE_P(Architectures, GoldenTest,

@@ -6,6 +6,11 @@ logits of every position of prompt + greedy continuation and the greedy continua
 Run on the GPU machine (it has torch and transformers):
     python3 tests/golden/make_fixtures.py --out tests/golden/fixtures
 Everything is fp32 on the CPU so that the reference is exact and deterministic.
+
+The FP8 block-scaled fixture without partial blocks (qwen3_moe_fp8_b128) also gets a second
+reference, transformers' own FP8 loading of the checkpoint (write_fp8_loader_reference); for a
+fixture already made:
+    python3 tests/golden/make_fixtures.py --fp8_loader_reference tests/golden/fixtures/qwen3_moe_fp8_b128
 """
 import argparse
 import json
@@ -183,6 +188,77 @@ def write_reference(model, spec, gen, d, seed):
     return min_gap
 
 
+# In a folder of its own: beside expected_logits it would be read as a second checkpoint shard
+# (the engine loads every *.safetensors of the directory) holding "logits" again.
+FP8_LOADER_LOGITS = os.path.join("fp8_loader", "expected_logits.safetensors")
+
+
+def exact_fp8_weights(d, block):
+    """{name: fp32 tensor} of checkpoint `d` as our loader reads it: each F8_E4M3 weight times its
+    weight_scale_inv repeated over its block (partial blocks at the edges), the rest as stored;
+    experts also fused as transformers holds them ([E, 2I, H] gate rows first, [E, H, I])."""
+    from safetensors.torch import load_file
+    t = load_file(os.path.join(d, "model.safetensors"))
+    out = {}
+    for key, v in t.items():
+        if key.endswith("_scale_inv"):
+            continue
+        if v.dtype == torch.float8_e4m3fn:
+            n, k = v.shape
+            s = t[key + "_scale_inv"]
+            v = v.float() * s.repeat_interleave(block, 0)[:n].repeat_interleave(block, 1)[:, :k]
+        out[key] = v
+    for key in list(out):
+        if ".experts.0.gate_proj." in key:
+            base = key.split(".experts.")[0] + ".experts."
+            n = sum(1 for k in out if k.startswith(base) and k.endswith(".gate_proj.weight"))
+            out[base + "gate_up_proj"] = torch.stack([torch.cat(
+                [out[f"{base}{e}.gate_proj.weight"], out[f"{base}{e}.up_proj.weight"]])
+                for e in range(n)])
+            out[base + "down_proj"] = torch.stack([out[f"{base}{e}.down_proj.weight"]
+                                                   for e in range(n)])
+    return out
+
+
+def write_fp8_loader_reference(d):
+    """Second reference for the `quant_method: fp8` fixture in `d`: transformers' own FP8 loading
+    (FineGrainedFP8Config(dequantize=True): its Fp8Dequantize reads weight and weight_scale_inv,
+    fp32 compute on the CPU), the logits of every position of the fixture's prompt + greedy
+    tokens, into FP8_LOADER_LOGITS (same format as expected_logits). Prints how the weights it
+    loaded and its logits differ from ours (exact_fp8_weights, expected_logits). Returns the max
+    relative logit difference, max |loader - reference| / max |reference|."""
+    from safetensors.torch import load_file
+    with open(os.path.join(d, "expected.json")) as f:
+        expected = json.load(f)
+    with open(os.path.join(d, "config.json")) as f:
+        block = json.load(f)["quantization_config"]["weight_block_size"][0]
+    tokens = torch.tensor([expected["prompt_ids"] + expected["greedy_ids"]])
+    ref = load_file(os.path.join(d, "expected_logits.safetensors"))["logits"]
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        d, dtype=torch.float32, attn_implementation="eager",
+        quantization_config=transformers.FineGrainedFP8Config(dequantize=True))
+    model.eval()
+    exact = exact_fp8_weights(d, block)
+    worst = (0.0, "")
+    for name, p in model.state_dict().items():
+        assert p.dtype == torch.float32, (name, p.dtype)  # dequantized, not fp8 modules
+        if name in exact:
+            err = (p - exact[name]).abs().max().item() / exact[name].abs().max().item()
+            worst = max(worst, (err, name))
+    print(f"fp8 loader: weights loaded against fp8 * block scale: max relative error "
+          f"{worst[0]:.3g} ({worst[1]})")
+    with torch.no_grad():
+        logits = model(tokens).logits[0].float()
+    assert logits.shape == ref.shape, (logits.shape, ref.shape)
+    diff = (logits - ref).abs().max().item() / ref.abs().max().item()
+    agree = (logits.argmax(-1) == ref.argmax(-1))[len(expected["prompt_ids"]) - 1:].float().mean()
+    print(f"fp8 loader: logits against expected_logits: max relative difference {diff:.3g}, "
+          f"argmax agreement over the continuation {agree.item():.3f}")
+    os.makedirs(os.path.dirname(os.path.join(d, FP8_LOADER_LOGITS)), exist_ok=True)
+    save_file({"logits": logits.contiguous()}, os.path.join(d, FP8_LOADER_LOGITS))
+    return diff
+
+
 def list_tensors(d):
     from safetensors import safe_open
     with safe_open(os.path.join(d, "model.safetensors"), "pt") as f, \
@@ -230,6 +306,13 @@ QWEN3_G128 = dict(hidden_size=128, head_dim=32, intermediate_size=256, moe_inter
 QWEN3_G64 = dict(head_dim=32, intermediate_size=128, moe_intermediate_size=64)
 # FP8 (issue 30): widths that are not multiples of the 128 block (192, 160, 320: partial blocks).
 QWEN3_FP8 = dict(hidden_size=192, head_dim=32, intermediate_size=320, moe_intermediate_size=160)
+# The same checkpoint format with no partial blocks (every dim <= 128 or a multiple of it, as in the
+# published FP8 checkpoints), which transformers' own FP8 loading reads correctly: 5.17's
+# Fp8Dequantize takes the block as dim // scale-grid dim, so qwen3_moe_fp8's [320, 192] with its
+# [3, 2] scales is refused ("Weight shape (320, 192) not divisible by scale grid (3, 2).") and its
+# [160, 192] with [2, 2] would be read as blocks of 80 x 96. This fixture gets the second reference
+# (write_fp8_loader_reference).
+QWEN3_FP8_B128 = dict(hidden_size=256, head_dim=32, intermediate_size=256, moe_intermediate_size=128)
 AWQ_ORDER = [0, 2, 4, 6, 1, 3, 5, 7]
 AWQ_REVERSE_ORDER = [0, 4, 1, 5, 2, 6, 3, 7]  # the nibble of output 8i + j (AutoAWQ's unpacking)
 QUANT = {
@@ -241,6 +324,8 @@ QUANT = {
     "qwen3_moe_awq": dict(base="qwen3_moe", method="awq", group=128, overrides=QWEN3_G128),
     "qwen3_moe_fp8": dict(base="qwen3_moe", method="fp8", group=128, overrides=QWEN3_FP8),
     "qwen3_moe_ct_fp8": dict(base="qwen3_moe", method="ct_fp8", group=128, overrides=QWEN3_FP8),
+    "qwen3_moe_fp8_b128": dict(base="qwen3_moe", method="fp8", group=128,
+                               overrides=QWEN3_FP8_B128, fp8_loader_reference=True),
 }
 
 
@@ -467,15 +552,25 @@ def make_quant(name, q, out_dir, seed):
     with open(os.path.join(d, "config.json"), "w") as f:
         json.dump(config, f, indent=2)
     gap = write_reference(reference, spec, gen, d, seed)
+    if q.get("fp8_loader_reference"):
+        write_fp8_loader_reference(d)
     shutil.rmtree(plain)
     return gap
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out")
     ap.add_argument("--only", nargs="*", help="make only these architectures")
+    ap.add_argument("--fp8_loader_reference", nargs="*", metavar="DIR",
+                    help="only write transformers' FP8-loader reference into these fixtures")
     args = ap.parse_args()
+    if args.fp8_loader_reference:
+        for d in args.fp8_loader_reference:
+            write_fp8_loader_reference(d)
+        return
+    if not args.out:
+        ap.error("--out is required")
     for mod in ("fla", "causal_conv1d"):  # hub kernels would replace the torch reference
         try:
             __import__(mod)
