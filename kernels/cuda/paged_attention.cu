@@ -863,11 +863,13 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
   }
   // The tensor-core kernel where the shape fits it (decode steps and prefill chunks), the SIMT
   // one otherwise.
-  auto run = [&](const AttentionArgs& args, const auto& src) {
-    if (!cuda::RunDecodeAttention(args, seqs, src, num_sms_, reserve, stage, stream_, lag)) {
-      cuda::RunAttention(args, seqs, src, num_sms_, reserve, stage, stream_, lag);
+  auto run_seqs = [&](const AttentionArgs& args, const std::vector<cuda::SeqDesc>& some,
+                      const auto& src) {
+    if (!cuda::RunDecodeAttention(args, some, src, num_sms_, reserve, stage, stream_, lag)) {
+      cuda::RunAttention(args, some, src, num_sms_, reserve, stage, stream_, lag);
     }
   };
+  auto run = [&](const AttentionArgs& args, const auto& src) { run_seqs(args, seqs, src); };
   if (path == cuda::PagedPath::kTqSplit) {
     // The attention kernels in the rotated frame: the queries rotated first, the output rotated
     // back by the source's combine kernel.
@@ -884,11 +886,21 @@ absl::Status CudaBackend::PagedAttention(absl::Span<const PagedAttentionArgs> ba
     } else {
       run(rotated, cuda::TqSplitKvSource<3, 2>{{}, g, tb});
     }
-  } else if (path == cuda::PagedPath::kFp8) {
-    run(c, cuda::PagedKvSource<true>{{}, g});
-  } else if (path == cuda::PagedPath::kBf16) {
-    if (!(PrefillKernelOn() && cuda::RunPrefillAttention(c, seqs, g, lag.lag, stage, stream_))) {
-      run(c, cuda::PagedKvSource<false>{{}, g});
+  } else if (path == cuda::PagedPath::kBf16 || path == cuda::PagedPath::kFp8) {
+    // Prefill chunks on the prefill kernel, the other sequences as before.
+    auto run_paged = [&](const auto& src, auto fp8) {
+      auto run_rest = [&](const AttentionArgs& args, const std::vector<cuda::SeqDesc>& rest) {
+        run_seqs(args, rest, src);
+      };
+      if (!PrefillKernelOn() || !cuda::RunPrefillAttention<decltype(fp8)::value>(
+                                    c, seqs, g, lag.lag, stage, stream_, run_rest)) {
+        run(c, src);
+      }
+    };
+    if (path == cuda::PagedPath::kFp8) {
+      run_paged(cuda::PagedKvSource<true>{{}, g}, std::true_type{});
+    } else {
+      run_paged(cuda::PagedKvSource<false>{{}, g}, std::false_type{});
     }
   } else {
     // Rotated frame: q' = Π_K q, attention over s · C[idx], out = Πᵀ_V acc. The decode kernel

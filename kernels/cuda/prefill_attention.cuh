@@ -1,4 +1,4 @@
-// Prefill attention on the tensor cores, flash-attention style, over a bf16 paged cache
+// Prefill attention on the tensor cores, flash-attention style, over a bf16 or fp8 paged cache
 // (PrefillAttentionKernel and its planning, RunPrefillAttention); included by paged_attention.cu.
 //
 // The decode kernel (decode_attention.cuh) takes a prefill chunk two tokens of 8 heads a block, so
@@ -11,6 +11,7 @@
 // accumulator as the A operand (the m16n8k16 C and A layouts agree), K through ldmatrix and V
 // through ldmatrix.trans. Precision as the decode kernel's against bf16 elements: q and P enter as
 // hi + mid + lo bf16 (fp32's 24 bits, SplitBf16), so the products are those of fp32 operands.
+// An fp8 cache's codes are widened to bf16 (exact) in shared memory, each thread its own copies.
 // Blocks run heaviest first (the last query tiles see the most keys).
 #pragma once
 
@@ -40,15 +41,35 @@ __host__ __device__ constexpr int PrefillRowElems() {
   return D + 8;
 }
 
-// Q [part][row], then two stages of [K, V][key] rows.
-template <int D>
+// bf16 tile stages: a bf16 cache's tiles are copied in as they are, two stages; an fp8 cache's
+// codes are copied into raw stages (two: codes and scales) and made bf16 in one stage.
+template <bool kFp8>
+__host__ __device__ constexpr int PrefillBf16Stages() {
+  return kFp8 ? 1 : 2;
+}
+
+// Q [part][row], the bf16 stages of [K, V][key] rows; fp8: then two raw stages of [K, V][key]
+// codes and of [K, V][key] scales.
+template <int D, bool kFp8>
 constexpr size_t PrefillSmemBytes() {
   return sizeof(uint16_t) * PrefillRowElems<D>() *
-         (kPrefillParts * kPrefillRows + 2 * 2 * kPrefillKeys);
+             (kPrefillParts * kPrefillRows + PrefillBf16Stages<kFp8>() * 2 * kPrefillKeys) +
+         (kFp8 ? 2 * 2 * kPrefillKeys * (D + sizeof(float)) : 0);
+}
+
+// An E4M3 pair (the low 16 bits of w) as a bf16 pair: exact (3 mantissa bits).
+__device__ __forceinline__ uint32_t E4m3PairAsBf16(uint32_t w) {
+  const __half2_raw h =
+      __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(w & 0xffffu), __NV_E4M3);
+  const float2 f = __half22float2(__half2(h));
+  const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+  return *reinterpret_cast<const uint32_t*>(&b);
 }
 
 // Grid (query tiles of all sequences, NKV); p.seqs[i].tile_begin counts tiles of kPrefillRows.
-template <int D>
+// kFp8: the products take the codes; the key's scale multiplies its score and the value's its
+// weight in P (after the softmax's sum), as the decode kernel does.
+template <int D, bool kFp8>
 __global__ __launch_bounds__(kPrefillWarps* kWarp,
                              1) void PrefillAttentionKernel(const AttnParams p,
                                                             const PagedGeom all_g) {
@@ -56,6 +77,10 @@ __global__ __launch_bounds__(kPrefillWarps* kWarp,
   extern __shared__ __align__(16) uint16_t prefill_smem[];
   uint16_t* q_s = prefill_smem;                                // [part][row][kRow]
   uint16_t* kv_s = q_s + kPrefillParts * kPrefillRows * kRow;  // [stage][K, V][key][kRow]
+  // fp8: [stage][K, V][key][D] codes, then [stage][K, V][key] scales.
+  uint8_t* raw_s =
+      reinterpret_cast<uint8_t*>(kv_s + PrefillBf16Stages<kFp8>() * 2 * kPrefillKeys * kRow);
+  float* scale_s = reinterpret_cast<float*>(raw_s + 2 * 2 * kPrefillKeys * D);
   WaitForPriorKernel();
   const AttentionArgs& a = p.a;
   const int G = p.group, kvh = blockIdx.y;
@@ -84,19 +109,52 @@ __global__ __launch_bounds__(kPrefillWarps* kWarp,
   const int64_t key_end = sq.start_pos + (Min64(r0 + kPrefillRows, rows) - 1) / G + 1;
   const int num_tiles = static_cast<int>(CeilDiv(key_end, kPrefillKeys));
 
+  // Tile i's keys and values into stage `stage`; past key_end zeros (P is 0 there, and 0 times
+  // garbage is not). Piece c of a thread is 16 bytes of one key, c < kPieces.
+  constexpr int kPieceElems = kFp8 ? 16 : 8, kPieces = kPrefillKeys * D / kPieceElems;
   auto load_tile = [&](int i, int stage) {
-    uint16_t* ks = kv_s + stage * 2 * kPrefillKeys * kRow;
-    uint16_t* vs = ks + kPrefillKeys * kRow;
-    for (int c = threadIdx.x; c < kPrefillKeys * D / 8; c += blockDim.x) {
-      const int key = c / (D / 8), d = c % (D / 8) * 8;
+    for (int c = threadIdx.x; c < kPieces; c += blockDim.x) {
+      const int key = c / (D / kPieceElems), d = c % (D / kPieceElems) * kPieceElems;
       const int64_t s = static_cast<int64_t>(i) * kPrefillKeys + key;
-      const bool ok = s < key_end;  // past it: zeros (P is 0 there, and 0 times garbage is not)
+      const bool ok = s < key_end;
       const int64_t at = ok ? s : 0;
-      const uint8_t* k = geo.Tile(at, kvh, 0) + (at % geo.block_size * D + d) * 2;
-      CpAsync16(ks + key * kRow + d, k, ok);
-      CpAsync16(vs + key * kRow + d, k + geo.tile_bytes, ok);
+      const int slot = static_cast<int>(at % geo.block_size);
+      const uint8_t* k = geo.Tile(at, kvh, 0);
+      if constexpr (kFp8) {
+        uint8_t* dst = raw_s + (stage * 2 * kPrefillKeys + key) * D + d;
+        CpAsync16(dst, k + slot * D + d, ok);
+        CpAsync16(dst + kPrefillKeys * D, k + geo.tile_bytes + slot * D + d, ok);
+        if (d == 0) {  // the key's scales
+          float* sc = scale_s + stage * 2 * kPrefillKeys + key;
+          const int64_t at_scale = static_cast<int64_t>(geo.block_size) * D + 4 * slot;
+          CpAsyncSmall<4>(sc, k + at_scale, ok);
+          CpAsyncSmall<4>(sc + kPrefillKeys, k + geo.tile_bytes + at_scale, ok);
+        }
+      } else {
+        uint16_t* dst = kv_s + (stage * 2 * kPrefillKeys + key) * kRow + d;
+        CpAsync16(dst, k + (slot * D + d) * 2, ok);
+        CpAsync16(dst + kPrefillKeys * kRow, k + geo.tile_bytes + (slot * D + d) * 2, ok);
+      }
     }
     CpAsyncCommit();
+  };
+  // fp8: this thread's pieces of stage `stage` (its own copies: no barrier before), made bf16.
+  auto widen_tile = [&](int stage) {
+    for (int c = threadIdx.x; c < kPieces; c += blockDim.x) {
+      const int key = c / (D / kPieceElems), d = c % (D / kPieceElems) * kPieceElems;
+#pragma unroll
+      for (int role = 0; role < 2; ++role) {
+        const uint4 w = *reinterpret_cast<const uint4*>(
+            raw_s + ((stage * 2 + role) * kPrefillKeys + key) * D + d);
+        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        uint32_t b[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) b[j] = E4m3PairAsBf16(words[j / 2] >> (16 * (j % 2)));
+        uint4* dst = reinterpret_cast<uint4*>(kv_s + (role * kPrefillKeys + key) * kRow + d);
+        dst[0] = make_uint4(b[0], b[1], b[2], b[3]);
+        dst[1] = make_uint4(b[4], b[5], b[6], b[7]);
+      }
+    }
   };
   load_tile(0, 0);
 
@@ -138,11 +196,14 @@ __global__ __launch_bounds__(kPrefillWarps* kWarp,
     } else {
       CpAsyncWait<0>();
     }
+    if constexpr (kFp8) widen_tile(i % 2);
     __syncthreads();
     const int64_t key0 = static_cast<int64_t>(i) * kPrefillKeys;
     if (key0 <= warp_last) {  // warp-uniform
-      const uint16_t* ks = kv_s + (i % 2) * 2 * kPrefillKeys * kRow;
+      const uint16_t* ks = kv_s + (kFp8 ? 0 : i % 2) * 2 * kPrefillKeys * kRow;
       const uint16_t* vs = ks + kPrefillKeys * kRow;
+      const float* k_scale = scale_s + (i % 2) * 2 * kPrefillKeys;  // fp8
+      const float* v_scale = k_scale + kPrefillKeys;
       // S = Q Kᵀ: n-tile n holds keys 8n + 2t, + 1.
       float s[kPrefillKeys / 8][4] = {};
 #pragma unroll
@@ -173,8 +234,9 @@ __global__ __launch_bounds__(kPrefillWarps* kWarp,
       for (int n = 0; n < kPrefillKeys / 8; ++n) {
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
-          const int64_t key = key0 + 8 * n + 2 * t + e % 2;
-          const float x = key <= pos[e / 2] ? s[n][e] * a.scale : -INFINITY;
+          const int j = 8 * n + 2 * t + e % 2;
+          const float st = kFp8 ? s[n][e] * k_scale[j] : s[n][e];
+          const float x = key0 + j <= pos[e / 2] ? st * a.scale : -INFINITY;
           s[n][e] = x;
           mx[e / 2] = fmaxf(mx[e / 2], x);
         }
@@ -198,6 +260,13 @@ __global__ __launch_bounds__(kPrefillWarps* kWarp,
       }
 #pragma unroll
       for (int h = 0; h < 2; ++h) l[h] = l[h] * corr[h] + sum[h];
+      if constexpr (kFp8) {  // each weight times its value's scale
+#pragma unroll
+        for (int n = 0; n < kPrefillKeys / 8; ++n) {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) s[n][e] *= v_scale[8 * n + 2 * t + e % 2];
+        }
+      }
 #pragma unroll
       for (int j = 0; j < D / 8; ++j) {
         o[j][0] *= corr[0], o[j][1] *= corr[0], o[j][2] *= corr[1], o[j][3] *= corr[1];
@@ -241,50 +310,74 @@ __global__ __launch_bounds__(kPrefillWarps* kWarp,
   }
 }
 
-template <int D>
+template <int D, bool kFp8>
 void LaunchPrefillAttention(const AttnParams& p, const PagedGeom& g, int64_t tiles,
                             cudaStream_t stream) {
+  constexpr size_t kSmem = PrefillSmemBytes<D, kFp8>();
   static const bool attr = [] {  // once per instance: more than 48 KiB of shared memory
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionKernel<D>,
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(PrefillAttentionKernel<D, kFp8>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(PrefillSmemBytes<D>())));
+                                        static_cast<int>(kSmem)));
     return true;
   }();
   (void)attr;
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(p.a.num_kv_heads));
-  Launch(PrefillAttentionKernel<D>, grid, kPrefillWarps * kWarp, PrefillSmemBytes<D>(), stream, p,
-         g);
+  Launch(PrefillAttentionKernel<D, kFp8>, grid, kPrefillWarps * kWarp, kSmem, stream, p, g);
 }
 
-// RunAttention on the prefill kernel when every sequence has at least kPrefillMinRows query rows
-// (prefill chunks; a step that mixes them with decode tokens keeps the decode kernel, whose split
-// of the keys the prefill kernel lacks) and the call fits it: a bf16 cache, plain causal attention
-// (no key lag, no sliding window), head_dim 64 or 128, q and out 16-byte aligned. False (nothing
-// launched) otherwise.
-template <typename Stage>
-bool RunPrefillAttention(const AttentionArgs& a, std::vector<SeqDesc> seqs, const PagedGeom& g,
-                         int64_t key_lag, Stage stage, cudaStream_t stream) {
+// RunAttention with the prefill kernel for the sequences of `seqs` that have at least
+// kPrefillMinRows query rows (prefill chunks), when the call fits it: a bf16 or fp8 (kFp8) cache,
+// plain causal
+// attention (no key lag, no sliding window), head_dim 64 or 128, q and out 16-byte aligned. The
+// others (decode tokens, short chunks) keep the decode kernel, whose split of the keys the prefill
+// kernel lacks: run_rest(args, rest) gets each run of them whose rows follow one another, as a
+// call of its own (q and out at the run's first row). False, with nothing launched, when the
+// prefill kernel takes no sequence.
+template <bool kFp8, typename Stage, typename RunRest>
+bool RunPrefillAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs,
+                         const PagedGeom& g, int64_t key_lag, Stage stage, cudaStream_t stream,
+                         RunRest run_rest) {
   const int D = a.head_dim, G = a.num_heads / a.num_kv_heads;
   const bool fits =
       (D == 64 || D == 128) && key_lag == 0 && a.sliding_window == 0 && g.AlignedTo(16) &&
       ((reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out)) & 15) == 0;
-  if (!fits || seqs.empty()) return false;
-  int64_t tiles = 0;
-  for (SeqDesc& sq : seqs) {
-    if (sq.num_tokens * G < kPrefillMinRows) return false;
-    sq.tile_begin = tiles;
-    tiles += CeilDiv(sq.num_tokens * G, kPrefillRows);
+  if (!fits) return false;
+  std::vector<SeqDesc> mine;
+  std::vector<std::vector<SeqDesc>> runs;  // the others, in runs of consecutive rows
+  int64_t tiles = 0, run_end = -1;
+  for (const SeqDesc& sq : seqs) {
+    if (sq.num_tokens == 0) continue;
+    if (sq.num_tokens * G >= kPrefillMinRows) {
+      SeqDesc s = sq;
+      s.tile_begin = tiles;
+      tiles += CeilDiv(sq.num_tokens * G, kPrefillRows);
+      mine.push_back(s);
+      continue;
+    }
+    if (sq.token_offset != run_end) runs.emplace_back();
+    runs.back().push_back(sq);
+    run_end = sq.token_offset + sq.num_tokens;
   }
+  if (mine.empty()) return false;
   MOE_CHECK(tiles <= 0x7fffffff) << "PrefillAttention: " << tiles << " query tiles";
   AttnParams p;
   p.a = a;
   p.group = G;
-  p.num_seqs = static_cast<int>(seqs.size());
-  p.seqs = static_cast<const SeqDesc*>(stage(seqs.data(), seqs.size() * sizeof(SeqDesc)));
+  p.num_seqs = static_cast<int>(mine.size());
+  p.seqs = static_cast<const SeqDesc*>(stage(mine.data(), mine.size() * sizeof(SeqDesc)));
   if (D == 64) {
-    LaunchPrefillAttention<64>(p, g, tiles, stream);
+    LaunchPrefillAttention<64, kFp8>(p, g, tiles, stream);
   } else {
-    LaunchPrefillAttention<128>(p, g, tiles, stream);
+    LaunchPrefillAttention<128, kFp8>(p, g, tiles, stream);
+  }
+  const int64_t row = static_cast<int64_t>(a.num_heads) * D;
+  for (std::vector<SeqDesc>& run : runs) {
+    const int64_t first = run.front().token_offset;
+    for (SeqDesc& sq : run) sq.token_offset -= first;
+    AttentionArgs args = a;
+    args.q = a.q + first * row;
+    args.out = a.out + first * row;
+    run_rest(args, run);
   }
   return true;
 }

@@ -510,9 +510,10 @@ INSTANTIATE_TEST_SUITE_P(
                       PagedCase{64, 1000, 4, 1, 128, 32, 256, kFp8Kv},
                       PagedCase{733, 0, 16, 4, 128, 16, 0, kBf16Kv},  // prefill of 733
                       PagedCase{733, 0, 16, 4, 64, 16, 0, kFp8Kv},
-                      // The prefill kernel (bf16): the Qwen3-30B-A3B heads, head_dim 64 with
+                      // The prefill kernel: the Qwen3-30B-A3B heads (bf16, fp8), head_dim 64 with
                       // history in blocks of 32, one head a kv head, odd rows (G = 2).
                       PagedCase{300, 0, 32, 4, 128, 16, 0, kBf16Kv},
+                      PagedCase{300, 0, 32, 4, 128, 16, 0, kFp8Kv},
                       PagedCase{200, 777, 32, 4, 64, 32, 0, kBf16Kv},
                       PagedCase{130, 0, 16, 16, 128, 16, 0, kBf16Kv},
                       PagedCase{65, 19, 6, 3, 64, 16, 0, kBf16Kv},
@@ -589,12 +590,14 @@ INSTANTIATE_TEST_SUITE_P(
 
 // A step's sequences in one call (the engine's per-layer batch; one launch on CUDA): decodes at
 // several lengths, a split-K decode and an empty item (kDecode); with a short prefill and a
-// 3-token chunk among them (kMixed); or prefill chunks alone, with and without history (kPrefill:
-// on a bf16 cache, the prefill kernel's sequences and query tiles), over one pool; every byte of
-// the pool and every output element against the CPU, which runs the elements one by one. The
-// tensor-core decode kernel takes the first two on CUDA (a prefill as one-token rows). With a
-// tail (W > 0) each sequence has its ring, written with its history and after the attention.
-enum class BatchMix { kDecode, kMixed, kPrefill };
+// 3-token chunk among them (kMixed); prefill chunks alone, with and without history (kPrefill: on
+// a bf16 cache, the prefill kernel's sequences and query tiles); or two chunks between decodes
+// (kChunksAndDecodes: the chunks on the prefill kernel, the decodes in three runs on the decode
+// kernel), over one pool; every byte of the pool and every output element against the CPU, which
+// runs the elements one by one. The tensor-core decode kernel takes the first two on CUDA (a
+// prefill as one-token rows). With a tail (W > 0) each sequence has its ring, written with its
+// history and after the attention.
+enum class BatchMix { kDecode, kMixed, kPrefill, kChunksAndDecodes };
 class PagedKvBatchParity
     : public ::testing::TestWithParam<std::tuple<kernels::KvFormat, BatchMix, int>> {};
 
@@ -609,7 +612,9 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
           ? std::vector<Seq>{{732, 1}, {4000, 1}, {16, 1}, {10, 0}, {0, 1}, {300, 1}}
       : mix == BatchMix::kMixed
           ? std::vector<Seq>{{0, 5}, {732, 1}, {4000, 1}, {16, 1}, {10, 0}, {100, 3}}
-          : std::vector<Seq>{{0, 40}, {732, 17}, {100, 64}, {5, 9}, {0, 200}};
+      : mix == BatchMix::kPrefill
+          ? std::vector<Seq>{{0, 40}, {732, 17}, {100, 64}, {5, 9}, {0, 200}}
+          : std::vector<Seq>{{732, 1}, {0, 40}, {4000, 1}, {16, 1}, {10, 0}, {100, 24}, {300, 1}};
   std::mt19937 rng(static_cast<uint32_t>(7 + static_cast<int>(format)));
   int64_t pool_blocks = 3, tokens = 0;
   for (const Seq& q : seqs) {
@@ -708,9 +713,10 @@ TEST_P(PagedKvBatchParity, MatchesCpu) {
     ASSERT_TRUE(be.PagedAttention(reads).ok());
     ASSERT_TRUE(be.PagedKvTailWrite(writes).ok());
   }
-  const char* mix_name = mix == BatchMix::kDecode  ? "decode"
-                         : mix == BatchMix::kMixed ? "mixed"
-                                                   : "prefill";
+  const char* mix_name = mix == BatchMix::kDecode    ? "decode"
+                         : mix == BatchMix::kMixed   ? "mixed"
+                         : mix == BatchMix::kPrefill ? "prefill"
+                                                     : "chunks and decodes";
   const std::string name =
       Name(kernels::KvFormatName(format), mix_name, "batch of", seqs.size(), "tail", W);
   const std::vector<uint8_t> got = dpool.Read();
@@ -730,12 +736,14 @@ INSTANTIATE_TEST_SUITE_P(
     ::testing::Combine(::testing::Values(kBf16Kv, kFp8Kv, kernels::KvFormat::kTq4,
                                          kernels::KvFormat::kTq3, kernels::KvFormat::kTq2,
                                          kernels::KvFormat::kTq3p5, kernels::KvFormat::kTq2p5),
-                       ::testing::Values(BatchMix::kDecode, BatchMix::kMixed, BatchMix::kPrefill),
+                       ::testing::Values(BatchMix::kDecode, BatchMix::kMixed, BatchMix::kPrefill,
+                                         BatchMix::kChunksAndDecodes),
                        ::testing::Values(0)));
 INSTANTIATE_TEST_SUITE_P(
     Tail, PagedKvBatchParity,
     ::testing::Combine(::testing::Values(kFp8Kv, kTq4Kv, kernels::KvFormat::kTq2, kTq3p5Kv),
-                       ::testing::Values(BatchMix::kDecode, BatchMix::kMixed, BatchMix::kPrefill),
+                       ::testing::Values(BatchMix::kDecode, BatchMix::kMixed, BatchMix::kPrefill,
+                                         BatchMix::kChunksAndDecodes),
                        ::testing::Values(64)));
 
 TEST(PagedKvErrors, NonFiniteVectorIsInvalidArgumentOnBothBackends) {
