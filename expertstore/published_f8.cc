@@ -23,6 +23,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "expertstore/published_common.h"
 #include "expertstore/safetensors.h"
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
@@ -32,11 +33,6 @@
 namespace moe::store {
 namespace {
 using nlohmann::json;
-
-absl::Status Refuse(const std::string& key, const json& value, const std::string& why) {
-  return absl::UnimplementedError(
-      absl::StrCat("config.json quantization_config.", key, " = ", value.dump(), ": ", why));
-}
 
 struct F8Scheme {
   enum Strategy { kBlock, kChannel, kTensor } strategy = kBlock;
@@ -50,7 +46,8 @@ absl::Status ParseBlock(const std::string& key, const json& block, F8Scheme* sch
   if (!block.is_array() || block.size() != 2 || !block[0].is_number_integer() ||
       !block[1].is_number_integer() || block[0].get<int64_t>() <= 0 ||
       !kernels::ValidateQuantFormat(kernels::DType::kF8, block[1].get<int32_t>()).ok()) {
-    return Refuse(key, block, "supported: [rows, cols] with cols 32, 64, 128 or 256 ([128, 128])");
+    return RefuseQuantConfig(key, block,
+                             "supported: [rows, cols] with cols 32, 64, 128 or 256 ([128, 128])");
   }
   scheme->block_rows = block[0].get<int64_t>();
   scheme->group_size = block[1].get<int32_t>();
@@ -62,10 +59,11 @@ absl::StatusOr<F8Scheme> ParseF8Scheme(const json& q) {
   if (q.value("quant_method", json()) == "fp8") {
     scheme.scale_suffix = ".weight_scale_inv";
     const json fmt = q.value("fmt", json("e4m3"));
-    if (fmt != "e4m3") return Refuse("fmt", fmt, "supported: e4m3");
+    if (fmt != "e4m3") return RefuseQuantConfig("fmt", fmt, "supported: e4m3");
     const json act = q.value("activation_scheme", json("dynamic"));
     if (act != "dynamic") {
-      return Refuse("activation_scheme", act, "supported: dynamic (static input scales are not)");
+      return RefuseQuantConfig("activation_scheme", act,
+                               "supported: dynamic (static input scales are not)");
     }
     const json block = q.value("weight_block_size", json());
     MOE_RETURN_IF_ERROR(ParseBlock("weight_block_size", block, &scheme));
@@ -75,29 +73,29 @@ absl::StatusOr<F8Scheme> ParseF8Scheme(const json& q) {
   scheme.scale_suffix = ".weight_scale";
   const json groups = q.value("config_groups", json());
   if (!groups.is_object() || groups.empty()) {
-    return Refuse("config_groups", groups, "expected at least one group");
+    return RefuseQuantConfig("config_groups", groups, "expected at least one group");
   }
   bool first = true;
   for (const auto& [name, g] : groups.items()) {
     const std::string at = absl::StrCat("config_groups.", name, ".");
     if (g.value("format", json("float-quantized")) != "float-quantized") {
-      return Refuse(at + "format", g["format"], "supported: float-quantized");
+      return RefuseQuantConfig(at + "format", g["format"], "supported: float-quantized");
     }
     if (!g.value("output_activations", json()).is_null()) {
-      return Refuse(at + "output_activations", g["output_activations"], "not supported");
+      return RefuseQuantConfig(at + "output_activations", g["output_activations"], "not supported");
     }
     const json in = g.value("input_activations", json());
     if (!in.is_null() && (!in.is_object() || in.value("dynamic", json()) != true)) {
-      return Refuse(at + "input_activations", in,
-                    "supported: none or dynamic (static activation scales are not)");
+      return RefuseQuantConfig(at + "input_activations", in,
+                               "supported: none or dynamic (static activation scales are not)");
     }
     const json w = g.value("weights", json());
     const std::pair<const char*, json> want[] = {
         {"num_bits", 8}, {"type", "float"}, {"symmetric", true}, {"dynamic", false}};
     for (const auto& [key, value] : want) {
       if (!w.is_object() || w.value(key, json()) != value) {
-        return Refuse(at + "weights." + key, w.is_object() ? w.value(key, json()) : w,
-                      absl::StrCat("supported: ", value.dump()));
+        return RefuseQuantConfig(at + "weights." + key, w.is_object() ? w.value(key, json()) : w,
+                                 absl::StrCat("supported: ", value.dump()));
       }
     }
     F8Scheme s = scheme;
@@ -111,20 +109,18 @@ absl::StatusOr<F8Scheme> ParseF8Scheme(const json& q) {
       MOE_RETURN_IF_ERROR(
           ParseBlock(at + "weights.block_structure", w.value("block_structure", json()), &s));
     } else {
-      return Refuse(at + "weights.strategy", strategy, "supported: channel, tensor, block");
+      return RefuseQuantConfig(at + "weights.strategy", strategy,
+                               "supported: channel, tensor, block");
     }
     if (!first && (s.strategy != scheme.strategy || s.block_rows != scheme.block_rows ||
                    s.group_size != scheme.group_size)) {
-      return Refuse(at + "weights", w, "every group must quantize its weights the same way");
+      return RefuseQuantConfig(at + "weights", w,
+                               "every group must quantize its weights the same way");
     }
     scheme = s;
     first = false;
   }
   return scheme;
-}
-
-std::string Shape(const std::vector<int64_t>& s) {
-  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
 }
 
 }  // namespace
@@ -169,7 +165,7 @@ absl::Status Checkpoint::RepackPublishedF8(const std::string& dir, const std::st
       return bad(weight_name, "dtype " + weight.dtype + ", expected F8_E4M3");
     }
     if (weight.shape.size() != 2) {
-      return bad(weight_name, "shape " + Shape(weight.shape) + " is not 2-D");
+      return bad(weight_name, "shape " + ShapeText(weight.shape) + " is not 2-D");
     }
     const int64_t N = weight.shape[0], K = weight.shape[1];  // outputs (our rows), inputs
     auto scale_it = tensors_.find(scale_name);
@@ -194,8 +190,8 @@ absl::Status Checkpoint::RepackPublishedF8(const std::string& dir, const std::st
                           (scheme.strategy == F8Scheme::kChannel && got == std::vector{N}) ||
                           (scheme.strategy == F8Scheme::kTensor && got.empty());
     if (!shape_ok) {
-      return bad(scale_name, absl::StrCat("shape ", Shape(got), ", expected ", Shape(want), " (",
-                                          weight_name, " ", Shape(weight.shape), ")"));
+      return bad(scale_name, absl::StrCat("shape ", ShapeText(got), ", expected ", ShapeText(want),
+                                          " (", weight_name, " ", ShapeText(weight.shape), ")"));
     }
     MOE_ASSIGN_OR_RETURN(const kernels::TensorView scales, Get(scale_name));
     TensorInfo info;

@@ -34,6 +34,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "expertstore/published_common.h"
 #include "expertstore/safetensors.h"
 #include "kernels/base/log.h"
 #include "kernels/base/status.h"
@@ -43,11 +44,6 @@
 namespace moe::store {
 namespace {
 using nlohmann::json;
-
-absl::Status Refuse(const std::string& key, const json& value, const std::string& why) {
-  return absl::UnimplementedError(
-      absl::StrCat("config.json quantization_config.", key, " = ", value.dump(), ": ", why));
-}
 
 // The scheme a quantization_config asks for, once validated.
 struct Scheme {
@@ -62,7 +58,7 @@ struct Scheme {
 constexpr int kAwqNibble[8] = {0, 4, 1, 5, 2, 6, 3, 7};
 
 absl::Status RefuseGroup(const json& group) {
-  return Refuse("group_size", group, "supported: 32, 64, 128, 256");
+  return RefuseQuantConfig("group_size", group, "supported: 32, 64, 128, 256");
 }
 bool ValidGroup(const json& group) {
   return group.is_number_integer() &&
@@ -70,18 +66,18 @@ bool ValidGroup(const json& group) {
 }
 
 absl::StatusOr<Scheme> ParseScheme(const json& q) {
-  if (!q.is_object()) return Refuse("", q, "not an object");
+  if (!q.is_object()) return RefuseQuantConfig("", q, "not an object");
   const json method = q.value("quant_method", json());
   Scheme scheme;
   if (method == "gptq") {
     const json bits = q.value("bits", json()), group = q.value("group_size", json());
-    if (bits != 4) return Refuse("bits", bits, "only 4-bit GPTQ is supported");
+    if (bits != 4) return RefuseQuantConfig("bits", bits, "only 4-bit GPTQ is supported");
     if (!ValidGroup(group)) return RefuseGroup(group);
     const json sym = q.value("sym", json(true));
-    if (!sym.is_boolean()) return Refuse("sym", sym, "supported: true, false");
+    if (!sym.is_boolean()) return RefuseQuantConfig("sym", sym, "supported: true, false");
     const json format = q.value("checkpoint_format", json("gptq"));
     if (format != "gptq" && format != "gptq_v2") {
-      return Refuse("checkpoint_format", format, "supported: gptq, gptq_v2");
+      return RefuseQuantConfig("checkpoint_format", format, "supported: gptq, gptq_v2");
     }
     scheme.group_size = group.get<int32_t>();
     scheme.symmetric = sym.get<bool>();
@@ -92,21 +88,22 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
     scheme.kind = Scheme::kCompressedTensors;
     const json format = q.value("format", json());
     if (format != "pack-quantized") {
-      return Refuse("format", format,
-                    "supported: pack-quantized (int4 W4A16), float-quantized (fp8)");
+      return RefuseQuantConfig("format", format,
+                               "supported: pack-quantized (int4 W4A16), float-quantized (fp8)");
     }
     const json groups = q.value("config_groups", json());
     if (!groups.is_object() || groups.empty()) {
-      return Refuse("config_groups", groups, "expected at least one group");
+      return RefuseQuantConfig("config_groups", groups, "expected at least one group");
     }
     for (const auto& [name, g] : groups.items()) {
       const std::string at = absl::StrCat("config_groups.", name, ".");
       if (g.value("format", format) != format) {
-        return Refuse(at + "format", g["format"], "supported: pack-quantized");
+        return RefuseQuantConfig(at + "format", g["format"], "supported: pack-quantized");
       }
       for (const char* act : {"input_activations", "output_activations"}) {
         if (!g.value(act, json()).is_null()) {
-          return Refuse(at + act, g[act], "activation quantization is not supported (W4A16 only)");
+          return RefuseQuantConfig(at + act, g[act],
+                                   "activation quantization is not supported (W4A16 only)");
         }
       }
       const json w = g.value("weights", json());
@@ -117,23 +114,25 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
                                                    {"dynamic", false}};
       for (const auto& [key, value] : want) {
         if (!w.is_object() || w.value(key, json()) != value) {
-          return Refuse(at + "weights." + key, w.is_object() ? w.value(key, json()) : w,
-                        absl::StrCat("supported: ", value.dump(),
-                                     std::string(key) == "symmetric"
-                                         ? " (asymmetric compressed-tensors is not implemented)"
-                                         : ""));
+          return RefuseQuantConfig(
+              at + "weights." + key, w.is_object() ? w.value(key, json()) : w,
+              absl::StrCat("supported: ", value.dump(),
+                           std::string(key) == "symmetric"
+                               ? " (asymmetric compressed-tensors is not implemented)"
+                               : ""));
         }
       }
       const json actorder = w.value("actorder", json());
       if (!actorder.is_null() && actorder != false) {
-        return Refuse(at + "weights.actorder", actorder, "activation ordering is not supported");
+        return RefuseQuantConfig(at + "weights.actorder", actorder,
+                                 "activation ordering is not supported");
       }
       const json group = w.value("group_size", json());
       if (!group.is_number_integer() ||
           !kernels::ValidateQuantFormat(kernels::DType::kQ4, group.get<int32_t>()).ok() ||
           (scheme.group_size != 0 && group.get<int32_t>() != scheme.group_size)) {
-        return Refuse(at + "weights.group_size", group,
-                      "supported: 32, 64, 128, 256, the same in every group");
+        return RefuseQuantConfig(at + "weights.group_size", group,
+                                 "supported: 32, 64, 128, 256, the same in every group");
       }
       scheme.group_size = group.get<int32_t>();
     }
@@ -143,27 +142,24 @@ absl::StatusOr<Scheme> ParseScheme(const json& q) {
     scheme.kind = Scheme::kAwq;
     scheme.symmetric = false;
     const json bits = q.value("bits", json()), group = q.value("group_size", json());
-    if (bits != 4) return Refuse("bits", bits, "only 4-bit AWQ is supported");
+    if (bits != 4) return RefuseQuantConfig("bits", bits, "only 4-bit AWQ is supported");
     if (!ValidGroup(group)) return RefuseGroup(group);
     // HF's AwqConfig defaults: zero_point true, version gemm (written lower-case there,
     // "GEMM" in AutoAWQ's own quant_config.json). GEMV and the kernel-specific versions pack
     // differently.
     const json zero_point = q.value("zero_point", json(true));
-    if (zero_point != true) return Refuse("zero_point", zero_point, "supported: true");
+    if (zero_point != true) return RefuseQuantConfig("zero_point", zero_point, "supported: true");
     const json version = q.value("version", json("gemm"));
     if (version != "gemm" && version != "GEMM") {
-      return Refuse("version", version, "supported: gemm (AutoAWQ's GEMM packing)");
+      return RefuseQuantConfig("version", version, "supported: gemm (AutoAWQ's GEMM packing)");
     }
     scheme.group_size = group.get<int32_t>();
     return scheme;
   }
-  return Refuse("quant_method", method,
-                "supported: gptq (4-bit), awq (4-bit, gemm), fp8 (e4m3, block-scaled), "
-                "compressed-tensors (pack-quantized int4 symmetric, float-quantized fp8)");
-}
-
-std::string Shape(const std::vector<int64_t>& s) {
-  return absl::StrCat("[", absl::StrJoin(s, ","), "]");
+  return RefuseQuantConfig(
+      "quant_method", method,
+      "supported: gptq (4-bit), awq (4-bit, gemm), fp8 (e4m3, block-scaled), "
+      "compressed-tensors (pack-quantized int4 symmetric, float-quantized fp8)");
 }
 
 uint32_t Nibble(const uint8_t* words, int64_t word, int j) {
@@ -214,7 +210,7 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     };
     if (packed.dtype != "I32") return bad(packed_name, "dtype " + packed.dtype + ", expected I32");
     if (packed.shape.size() != 2)
-      return bad(packed_name, "shape " + Shape(packed.shape) + " is not 2-D");
+      return bad(packed_name, "shape " + ShapeText(packed.shape) + " is not 2-D");
     // N outputs (our rows), K inputs (our columns).
     int64_t N = 0, K = 0;
     const std::string scale_name = m + (ct ? ".weight_scale" : ".scales");
@@ -240,7 +236,7 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       std::memcpy(shape, it->second.data, 16);
       if (shape[0] != N || shape[1] > K || shape[1] <= K - 8) {
         return bad(shape_name, absl::StrCat("[", shape[0], ",", shape[1], "] does not match ",
-                                            packed_name, " ", Shape(packed.shape)));
+                                            packed_name, " ", ShapeText(packed.shape)));
       }
       K = shape[1];
     }
@@ -250,9 +246,9 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
     const std::vector<int64_t> want_scale =
         ct ? std::vector<int64_t>{N, K / g} : std::vector<int64_t>{K / g, N};
     if (scale_info.shape != want_scale) {
-      return bad(scale_name, absl::StrCat("shape ", Shape(scale_info.shape), ", expected ",
-                                          Shape(want_scale), " (", packed_name, " ",
-                                          Shape(packed.shape), ", group size ", g, ")"));
+      return bad(scale_name, absl::StrCat("shape ", ShapeText(scale_info.shape), ", expected ",
+                                          ShapeText(want_scale), " (", packed_name, " ",
+                                          ShapeText(packed.shape), ", group size ", g, ")"));
     }
     if (kernels::IsQuantized(scale_info.dtype)) return bad(scale_name, "is quantized");
     MOE_ASSIGN_OR_RETURN(const kernels::TensorView scales, Get(scale_name));
@@ -269,7 +265,7 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       if (z == raw_.end()) return bad(zeros_name, "missing");
       const int64_t words = (N + 7) / 8;
       if (z->second.dtype != "I32" || z->second.shape != std::vector<int64_t>{K / g, words}) {
-        return bad(zeros_name, absl::StrCat(z->second.dtype, " ", Shape(z->second.shape),
+        return bad(zeros_name, absl::StrCat(z->second.dtype, " ", ShapeText(z->second.shape),
                                             ", expected I32 [", K / g, ",", words, "]"));
       }
       zeros.resize(K / g * N);
@@ -292,7 +288,7 @@ absl::Status Checkpoint::RepackPublishedQuant(const std::string& dir) {
       const std::string gidx_name = m + ".g_idx";
       if (auto gi = raw_.find(gidx_name); gi != raw_.end()) {
         if (gi->second.dtype != "I32" || gi->second.shape != std::vector<int64_t>{K}) {
-          return bad(gidx_name, absl::StrCat(gi->second.dtype, " ", Shape(gi->second.shape),
+          return bad(gidx_name, absl::StrCat(gi->second.dtype, " ", ShapeText(gi->second.shape),
                                              ", expected I32 [", K, "]"));
         }
         for (int64_t k = 0; k < K; ++k) {
