@@ -1,8 +1,7 @@
-// Test helpers for expertstore/: a tiny synthetic MoE checkpoint written as safetensors, and
-// temporary directories.
+// Test helpers for expertstore/: a tiny synthetic MoE checkpoint written as safetensors (and
+// tests/testing's TempDir under this namespace).
 #pragma once
 
-#include <unistd.h>
 
 #include <cstdint>
 #include <cstring>
@@ -17,26 +16,11 @@
 #include "kernels/backend.h"
 #include "kernels/tensor.h"
 #include "nlohmann/json.hpp"
+#include "tests/testing/temp_dir.h"
 
 namespace moe::store::testing {
 
-// A fresh directory under $TEST_TMPDIR or /tmp, removed on destruction.
-class TempDir {
- public:
-  TempDir() {
-    const char* base = std::getenv("TEST_TMPDIR");
-    std::string tmpl = absl::StrCat(base ? base : "/tmp", "/moe_store_XXXXXX");
-    path_ = ::mkdtemp(tmpl.data());
-  }
-  ~TempDir() {
-    std::error_code ec;
-    std::filesystem::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using ::moe::testing::TempDir;
 
 struct TinyModel {
   int32_t layers = 3;
