@@ -31,8 +31,9 @@ constexpr int kPrefillWarps = 8;
 constexpr int kPrefillRows = 16 * kPrefillWarps;  // query rows a block
 constexpr int kPrefillKeys = 64;                  // keys a tile
 constexpr int kPrefillParts = 3;                  // q and P as hi + mid + lo
-// A sequence takes the prefill kernel from this many query rows (tokens times G): half a block.
-constexpr int64_t kPrefillMinRows = kPrefillRows / 2;
+// A sequence takes the prefill kernel from this many query rows (tokens times G), half a block,
+// and this many tokens: a decode token keeps the decode kernel whatever G (its split of the keys).
+constexpr int64_t kPrefillMinRows = kPrefillRows / 2, kPrefillMinTokens = 8;
 
 // bf16 elements a shared-memory row holds: D and 8 of padding, so that the 8 rows an ldmatrix
 // phase reads (stride D / 2 + 4 words) fall on distinct banks.
@@ -326,13 +327,12 @@ void LaunchPrefillAttention(const AttnParams& p, const PagedGeom& g, int64_t til
 }
 
 // RunAttention with the prefill kernel for the sequences of `seqs` that have at least
-// kPrefillMinRows query rows (prefill chunks), when the call fits it: a bf16 or fp8 (kFp8) cache,
-// plain causal
-// attention (no key lag, no sliding window), head_dim 64 or 128, q and out 16-byte aligned. The
-// others (decode tokens, short chunks) keep the decode kernel, whose split of the keys the prefill
-// kernel lacks: run_rest(args, rest) gets each run of them whose rows follow one another, as a
-// call of its own (q and out at the run's first row). False, with nothing launched, when the
-// prefill kernel takes no sequence.
+// kPrefillMinTokens tokens and kPrefillMinRows query rows (prefill chunks), when the call fits
+// it: a bf16 or fp8 (kFp8) cache, plain causal attention (no key lag, no sliding window),
+// head_dim 64 or 128, q and out 16-byte aligned. The others (decode tokens, short chunks) keep
+// the decode kernel, whose split of the keys the prefill kernel lacks: run_rest(args, rest) gets
+// each run of them whose rows follow one another, as a call of its own (q and out at the run's
+// first row). False, with nothing launched, when the prefill kernel takes no sequence.
 template <bool kFp8, typename Stage, typename RunRest>
 bool RunPrefillAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seqs,
                          const PagedGeom& g, int64_t key_lag, Stage stage, cudaStream_t stream,
@@ -347,7 +347,7 @@ bool RunPrefillAttention(const AttentionArgs& a, const std::vector<SeqDesc>& seq
   int64_t tiles = 0, run_end = -1;
   for (const SeqDesc& sq : seqs) {
     if (sq.num_tokens == 0) continue;
-    if (sq.num_tokens * G >= kPrefillMinRows) {
+    if (sq.num_tokens >= kPrefillMinTokens && sq.num_tokens * G >= kPrefillMinRows) {
       SeqDesc s = sq;
       s.tile_begin = tiles;
       tiles += CeilDiv(sq.num_tokens * G, kPrefillRows);
