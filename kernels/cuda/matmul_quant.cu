@@ -76,6 +76,19 @@ bool ExactCodes() {
   return exact;
 }
 
+// Whether 9-16 rows of A on int4 take the kernel whose weights go through a cp.async ring
+// (default, Int4RingMatVec) or the register kernel (Int4MmaMatVec): MOE_INT4_RING=0 keeps the
+// latter, MOE_INT4_RING=glu the ring for the SwiGLU (gate/up) launches only (A/B switches for
+// measurements).
+bool UseInt4Ring(bool glu) {
+  static const int mode = [] {  // 0 never, 1 SwiGLU only, 2 always
+    const char* env = std::getenv("MOE_INT4_RING");
+    if (env == nullptr) return 2;
+    return std::strcmp(env, "0") == 0 ? 0 : std::strcmp(env, "glu") == 0 ? 1 : 2;
+  }();
+  return mode == 2 || (mode == 1 && glu);
+}
+
 // {s, m} of group g of a row, at any alignment (the scalar paths serve unaligned matrices too).
 __device__ __forceinline__ float2 LoadParams(const uint8_t* params_row, int64_t g) {
   const uint8_t* b = params_row + 4 * g;
@@ -453,6 +466,178 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
   MmaMatVecStore<kGlu, ws, NT>(p, grp, mw.n0, acc, partial);
 }
 
+// ---- the two-n-tile int4 kernel with its weights through a per-warp cp.async ring -------------
+// Why: with 9-16 rows of A, x takes ~139 KB of shared memory at K = 2048 (one block of 8 warps an
+// SM) and the register kernel above needs 183 registers, so each warp keeps only two rounds of
+// 2 chunks in flight: ~16-32 KB an SM against the ~36 KB an SM needs at a microsecond of DRAM
+// latency (gate/up at ~0.83 TB/s, H200, tests/bench/NOTES.md). Here each warp copies its chunks'
+// codes and {s, m} with cp.async into a ring of kStages chunks of its own shared memory, beside x:
+// kStages - 1 chunks in flight a warp, the weights out of the registers. The codes go in 16-byte
+// pieces (cp.async.cg: past L1, whose ~28 KB beside x could not hold the lines of that many
+// loads in flight), 2 a lane a chunk; the scales in 4-byte pieces, one a lane: 3 copies a lane a
+// chunk where the register kernel issues 8 loads. Lanes read pieces other lanes copied, so a
+// warp waits on its own copies and then __syncwarp (no block barrier; that __syncwarp also
+// orders the reads of a slot before its next copies). The products, their order and their
+// accumulators are Int4MmaMatVec's: the results are bit-equal. (A ring for one n-tile, each lane
+// copying its own 8-byte pieces, was slower at stop 17: that kernel is issue-bound, and the ring
+// cost instructions; two n-tiles do twice the products a byte.)
+template <bool kGlu>
+struct Int4Ring {
+  static constexpr int kNW = kGlu ? 2 : 1;
+  static constexpr int kStages = 8;
+  // A slot: codes [matrix][16 rows][32 bytes], then {s, m} [matrix][16 rows] (1152 bytes a chunk
+  // for SwiGLU, 576 for one matrix).
+  static constexpr int kCodeWords = kNW * 16 * 8;
+  static constexpr int kSlotWords = kCodeWords + kNW * 16;
+  static constexpr size_t kBytes = sizeof(uint32_t) * kMmaWarps * kStages * kSlotWords;
+  // Where the ring starts in the block's shared memory: after x (16-byte aligned).
+  __host__ __device__ static constexpr int64_t OffsetWords(int64_t rows, int64_t chunks) {
+    return (static_cast<int64_t>(MmaSmemBytes(rows, chunks)) / 4 + 3) / 4 * 4;
+  }
+  static size_t SmemBytes(int64_t rows, int64_t chunks) {
+    return sizeof(uint32_t) * OffsetWords(rows, chunks) + kBytes;
+  }
+};
+
+// cp.async of 16 bytes past L1 (.cg) and of 4 bytes (.ca: the only form below 16), global src to
+// shared dst.
+__device__ __forceinline__ void CpAsync16(uint32_t* dst, const uint8_t* src) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsync4(uint32_t* dst, const uint8_t* src) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(s), "l"(src) : "memory");
+}
+__device__ __forceinline__ void CpAsyncCommit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int kPending>
+__device__ __forceinline__ void CpAsyncWait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Int4MmaMatVec<kGlu, ws, true, NT, kExact> with the weights through the ring (matrices 16-byte
+// aligned). Shared memory: x (MmaSmemBytes(p.max_rows, chunks)), then Int4Ring<kGlu>::kBytes.
+template <bool kGlu, int ws, int NT, bool kExact>
+__device__ __forceinline__ void Int4RingMatVec(const GemmParams& p, const GemmGroup& grp,
+                                               float* partial) {
+  using R = Int4Ring<kGlu>;
+  constexpr int NW = R::kNW, D = R::kStages;
+  extern __shared__ uint32_t xsmem[];
+  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem);
+  const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+  const int g = mw.g, t = mw.t;
+  const int64_t row_bytes = p.K / 2, groups = p.K / p.group_size;
+  const int g_shift = __ffs(static_cast<int>(p.group_size)) - 1;
+  // What this lane copies of each chunk: codes bytes [16 (lane % 2), +16) of row lane / 2 of each
+  // matrix; the {s, m} of row lane % 16 of matrix lane / 16 (lanes 0-15 when there is one).
+  const uint8_t* code_src[NW];
+  const uint8_t* scale_src = nullptr;
+  {
+    const int64_t nc = mw.n0 + lane / 2 < p.N ? mw.n0 + lane / 2 : 0;  // rows past N: row 0
+    const int64_t ns = mw.n0 + lane % 16 < p.N ? mw.n0 + lane % 16 : 0;
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+      const uint8_t* base = static_cast<const uint8_t*>(m == 0 ? grp.w : UpOf(p, blockIdx.y));
+      code_src[m] = base + nc * row_bytes + 16 * (lane % 2);
+      if (m == lane / 16) {
+        scale_src = base + (p.N * row_bytes + 15) / 16 * 16 + ns * groups * 4;  // QuantParamsOffset
+      }
+    }
+  }
+  uint32_t* ring = xsmem + R::OffsetWords(p.max_rows, mw.chunks) + warp * D * R::kSlotWords;
+  const int c_end = mw.c_end;
+  // Chunk c's copies into slot c % D, one commit group per chunk (empty past c_end, so that
+  // wait_group counts chunks).
+  auto issue = [&](int c) {
+    if (c < c_end) {
+      uint32_t* slot = ring + (c % D) * R::kSlotWords;
+#pragma unroll
+      for (int m = 0; m < NW; ++m) CpAsync16(slot + m * 128 + 4 * lane, code_src[m] + c * 32);
+      if (scale_src != nullptr) {
+        CpAsync4(slot + R::kCodeWords + lane, scale_src + ((c * kMmaChunk) >> g_shift) * 4);
+      }
+    }
+    CpAsyncCommit();
+  };
+  // The first D - 1 chunks go out before x is staged: the weights do not depend on the kernel
+  // before.
+#pragma unroll
+  for (int i = 0; i < D - 1; ++i) issue(mw.c_begin + i);
+
+  StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
+
+  float acc[NT][NW][4] = {};
+  for (int c = mw.c_begin; c < c_end; ++c) {
+    CpAsyncWait<D - 2>();  // this lane's copies of chunk c landed (D - 2 newer groups may pend)
+    __syncwarp();          // and every lane's; the reads of slot (c - 1) % D are done
+    const uint32_t* slot = ring + (c % D) * R::kSlotWords;
+    uint2 w[NW][2];  // as Int4MmaMatVec: lane (g, t)'s 8 bytes of rows g and g + 8
+    uint32_t sm[NW][2];
+#pragma unroll
+    for (int m = 0; m < NW; ++m) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        w[m][h] = *reinterpret_cast<const uint2*>(slot + m * 128 + (g + 8 * h) * 8 + 2 * t);
+        sm[m][h] = slot[R::kCodeWords + m * 16 + g + 8 * h];
+      }
+    }
+    issue(c + D - 1);  // into slot (c - 1) % D
+#pragma unroll
+    for (int x = 0; x < NT; ++x) {
+      if (x > 0 && mw.nt <= kMmaTokens) break;  // block-uniform: a chunk of at most 8 rows
+      uint32_t xw[16];
+      mw.LoadX(c, xw, x);
+      const float2 sx =
+          *reinterpret_cast<const float2*>(mw.xsum + c * kMmaSumStride + kMmaTokens * x + 2 * t);
+#pragma unroll
+      for (int m = 0; m < NW; ++m) {
+        float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t wa = s < 2 ? w[m][0].x : w[m][0].y;
+          const uint32_t wb = s < 2 ? w[m][1].x : w[m][1].y;
+          const int sh = 8 * (s % 2);
+          const uint32_t a0 = CodesAsBf16<kExact>(wa, sh), a1 = CodesAsBf16<kExact>(wb, sh);
+          const uint32_t a2 = CodesAsBf16<kExact>(wa, sh + 4);
+          const uint32_t a3 = CodesAsBf16<kExact>(wb, sh + 4);
+          MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
+          MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&sm[m][h]));
+          const float off = kExact ? f.y : fmaf(-128.f, f.x, f.y);  // m, or m - 128 s
+          acc[x][m][2 * h] = fmaf(f.x, d[2 * h], fmaf(off, sx.x, acc[x][m][2 * h]));
+          acc[x][m][2 * h + 1] = fmaf(f.x, d[2 * h + 1], fmaf(off, sx.y, acc[x][m][2 * h + 1]));
+        }
+      }
+    }
+  }
+  CpAsyncWait<0>();  // no copy outlives the block (the empty tail groups)
+  MmaMatVecStore<kGlu, ws, NT>(p, grp, mw.n0, acc, partial);
+}
+
+// Int4Mma<2, kExact> with the ring: 16-byte aligned matrices take Int4RingMatVec, others the byte
+// loads of Int4MmaMatVec (x's layout is the same, the ring's memory unused).
+template <bool kExact>
+struct Int4MmaRing {
+  static constexpr uintptr_t kAlign = 16;  // 16-byte copies of codes (the store aligns to 256)
+  // 227 KiB a block less the static `partial` of ws > 1 (MmaMatVecKernel).
+  static constexpr size_t kMaxSmem = 227 * 1024 - sizeof(float) * kMmaWarps * 2 * 8 * kWarp;
+  static constexpr int kTiles = 2;
+  template <bool kGlu, int ws, bool kAligned>
+  __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
+                                              float* partial) {
+    if constexpr (kAligned) {
+      Int4RingMatVec<kGlu, ws, 2, kExact>(p, grp, partial);
+    } else {
+      Int4MmaMatVec<kGlu, ws, false, 2, kExact>(p, grp, partial);
+    }
+  }
+};
+
 // NT n-tiles: 1 (up to 8 rows of A, two blocks an SM) or 2 (9-16 rows: x of 16 rows at K = 2048
 // is 140 KB, so one block an SM, and its registers are not capped at 128: MmaMatVecKernel's
 // launch bounds).
@@ -503,6 +688,14 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
       smem > (two_tiles ? Int4Mma<2, true>::kMaxSmem : Int4Mma<1, true>::kMaxSmem) ||
       (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
+  }
+  if (two_tiles && ExactCodes() && UseInt4Ring(p.glu())) {
+    const size_t ring_smem = p.glu() ? Int4Ring<true>::SmemBytes(p.max_rows, chunks)
+                                     : Int4Ring<false>::SmemBytes(p.max_rows, chunks);
+    if (ring_smem <= Int4MmaRing<true>::kMaxSmem) {
+      LaunchInt4MmaMatVecAs<Int4MmaRing<true>>(p, single, ring_smem, stream);
+      return true;
+    }
   }
   if (ExactCodes()) {
     two_tiles ? LaunchInt4MmaMatVecAs<Int4Mma<2, true>>(p, single, smem, stream)
