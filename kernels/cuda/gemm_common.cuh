@@ -115,6 +115,12 @@ struct MmaWarp {
   template <int ws>
   __device__ __forceinline__ static MmaWarp Make(const GemmParams& p, const GemmGroup& grp,
                                                  uint32_t* smem) {
+    return Make<ws>(p, grp, smem, blockIdx.x);
+  }
+  // The same for row-block bx (kMmaWarps / ws m-tiles) of the group, not the block's own.
+  template <int ws>
+  __device__ __forceinline__ static MmaWarp Make(const GemmParams& p, const GemmGroup& grp,
+                                                 uint32_t* smem, int64_t bx) {
     MmaWarp w;
     w.nt = static_cast<int>(grp.row_count);
     w.chunks = static_cast<int>(p.K / kMmaChunk);
@@ -124,7 +130,7 @@ struct MmaWarp {
     w.xsum = w.xpart + p.max_rows * w.chunks * 4;
     const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     w.g = lane / 4, w.t = lane % 4;
-    w.n0 = (static_cast<int64_t>(blockIdx.x) * (kMmaWarps / ws) + warp / ws) * 16;
+    w.n0 = (bx * (kMmaWarps / ws) + warp / ws) * 16;
     w.ra = w.n0 + w.g < p.N ? w.n0 + w.g : 0;
     w.rb = w.n0 + w.g + 8 < p.N ? w.n0 + w.g + 8 : 0;
     const int per_slice = (w.chunks + ws - 1) / ws;

@@ -344,18 +344,20 @@ __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
 
 // The kernel below for group `grp`, its matrices 8-byte aligned (kAligned: 8- and 4-byte loads)
 // or not (byte loads), NT n-tiles of 8 rows of A (2: each weight fragment serves 16 tokens, so an
-// expert with 9-16 tokens of a decode batch is read once, not twice). partial: [kMmaWarps][NT * NW
-// * 4][kWarp] floats when ws > 1.
+// expert with 9-16 tokens of a decode batch is read once, not twice), row-block bx (kMmaWarps / ws
+// m-tiles of 16 rows); x staged into shared memory first, or (stage false) already there from an
+// earlier row-block of the same group (Int4MmaWalkKernel). partial: [kMmaWarps][NT * NW * 4][kWarp]
+// floats when ws > 1.
 template <bool kGlu, int ws, bool kAligned, int NT, bool kExact>
 __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGroup& grp,
-                                              float* partial) {
+                                              float* partial, int64_t bx, bool stage) {
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
   // Chunks a round; two rounds in flight (registers). (Twice the chunks for two n-tiles, to keep
   // one block's 8 warps as many bytes in flight as two blocks have, was 9% slower at 256
   // sequences: H200, tests/bench/NOTES.md.)
   constexpr int kU = kGlu ? 2 : 4;
   extern __shared__ uint32_t xsmem[];
-  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem);
+  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem, bx);
   const int t = mw.t;
   const int64_t K = p.K;
   const int64_t row_bytes = K / 2, groups = K / p.group_size;
@@ -407,7 +409,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
   // The first round goes out before x is staged: the weights do not depend on the kernel before.
   load_round(std::integral_constant<int, 0>{}, mw.c_begin);
 
-  StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
+  if (stage) StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
 
   float acc[NT][NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
@@ -464,9 +466,71 @@ struct Int4Mma {
   template <bool kGlu, int ws, bool kAligned>
   __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
-    Int4MmaMatVec<kGlu, ws, kAligned, NT, kExact>(p, grp, partial);
+    Int4MmaMatVec<kGlu, ws, kAligned, NT, kExact>(p, grp, partial, blockIdx.x, true);
   }
 };
+
+// ---- the two-n-tile kernel with blocks walking row-blocks
+// ---------------------------------------- At 9-16 rows of A each block stages x (16 rows x K fp32:
+// 128 KB at K = 2048, gathered from L2) for 128 weight rows, 6 times an expert at the gate/up
+// shape: 100 MB of staging a layer beside 214 MB of weights at 256 tokens, a serial prologue during
+// which the SM's one block computes nothing (tests/bench/NOTES.md, stop 43). Here a block takes
+// `per_block` consecutive row-blocks of its group and stages x once, where the kernel above would
+// not split K: 3 row-blocks a block (Int4Walk) took 256 sequences from 6,845 to 7,021 tokens/s
+// (H200, two interleaved rounds). Two blocks an SM for one matrix (the down projection: x is 54 KB
+// at K = 768, and the kernel above holds 127 registers; uncapped, this one took 135).
+template <bool kGlu, bool kExact>
+__global__ __launch_bounds__(kMmaThreads,
+                             kGlu ? 1 : 2) void Int4MmaWalkKernel(const GemmParams p,
+                                                                  const GemmGroup single,
+                                                                  int per_block) {
+  WaitForPriorKernel();
+  __shared__ float partial[1];  // ws = 1: unused
+  const GemmGroup grp = GroupOf(p, single, blockIdx.y);
+  if (grp.row_count == 0) return;  // block-uniform
+  bool aligned = reinterpret_cast<uintptr_t>(grp.w) % Int4Mma<2, kExact>::kAlign == 0;
+  if constexpr (kGlu) {
+    aligned = aligned &&
+              reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) % Int4Mma<2, kExact>::kAlign == 0;
+  }
+  const int64_t row_blocks = CeilDiv(p.N, int64_t{16} * kMmaWarps);
+  for (int r = 0; r < per_block; ++r) {
+    const int64_t bx = static_cast<int64_t>(blockIdx.x) * per_block + r;
+    if (bx >= row_blocks) break;  // block-uniform
+    // x stays in shared memory between row-blocks: nothing writes it after the first staging.
+    if (aligned) {
+      Int4MmaMatVec<kGlu, 1, true, 2, kExact>(p, grp, partial, bx, r == 0);
+    } else {
+      Int4MmaMatVec<kGlu, 1, false, 2, kExact>(p, grp, partial, bx, r == 0);
+    }
+  }
+}
+
+// Row-blocks a block of Int4MmaWalkKernel walks: 3, or MOE_INT4_WALK=R (0 or 1: the kernel is
+// off; an A/B switch for measurements).
+int Int4Walk() {
+  static const int walk = [] {
+    const char* env = std::getenv("MOE_INT4_WALK");
+    return env == nullptr ? 3 : std::max(0, std::atoi(env));
+  }();
+  return walk;
+}
+
+template <bool kGlu>
+void LaunchInt4MmaWalk(const GemmParams& p, const GemmGroup& single, size_t smem, int walk,
+                       cudaStream_t stream) {
+  static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(Int4MmaWalkKernel<kGlu, true>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(Int4Mma<2, true>::kMaxSmem)));
+    return true;
+  }();
+  (void)attr;
+  const int64_t row_blocks = CeilDiv(p.N, int64_t{16} * kMmaWarps);
+  const dim3 grid(static_cast<unsigned>(CeilDiv(row_blocks, int64_t{walk})),
+                  static_cast<unsigned>(p.num_groups));
+  Launch(Int4MmaWalkKernel<kGlu, true>, grid, kMmaThreads, smem, stream, p, single, walk);
+}
 
 // Blocks of MmaMatVecKernel<Fmt, kGlu, *> an SM holds with `smem` bytes of x (registers: asked
 // once; shared memory: 228 KiB an SM, 1 KiB of it reserved per block).
@@ -503,6 +567,17 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
       smem > (two_tiles ? Int4Mma<2, true>::kMaxSmem : Int4Mma<1, true>::kMaxSmem) ||
       (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
+  }
+  if (two_tiles && ExactCodes() && Int4Walk() > 1) {
+    // Where LaunchMmaMatVec would keep K whole (ws 1): the walk kernel has no K split.
+    const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
+    const int64_t per_sm = p.glu() ? Int4MmaBlocksPerSm<Int4Mma<2, true>, true>(smem)
+                                   : Int4MmaBlocksPerSm<Int4Mma<2, true>, false>(smem);
+    if (CeilDiv(tiles * 2, kMmaWarps) > p.num_sms * per_sm || chunks < 8) {
+      p.glu() ? LaunchInt4MmaWalk<true>(p, single, smem, Int4Walk(), stream)
+              : LaunchInt4MmaWalk<false>(p, single, smem, Int4Walk(), stream);
+      return true;
+    }
   }
   if (ExactCodes()) {
     two_tiles ? LaunchInt4MmaMatVecAs<Int4Mma<2, true>>(p, single, smem, stream)

@@ -160,11 +160,16 @@ void QuantRows(Bench& b, double copy_bps) {
     PrintRow(what.c_str(), static_cast<double>(w_bytes) + K * 4.0 + N * 4.0, ms, copy_bps);
   }
   // Grouped expert FFN: top-8 of one token, and 8 tokens whose 64 (token, expert) pairs all hit
-  // distinct experts (a batch-8 decode step's expert layer with no sharing).
+  // distinct experts (a batch-8 decode step's expert layer with no sharing); int4 also 256 tokens
+  // on all 128 experts, 16 rows each (a batch-256 decode step's layer, as its plan cuts it: the
+  // two-n-tile kernel; 320 MB of weights, past 4x L2 without rotating copies).
   for (const Q& f : formats) {
-    for (const int64_t T : {int64_t{1}, int64_t{8}}) {
+    for (const int64_t T : {int64_t{1}, int64_t{8}, int64_t{256}}) {
+      if (T == 256 && f.dtype != DType::kQ4) continue;
       const int64_t H = 2048, I = 768, K = 8, pool = 128;
-      const int64_t R = T * K;  // routed rows, one per (token, expert), all experts distinct
+      const int64_t R = T * K;                             // routed rows, one per (token, expert)
+      const int64_t per_expert = T == 256 ? R / pool : 1;  // else all experts distinct
+      const int64_t experts = R / per_expert;
       const size_t gate_bytes = kernels::QuantizedBytes(f.dtype, I, H, f.group);
       const size_t down_bytes = kernels::QuantizedBytes(f.dtype, H, I, f.group);
       std::vector<Buffer> mem;
@@ -189,15 +194,17 @@ void QuantRows(Bench& b, double copy_bps) {
       }
       Buffer x = b.Alloc(T * H * 4), out = b.Alloc(T * H * 4), rows = b.Alloc(R * 4),
              rw = b.Alloc(R * 4);
-      std::vector<int32_t> row_tok(R);
-      for (int64_t r = 0; r < R; ++r) row_tok[r] = static_cast<int32_t>(r % T);
+      std::vector<int32_t> row_tok(R);  // an expert's rows are distinct tokens
+      for (int64_t r = 0; r < R; ++r) row_tok[r] = static_cast<int32_t>((r * 17) % T);
       const std::vector<float> row_w(R, 0.125f);
       gpu.CopyToDevice(rows.data(), row_tok.data(), R * 4);
       gpu.CopyToDevice(rw.data(), row_w.data(), R * 4);
       BENCH_CHECK(cudaMemsetAsync(x.data(), 0x3c, T * H * 4, b.stream));
-      std::vector<kernels::ExpertWork> work(R);
+      std::vector<kernels::ExpertWork> work(experts);
       const double ms = b.MedianMs([&](int i) {
-        for (int64_t k = 0; k < R; ++k) work[k] = {&weights[(i * R + k) % pool], k, 1};
+        for (int64_t k = 0; k < experts; ++k) {
+          work[k] = {&weights[(i * experts + k) % pool], k * per_expert, per_expert};
+        }
         kernels::ExpertFfnArgs a;
         a.out = out.f32();
         a.x = x.f32();
@@ -209,9 +216,9 @@ void QuantRows(Bench& b, double copy_bps) {
         gpu.ExpertFfn(a);
       });
       const std::string what = "ExpertFfn T " + std::to_string(T) + " top-8 (" +
-                               std::to_string(R) + " experts) " +
+                               std::to_string(experts) + " experts) " +
                                kernels::WeightFormatName(f.dtype) + " g" + std::to_string(f.group);
-      PrintRow(what.c_str(), static_cast<double>(R * (2 * gate_bytes + down_bytes)), ms,
+      PrintRow(what.c_str(), static_cast<double>(experts * (2 * gate_bytes + down_bytes)), ms,
                copy_bps);
     }
   }

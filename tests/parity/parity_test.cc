@@ -1351,6 +1351,15 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantFfnCase{{733, 256, 96, 32, 8, DType::kQ2}, 64},
                       QuantFfnCase{{200, 512, 129, 4, 2, DType::kQ8}, 128},
                       QuantFfnCase{{8, 2048, 768, 64, 8, DType::kQ4}, 128},  // tensor cores
+                      // 9-16 rows an expert (every token to every expert): the two-n-tile
+                      // kernel (the cp.async ring), K split over warps at 4 experts, not at 32;
+                      // g32 takes the SIMT kernel; at byte offset 4 the ring kernel's byte loads
+                      QuantFfnCase{{9, 2048, 768, 4, 4, DType::kQ4}, 64},
+                      QuantFfnCase{{13, 2048, 768, 4, 4, DType::kQ4}, 128},
+                      QuantFfnCase{{16, 2048, 768, 4, 4, DType::kQ4}, 32},
+                      QuantFfnCase{{16, 2048, 768, 32, 32, DType::kQ4}, 128},
+                      QuantFfnCase{{13, 1024, 320, 8, 8, DType::kQ4}, 64},
+                      QuantFfnCase{{16, 512, 192, 4, 4, DType::kQ4}, 64, 4},
                       QuantFfnCase{{3, 1024, 320, 8, 4, DType::kQ4}, 64},
                       QuantFfnCase{{1, 2048, 768, 128, 8, DType::kF8}, 128},  // fp8 (kF8)
                       QuantFfnCase{{4, 2048, 768, 16, 8, DType::kF8}, 128},
