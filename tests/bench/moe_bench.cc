@@ -1373,7 +1373,9 @@ absl::Status Run() {
     std::printf("%-44s %12.1f\n", "  TFLOP/s (matrix FLOPs / time)", flops / s / 1e12);
     std::printf("%-44s %12.1f\n", "  FLOP roofline time to first token (ms)", 1e3 * flops / peak_flops);
     std::printf("%-44s %11.1f%%\n", "  fraction of the FLOP roofline", 100 * flops / peak_flops / s);
-    if (timings) PrintTimings("prefill", Diff(b0, model->phase_times()), n, c.num_hidden_layers);
+    if (timings) {  // not synchronized: on CUDA the phases measure their launches, not GPU time
+      PrintTimings("prefill, host clock", Diff(b0, model->phase_times()), n, c.num_hidden_layers);
+    }
   }
 
   // ---- throughput at B concurrent sequences (each at context ctx, one token per step) ----
