@@ -1,5 +1,5 @@
 #!/bin/bash
-# Not run (no device time left in stop 43): the walk prototype (MOE_INT4_WALK=R) against the
+# Not run as written (stop 43 ran the trimmed go_walk2.sh): the walk (MOE_INT4_WALK=R) against the
 # register kernel. Parity with R = 4 (6 and 16 row-blocks: full and partial walks), then
 # matvec_bench and moe-bench interleaved. Bundle: MOE_BUNDLE_TARGETS="moe-bench parity_test
 # matvec_bench" deploy/make_bundle.sh, carried as .device/gateup/bundle.txz. ~5 minutes.

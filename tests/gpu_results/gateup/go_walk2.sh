@@ -1,5 +1,5 @@
 #!/bin/bash
-# Stop 43, the walk prototype (MOE_INT4_WALK=R, branch gateup) against the register kernel, trimmed
+# Stop 43, the walk (MOE_INT4_WALK=R, branch gateup) against the register kernel, trimmed
 # to the device time left: parity with R = 4, matvec_bench R = 0 / 3, moe-bench 256 sequences
 # R = 0 / 3 interleaved. Writes the summary as it goes.
 set -u
