@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Builds Release for sm_90 into build-bundle/ and makes bundle/: bin/ (test and tool binaries,
+# Builds Release for sm_90a into build-bundle/ and makes bundle/: bin/ (test and tool binaries,
 # RPATH $ORIGIN/../lib as DT_RPATH) and lib/ (the non-system shared libraries they need, by ldd).
 # The GPU machine (Ubuntu 24.04, glibc 2.39) lacks our Debian libraries; it has newer glibc,
 # libstdc++ and libgcc_s, and the driver's libcuda, which are therefore left out.
@@ -18,7 +18,7 @@ limit=$((${MOE_BUNDLE_MAX_MIB:-64} * 1024 * 1024))
 
 cmake -S "$root" -B "$build" -G Ninja \
   -DCMAKE_BUILD_TYPE=Release \
-  -DCMAKE_CUDA_ARCHITECTURES=90 \
+  -DCMAKE_CUDA_ARCHITECTURES=90a \
   -DMOE_WERROR=ON \
   -DBUILD_SHARED_LIBS=ON \
   -DCMAKE_BUILD_WITH_INSTALL_RPATH=ON \

@@ -374,8 +374,10 @@ constexpr int kGemmTileRows = 64, kGemmTileCols = 128;
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
 
 // The pipelined GEMM on p.a_split (gemm_mma.cu), for LaunchGroupedGemm past the matrix-vector
-// sizes.
+// sizes. WgmmaGemm: whether it runs on wgmma (a build for sm_90a, MOE_CUDA_WGMMA; a Hopper
+// device; MOE_GEMM_WGMMA=0 keeps the mma.sync kernel, for measurements).
 void LaunchPipelinedGemm(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);
+bool WgmmaGemm();
 
 // The quantized path of LaunchGroupedGemm (matmul_quant.cu): p.w_dtype is kQ8, kQ4, kQ2 or kF8.
 void DispatchQuant(const GemmParams& p, const GemmGroup& single, cudaStream_t stream);

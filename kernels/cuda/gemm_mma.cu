@@ -18,6 +18,7 @@
 #include "kernels/cuda/gemm_common.cuh"
 #include "kernels/cuda/launch.cuh"
 #include "kernels/cuda/mma_smem.cuh"
+#include "kernels/cuda/wgmma.cuh"
 
 namespace moe::kernels::cuda {
 namespace {
@@ -351,8 +352,9 @@ __device__ __forceinline__ int SplitColumn(int p) {
   return 8 * (k % 8 / 2) + 2 * h + k / 8 + 4 * (k % 2);
 }
 
-// One warp a (row, 32 columns), rows strided by the grid's y: lane p takes column SplitColumn(p)
-// (code_order) or p.
+// One warp a (row, 32 columns), kSplitRows rows at once (their loads in flight together), rows
+// strided by the grid's y: lane p takes column SplitColumn(p) (code_order) or p.
+constexpr int kSplitRows = 4;
 __global__ void SplitForGemmKernel(const float* a, int64_t rows, int64_t lda, int64_t K,
                                    bool code_order, uint16_t* out) {
   WaitForPriorKernel();
@@ -361,15 +363,26 @@ __global__ void SplitForGemmKernel(const float* a, int64_t rows, int64_t lda, in
   if (chunk >= K / 32) return;
   const int lane = threadIdx.x % kWarp;
   const int column = code_order ? SplitColumn(lane) : lane;
-  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
-    const float x = a[row * lda + chunk * 32 + column];
-    const __nv_bfloat16 hi = __float2bfloat16_rn(x);
-    const __nv_bfloat16 lo = __float2bfloat16_rn(x - __bfloat162float(hi));
-    const int64_t at = row * K + chunk * 32 + lane;
-    out[at] = __bfloat16_as_ushort(hi);
-    out[rows * K + at] = __bfloat16_as_ushort(lo);
-    const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
-    if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+  const int64_t stride = gridDim.y;
+  for (int64_t row0 = blockIdx.y; row0 < rows; row0 += kSplitRows * stride) {
+    float x[kSplitRows];
+#pragma unroll
+    for (int u = 0; u < kSplitRows; ++u) {
+      const int64_t row = row0 + u * stride;
+      x[u] = row < rows ? a[row * lda + chunk * 32 + column] : 0.f;
+    }
+#pragma unroll
+    for (int u = 0; u < kSplitRows; ++u) {
+      const int64_t row = row0 + u * stride;
+      if (row >= rows) break;  // warp-uniform
+      const __nv_bfloat16 hi = __float2bfloat16_rn(x[u]);
+      const __nv_bfloat16 lo = __float2bfloat16_rn(x[u] - __bfloat162float(hi));
+      const int64_t at = row * K + chunk * 32 + lane;
+      out[at] = __bfloat16_as_ushort(hi);
+      out[rows * K + at] = __bfloat16_as_ushort(lo);
+      const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
+      if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+    }
   }
 }
 
@@ -422,6 +435,15 @@ struct Bf16Pipe {
       }
     }
   }
+  // The weights as wgmma's A (WgmmaGemmKernel): the fragments of weight rows wr .. wr + 15 for the
+  // k-tile's four k-steps.
+  __device__ __forceinline__ static void A(const Weights& st, int wr, int lane,
+                                           uint32_t (&a)[4][4]) {
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      LdMatrixX4(SharedAddress(&st.w[wr + (lane & 15)][8 * s + (lane >> 4) * 4]), a[s]);
+    }
+  }
 };
 
 struct Int4Pipe {
@@ -457,6 +479,20 @@ struct Int4Pipe {
       const uint32_t w = st.codes[wn + 8 * j + g][4 * kc + t];
 #pragma unroll
       for (int i = 0; i < 4; ++i) b[j][i] = CodePair(w, i);
+    }
+  }
+  // As Bf16Pipe::A: k-step 2 kc + h takes the pairs B's k-step h of the 32 columns kc takes.
+  __device__ __forceinline__ static void A(const Weights& st, int wr, int lane,
+                                           uint32_t (&a)[4][4]) {
+    const int g = lane / 4, t = lane % 4;
+#pragma unroll
+    for (int kc = 0; kc < 2; ++kc) {
+      const uint32_t w0 = st.codes[wr + g][4 * kc + t], w1 = st.codes[wr + g + 8][4 * kc + t];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        a[2 * kc + h][0] = CodePair(w0, 2 * h), a[2 * kc + h][1] = CodePair(w1, 2 * h);
+        a[2 * kc + h][2] = CodePair(w0, 2 * h + 1), a[2 * kc + h][3] = CodePair(w1, 2 * h + 1);
+      }
     }
   }
 };
@@ -624,6 +660,167 @@ void LaunchPipelined(const GemmParams& p, const GemmGroup& single, cudaStream_t 
   Launch(PipelinedGemmKernel<Fmt>, grid, kGemmThreads, kSmem, stream, p, single);
 }
 
+// ---- The same GEMM on Hopper's wgmma (sm_90a) ---------------------------------------------------
+// PipelinedGemmKernel's tiles, stages and loads, its arithmetic per k-tile, with the roles turned
+// around: the weights are wgmma's A (M: the block's 128 weight rows, 64 a warpgroup, fragments
+// from shared memory into registers as that kernel's B), A's rows its B (N: the tile's rows, hi and
+// lo tiles straight from shared memory in the 128-byte-swizzle layout). A k-tile is 4 k-steps x
+// (hi, lo) = 8 products m64nNk16 a warpgroup, issued at once and waited for before the int4 tile's
+// s and m scale them in; two blocks an SM overlap one another's waits. N is what the tile's rows
+// need (16, 32 or 64), so that an expert's last, partial tile costs what its rows cost.
+template <typename Fmt>
+struct alignas(1024) WgmmaStage {
+  uint16_t x_hi[kTileM * 64];  // the k-tile of the split A's rows, swizzled (wgmma.cuh)
+  uint16_t x_lo[kTileM * 64];
+  typename Fmt::Weights w;
+  float2 sums[kTileM];  // int4: sum of hi + lo over each 32 columns of the k-tile
+};
+
+#ifdef MOE_WGMMA
+// The block's tile of C over k-tiles [kt_begin, kt_begin + num_k), on rows [0, NT) of the tile.
+template <typename Fmt, int NT>
+__device__ __forceinline__ void WgmmaGemmTile(const GemmParams& p, const GemmGroup& grp, int64_t m0,
+                                              int64_t n0, int64_t kt_begin, int num_k,
+                                              WgmmaStage<Fmt>* stages) {
+  const int64_t K = p.K;
+  const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
+  const int g = lane / 4, t = lane % 4;
+  const uint16_t* a_hi = p.a_split;
+  const uint16_t* a_lo = p.a_split + p.a_split_rows * K;
+  const float* a_sums = reinterpret_cast<const float*>(p.a_split + 2 * p.a_split_rows * K);
+  auto a_row = [&](int m) -> int64_t {  // A's row of the tile's row m, -1 past the group or NT
+    if (m >= NT || m0 + m >= grp.row_count) return -1;
+    const int64_t r = grp.row_begin + m0 + m;
+    return p.a_rows != nullptr ? p.a_rows[r] : r;
+  };
+  // Loaders as PipelinedGemmKernel's; their rows' hi and sums, as pointers (registers are short).
+  const int la = tid / 4, lc = 2 * (tid % 4);
+  const int64_t ra = a_row(la);
+  const int64_t rs =
+      Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM ? a_row(tid - kTileN) : -1;
+  const bool has_a = ra >= 0, has_s = rs >= 0;
+  const uint16_t* x_row = a_hi + (has_a ? ra : 0) * K;
+  const float* sum_row = a_sums + (has_s ? rs : 0) * (K / 32);
+  const auto* wbase = static_cast<const uint8_t*>(grp.w);
+  const bool aligned = (reinterpret_cast<uintptr_t>(wbase) & 15) == 0;  // block-uniform
+
+  auto issue = [&](int i) {  // k-tile kt_begin + i into its stage; a group committed either way
+    if (i < num_k) {
+      WgmmaStage<Fmt>& st = stages[i % kPipeStages];
+      const int64_t k0 = (kt_begin + i) * 64;
+#pragma unroll
+      for (int c = lc; c < lc + 2; ++c) {
+        const int to = la * 64 + 8 * SwizzledChunk(la, c);
+        CpAsync16(&st.x_hi[to], x_row + k0 + 8 * c, has_a);
+        CpAsync16(&st.x_lo[to], x_row + (a_lo - a_hi) + k0 + 8 * c, has_a);
+      }
+      Fmt::Load(st.w, p, wbase, n0, k0, aligned, tid);
+      if (Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM) {
+        CpAsyncSmall<8>(&st.sums[tid - kTileN], sum_row + k0 / 32, has_s);
+      }
+    }
+    CpAsyncCommit();
+  };
+
+  // This warp's 16 weight rows of the block's 128; D's element 4 j + e is weight row
+  // wr + g + 8 (e / 2), tile row 8 j + 2 t + e % 2.
+  const int wr = 64 * (warp / 4) + 16 * (warp % 4);
+  float acc[NT / 2] = {};
+  float part[NT / 2] = {};  // int4: sum_k a q over the k-tile, before s and m
+#pragma unroll
+  for (int i = 0; i < kPipeStages - 1; ++i) issue(i);
+  for (int i = 0; i < num_k; ++i) {
+    CpAsyncWait<kPipeStages - 2>();  // this thread's copies of k-tile i are in
+    FenceProxyAsync();               // and visible to wgmma
+    __syncthreads();                 // everyone's; and everyone is done with k-tile i - 1
+    issue(i + kPipeStages - 1);      // into k-tile i - 1's stage
+    const WgmmaStage<Fmt>& st = stages[i % kPipeStages];
+    uint32_t a[4][4];
+    Fmt::A(st.w, wr, lane, a);
+    const uint64_t hi = SwizzledTile(st.x_hi), lo = SwizzledTile(st.x_lo);
+    float(&dst)[NT / 2] = Fmt::kScaled ? part : acc;
+    WgmmaFence();
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      WgmmaM64NK16(dst, a[s], hi + 2 * s, !Fmt::kScaled || s > 0);
+      WgmmaM64NK16(dst, a[s], lo + 2 * s, true);
+    }
+    WgmmaCommit();
+    WgmmaWait<0>();
+    KeepRegisters(dst);
+#pragma unroll
+    for (int s = 0; s < 4; ++s) KeepRegisters(a[s]);
+    if constexpr (Fmt::kScaled) {  // acc += s (sum a q) + m (sum a), per (row, weight row)
+      const float2 c0 = __half22float2(*reinterpret_cast<const __half2*>(&st.w.params[wr + g]));
+      const float2 c1 = __half22float2(*reinterpret_cast<const __half2*>(&st.w.params[wr + g + 8]));
+#pragma unroll
+      for (int j = 0; j < NT / 8; ++j) {
+        const float2 sa = st.sums[8 * j + 2 * t], sb = st.sums[8 * j + 2 * t + 1];
+        const float s0 = sa.x + sa.y, s1 = sb.x + sb.y;
+        acc[4 * j] = fmaf(c0.x, part[4 * j], fmaf(c0.y, s0, acc[4 * j]));
+        acc[4 * j + 1] = fmaf(c0.x, part[4 * j + 1], fmaf(c0.y, s1, acc[4 * j + 1]));
+        acc[4 * j + 2] = fmaf(c1.x, part[4 * j + 2], fmaf(c1.y, s0, acc[4 * j + 2]));
+        acc[4 * j + 3] = fmaf(c1.x, part[4 * j + 3], fmaf(c1.y, s1, acc[4 * j + 3]));
+      }
+    }
+  }
+  CpAsyncWait<0>();
+#pragma unroll
+  for (int j = 0; j < NT / 8; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) {
+      const int64_t m = m0 + 8 * j + 2 * t + e % 2, n = n0 + wr + g + 8 * (e / 2);
+      if (m < grp.row_count && n < p.N) StoreC(p, grp.row_begin + m, n, acc[4 * j + e]);
+    }
+  }
+}
+#endif  // MOE_WGMMA
+
+template <typename Fmt>
+__global__ __launch_bounds__(kGemmThreads, 2) void WgmmaGemmKernel(const GemmParams p,
+                                                                   const GemmGroup single) {
+#ifdef MOE_WGMMA
+  WaitForPriorKernel();
+  const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
+  const GemmGroup grp = GroupOf(p, single, split ? 0 : blockIdx.z);
+  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  if (m0 >= grp.row_count) return;  // block-uniform
+  const int64_t tiles = split ? CeilDiv(p.K / 64, p.k_splits) : p.K / 64;
+  const int64_t kt_begin = split ? blockIdx.z * tiles : 0;
+  const int num_k = static_cast<int>(Min64(p.K / 64, kt_begin + tiles) - kt_begin);
+  if (num_k <= 0) return;  // block-uniform
+  extern __shared__ __align__(16) unsigned char pipe_smem[];
+  auto* stages = reinterpret_cast<WgmmaStage<Fmt>*>(
+      pipe_smem + ((1024u - (SharedAddress(pipe_smem) & 1023u)) & 1023u));
+  const int64_t rows = grp.row_count - m0;
+  if (rows > 32) {
+    WgmmaGemmTile<Fmt, 64>(p, grp, m0, n0, kt_begin, num_k, stages);
+  } else if (rows > 16) {
+    WgmmaGemmTile<Fmt, 32>(p, grp, m0, n0, kt_begin, num_k, stages);
+  } else {
+    WgmmaGemmTile<Fmt, 16>(p, grp, m0, n0, kt_begin, num_k, stages);
+  }
+#endif  // MOE_WGMMA
+}
+
+template <typename Fmt>
+void LaunchWgmma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
+  constexpr size_t kSmem = kPipeStages * sizeof(WgmmaStage<Fmt>) + 1024;  // + the alignment
+  static const bool attr = [] {
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(WgmmaGemmKernel<Fmt>,
+                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(kSmem)));
+    return true;
+  }();
+  (void)attr;
+  const bool split = p.k_splits > 1 && !p.has_groups();
+  const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kTileN)),
+                  static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
+                  static_cast<unsigned>(split ? p.k_splits : p.num_groups));
+  Launch(WgmmaGemmKernel<Fmt>, grid, kGemmThreads, kSmem, stream, p, single);
+}
+
 }  // namespace
 
 bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
@@ -660,6 +857,23 @@ bool LaunchGemmMma(const GemmParams& p, const GemmGroup& single, cudaStream_t st
   }
 }
 
+bool WgmmaGemm() {
+  static const bool use = [] {
+#ifdef MOE_CUDA_WGMMA
+    const char* env = std::getenv("MOE_GEMM_WGMMA");
+    if (env != nullptr && std::strcmp(env, "0") == 0) return false;
+    int device = 0, major = 0, minor = 0;
+    MOE_CUDA_CHECK(cudaGetDevice(&device));
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device));
+    return major == 9 && minor == 0;
+#else
+    return false;
+#endif
+  }();
+  return use;
+}
+
 size_t SplitForGemmBytes(int64_t rows, int64_t K) {
   return static_cast<size_t>(rows) * static_cast<size_t>(K) * 4 +
          static_cast<size_t>(rows) * static_cast<size_t>(K / 32) * sizeof(float);
@@ -674,9 +888,11 @@ void LaunchSplitForGemm(const float* a, int64_t rows, int64_t lda, int64_t K, DT
                         void* out, cudaStream_t stream) {
   MOE_CHECK(K % 64 == 0) << "SplitForGemm: K " << K << " is no multiple of 64";
   if (rows == 0) return;
+  // Rows strided over the grid's y so that a warp takes about 8 of them: with a block a row, A's
+  // splits held ~0.2 ms a layer of a 2,048-token prefill (ncu, stop 43) for ~220 MB moved.
   constexpr int kWarps = 8;
   const dim3 grid(static_cast<unsigned>(CeilDiv(K / 32, kWarps)),
-                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+                  static_cast<unsigned>(std::min<int64_t>(CeilDiv(rows, 2 * kSplitRows), 65535)));
   Launch(SplitForGemmKernel, grid, kWarps * kWarp, 0, stream, a, rows, lda, K,
          w_dtype == DType::kQ4, static_cast<uint16_t*>(out));
 }
@@ -686,10 +902,11 @@ void LaunchPipelinedGemm(const GemmParams& p, const GemmGroup& single, cudaStrea
             (p.k_splits <= 1 || p.w_dtype == DType::kBF16))
       << "PipelinedGemm: a shape it does not take: " << DTypeName(p.w_dtype) << " K " << p.K
       << ", group " << p.group_size;
+  const bool wgmma = WgmmaGemm();
   if (p.w_dtype == DType::kQ4) {
-    LaunchPipelined<Int4Pipe>(p, single, stream);
+    wgmma ? LaunchWgmma<Int4Pipe>(p, single, stream) : LaunchPipelined<Int4Pipe>(p, single, stream);
   } else {
-    LaunchPipelined<Bf16Pipe>(p, single, stream);
+    wgmma ? LaunchWgmma<Bf16Pipe>(p, single, stream) : LaunchPipelined<Bf16Pipe>(p, single, stream);
   }
 }
 

@@ -6,6 +6,7 @@
 // Legend: M rows of A (tokens) per group, N weight rows (outputs), K reduction length.
 // Why not cuBLAS: libcublasLt.so is 541 MB, the bundle limit 64 MiB (kernels/cuda/README.md).
 #include <algorithm>
+#include <cstdlib>
 #include <type_traits>
 
 #include "kernels/backend.h"
@@ -573,8 +574,19 @@ void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream) {
 
 namespace moe::kernels {
 
-// MatMul takes the pipelined GEMM from this many rows of A plus one (prefill chunks).
-constexpr int64_t kSplitGemmAboveRows = 256;
+// MatMul takes the pipelined GEMM from this many rows of A plus one. On wgmma: every GEMM (bf16
+// ones start past 8 rows); H200 decode tokens/s, within one call each: 16 sequences 1,144 / 1,132
+// against 1,131 / 1,119 from 49 rows, 32 2,199 / 2,157 against 2,153 / 2,130; 64 3,714 against
+// 3,659 from 257, 256 7,529 against 7,039. On mma.sync: past decode batches only (its extra
+// launch made 64 sequences 1.8% slower, stop 42). MOE_GEMM_SPLIT_ABOVE=N moves it (measurements).
+int64_t SplitGemmAboveRows() {
+  static const int64_t rows = [] {
+    const char* env = std::getenv("MOE_GEMM_SPLIT_ABOVE");
+    if (env != nullptr) return std::max(0L, std::strtol(env, nullptr, 10));
+    return cuda::WgmmaGemm() ? int64_t{0} : int64_t{256};
+  }();
+  return rows;
+}
 
 void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView& w,
                          const TensorView* bias) {
@@ -613,7 +625,7 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   // A split once a call for the pipelined GEMM, past decode batches only: its extra launch made
   // 64 sequences 1.8% slower (3,629 / 3,598 against 3,676 / 3,681 tokens/s, H200), while a
   // 2,048-token prefill gained 12% (tests/bench/NOTES.md, stop 42). It splits K for bf16 only.
-  if (gemm && split_gemm_ && T > kSplitGemmAboveRows &&
+  if (gemm && split_gemm_ && T > SplitGemmAboveRows() &&
       cuda::PipelinedGemmTakes(w.dtype, K, w.group_size) &&
       (p.k_splits <= 1 || w.dtype == DType::kBF16)) {
     void* split = Reserve(gemm_split_, cuda::SplitForGemmBytes(T, K));

@@ -30,6 +30,6 @@ PY
 cat "$out/prefill.txt"
 sections=(--section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats
   --section MemoryWorkloadAnalysis --section SchedulerStats --section ComputeWorkloadAnalysis)
-ncu --clock-control none "${sections[@]}" -k regex:GemmMma --launch-count 3 \
+ncu --clock-control none "${sections[@]}" -k regex:'WgmmaGemm|PipelinedGemm' --launch-count 3 \
   "$PWD/bundle/bin/moe-bench" --layers=2 --model_dir=/tmp/profile_model --store_dir= \
   --batches= --context=16 --steps=1 --prompt="$prompt" >"$out/gemm_ncu.txt" 2>&1
