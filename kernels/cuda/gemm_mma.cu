@@ -61,6 +61,10 @@ __device__ __forceinline__ void LoadWordsAligned(const uint8_t* p, uint32_t (&w)
   }
 }
 
+// log2 of the quant group size, for shifts in place of divisions: group sizes are powers of two
+// (DispatchQuant checks), and a 64-bit division is a call of tens of instructions a k-tile.
+__device__ __forceinline__ int GroupShift(const GemmParams& p) { return __ffs(p.group_size) - 1; }
+
 // The weight formats. Each loader thread takes E consecutive elements [k, k + E) of one weight
 // row (E = KT / 2: 16 or 32): Load fetches them (aligned: the widest loads; otherwise byte by
 // byte), Pairs makes them E / 2 bf16 pairs. Quantized ones also carry the row's {s, m} for the
@@ -96,11 +100,12 @@ struct QuantWeights {
   float2 sm;
   __device__ __forceinline__ void Load(const GemmParams& p, const void* w, int64_t n, int64_t k,
                                        bool aligned) {
-    const int64_t row_bytes = p.K * B / 8, groups = CeilDiv(p.K, p.group_size);
+    const int shift = GroupShift(p);
+    const int64_t row_bytes = p.K * B / 8, groups = (p.K + p.group_size - 1) >> shift;
     const uint8_t* base = static_cast<const uint8_t*>(w);
     const uint8_t* codes = base + n * row_bytes + k * B / 8;
     const uint8_t* params = base + (p.N * row_bytes + 15) / 16 * 16 +  // QuantParamsOffset
-                            (n * groups + k / p.group_size) * 4;
+                            (n * groups + (k >> shift)) * 4;
     uint32_t pw;
     if (aligned) {
       LoadWordsAligned(codes, raw);
@@ -138,8 +143,9 @@ struct F8Weights : QuantWeights<8, E> {
   __device__ __forceinline__ void Load(const GemmParams& p, const void* w, int64_t n, int64_t k,
                                        bool aligned) {
     QuantWeights<8, E>::Load(p, w, n, k, aligned);  // codes; the params word is the fp32 scale
+    const int shift = GroupShift(p);
     const uint8_t* params = static_cast<const uint8_t*>(w) + (p.N * p.K + 15) / 16 * 16 +
-                            (n * CeilDiv(p.K, p.group_size) + k / p.group_size) * 4;
+                            (n * ((p.K + p.group_size - 1) >> shift) + (k >> shift)) * 4;
     this->sm =
         make_float2(__uint_as_float(aligned ? __ldg(reinterpret_cast<const uint32_t*>(params))
                                             : LoadU32Bytes(params)),
@@ -454,13 +460,14 @@ struct Int4Pipe {
   };
   __device__ __forceinline__ static void Load(Weights& st, const GemmParams& p, const uint8_t* w,
                                               int64_t n, int64_t k0, bool aligned, int tid) {
-    const int64_t row_bytes = p.K / 2, groups = p.K / p.group_size;
+    const int group_shift = GroupShift(p);
+    const int64_t row_bytes = p.K >> 1, groups = p.K >> group_shift;
     const int row = tid / 2, half = tid % 2;
     const bool ok = n + row < p.N;
-    const uint8_t* codes = w + (ok ? n + row : 0) * row_bytes + k0 / 2 + 16 * half;
+    const uint8_t* codes = w + (ok ? n + row : 0) * row_bytes + (k0 >> 1) + 16 * half;
     const bool p_ok = tid < kTileN && n + tid < p.N;
     const uint8_t* params = w + (p.N * row_bytes + 15) / 16 * 16 +  // QuantParamsOffset
-                            ((p_ok ? n + tid : 0) * groups + k0 / p.group_size) * 4;
+                            ((p_ok ? n + tid : 0) * groups + (k0 >> group_shift)) * 4;
     if (aligned) {
       CpAsync16(&st.codes[row][4 * half], codes, ok);
       if (tid < kTileN) CpAsyncSmall<4>(&st.params[tid], params, p_ok);
