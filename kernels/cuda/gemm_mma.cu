@@ -504,6 +504,26 @@ struct Int4Pipe {
   }
 };
 
+// A pipelined GEMM block's share (grid as LaunchPipe's): its group, first row and weight row, and
+// k-tiles [kt_begin, kt_begin + num_k); false where it has none (block-uniform).
+struct PipeTile {
+  GemmGroup grp;
+  int64_t m0, n0, kt_begin;
+  int num_k;
+};
+__device__ __forceinline__ bool PipeTileOf(const GemmParams& p, const GemmGroup& single,
+                                           PipeTile& w) {
+  const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
+  w.grp = GroupOf(p, single, split ? 0 : blockIdx.z);
+  w.m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
+  w.n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
+  if (w.m0 >= w.grp.row_count) return false;
+  const int64_t tiles = split ? CeilDiv(p.K / 64, p.k_splits) : p.K / 64;
+  w.kt_begin = split ? blockIdx.z * tiles : 0;
+  w.num_k = static_cast<int>(Min64(p.K / 64, w.kt_begin + tiles) - w.kt_begin);
+  return w.num_k > 0;
+}
+
 template <typename Fmt>
 struct PipeStage {
   uint32_t a_hi[kTileM][kSplitRowWords];  // bf16 pairs of the split A
@@ -518,16 +538,11 @@ template <typename Fmt>
 __global__ __launch_bounds__(kGemmThreads, 2) void PipelinedGemmKernel(const GemmParams p,
                                                                        const GemmGroup single) {
   WaitForPriorKernel();
-  const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
-  const GemmGroup grp = GroupOf(p, single, split ? 0 : blockIdx.z);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  if (m0 >= grp.row_count) return;  // block-uniform
-  const int64_t K = p.K;
-  const int64_t tiles = split ? CeilDiv(K / 64, p.k_splits) : K / 64;
-  const int64_t kt_begin = split ? blockIdx.z * tiles : 0;
-  const int num_k = static_cast<int>(Min64(K / 64, kt_begin + tiles) - kt_begin);
-  if (num_k <= 0) return;  // block-uniform
+  PipeTile work;
+  if (!PipeTileOf(p, single, work)) return;  // block-uniform
+  const GemmGroup& grp = work.grp;
+  const int64_t m0 = work.m0, n0 = work.n0, kt_begin = work.kt_begin, K = p.K;
+  const int num_k = work.num_k;
   extern __shared__ __align__(16) unsigned char pipe_smem[];
   auto* stages = reinterpret_cast<PipeStage<Fmt>*>(pipe_smem);
 
@@ -650,12 +665,12 @@ __global__ __launch_bounds__(kGemmThreads, 2) void PipelinedGemmKernel(const Gem
   }
 }
 
-template <typename Fmt>
-void LaunchPipelined(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  constexpr size_t kSmem = kPipeStages * sizeof(PipeStage<Fmt>);
+// kKernel (a pipelined GEMM) with kSmem bytes of dynamic shared memory: a block per tile of
+// kTileM rows x kTileN weight rows, grid z the groups or the K slices.
+template <auto kKernel, size_t kSmem>
+void LaunchPipe(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   static const bool attr = [] {  // more than 48 KiB of dynamic shared memory
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(PipelinedGemmKernel<Fmt>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(kSmem)));
     return true;
   }();
@@ -664,7 +679,7 @@ void LaunchPipelined(const GemmParams& p, const GemmGroup& single, cudaStream_t 
   const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kTileN)),
                   static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
                   static_cast<unsigned>(split ? p.k_splits : p.num_groups));
-  Launch(PipelinedGemmKernel<Fmt>, grid, kGemmThreads, kSmem, stream, p, single);
+  Launch(kKernel, grid, kGemmThreads, kSmem, stream, p, single);
 }
 
 // ---- The same GEMM on Hopper's wgmma (sm_90a) ---------------------------------------------------
@@ -788,44 +803,31 @@ __global__ __launch_bounds__(kGemmThreads, 2) void WgmmaGemmKernel(const GemmPar
                                                                    const GemmGroup single) {
 #ifdef MOE_WGMMA
   WaitForPriorKernel();
-  const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
-  const GemmGroup grp = GroupOf(p, single, split ? 0 : blockIdx.z);
-  const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
-  if (m0 >= grp.row_count) return;  // block-uniform
-  const int64_t tiles = split ? CeilDiv(p.K / 64, p.k_splits) : p.K / 64;
-  const int64_t kt_begin = split ? blockIdx.z * tiles : 0;
-  const int num_k = static_cast<int>(Min64(p.K / 64, kt_begin + tiles) - kt_begin);
-  if (num_k <= 0) return;  // block-uniform
+  PipeTile w;
+  if (!PipeTileOf(p, single, w)) return;  // block-uniform
   extern __shared__ __align__(16) unsigned char pipe_smem[];
   auto* stages = reinterpret_cast<WgmmaStage<Fmt>*>(
       pipe_smem + ((1024u - (SharedAddress(pipe_smem) & 1023u)) & 1023u));
-  const int64_t rows = grp.row_count - m0;
+  const int64_t rows = w.grp.row_count - w.m0;
   if (rows > 32) {
-    WgmmaGemmTile<Fmt, 64>(p, grp, m0, n0, kt_begin, num_k, stages);
+    WgmmaGemmTile<Fmt, 64>(p, w.grp, w.m0, w.n0, w.kt_begin, w.num_k, stages);
   } else if (rows > 16) {
-    WgmmaGemmTile<Fmt, 32>(p, grp, m0, n0, kt_begin, num_k, stages);
+    WgmmaGemmTile<Fmt, 32>(p, w.grp, w.m0, w.n0, w.kt_begin, w.num_k, stages);
   } else {
-    WgmmaGemmTile<Fmt, 16>(p, grp, m0, n0, kt_begin, num_k, stages);
+    WgmmaGemmTile<Fmt, 16>(p, w.grp, w.m0, w.n0, w.kt_begin, w.num_k, stages);
   }
 #endif  // MOE_WGMMA
 }
 
 template <typename Fmt>
-void LaunchWgmma(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
-  constexpr size_t kSmem = kPipeStages * sizeof(WgmmaStage<Fmt>) + 1024;  // + the alignment
-  static const bool attr = [] {
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(WgmmaGemmKernel<Fmt>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(kSmem)));
-    return true;
-  }();
-  (void)attr;
-  const bool split = p.k_splits > 1 && !p.has_groups();
-  const dim3 grid(static_cast<unsigned>(CeilDiv(p.N, kTileN)),
-                  static_cast<unsigned>(CeilDiv(p.max_rows, kTileM)),
-                  static_cast<unsigned>(split ? p.k_splits : p.num_groups));
-  Launch(WgmmaGemmKernel<Fmt>, grid, kGemmThreads, kSmem, stream, p, single);
+void LaunchPipelined(const GemmParams& p, const GemmGroup& single, bool wgmma,
+                     cudaStream_t stream) {
+  if (wgmma) {  // + 1024: the stages' alignment
+    LaunchPipe<WgmmaGemmKernel<Fmt>, kPipeStages * sizeof(WgmmaStage<Fmt>) + 1024>(p, single,
+                                                                                   stream);
+  } else {
+    LaunchPipe<PipelinedGemmKernel<Fmt>, kPipeStages * sizeof(PipeStage<Fmt>)>(p, single, stream);
+  }
 }
 
 }  // namespace
@@ -909,11 +911,10 @@ void LaunchPipelinedGemm(const GemmParams& p, const GemmGroup& single, cudaStrea
             (p.k_splits <= 1 || p.w_dtype == DType::kBF16))
       << "PipelinedGemm: a shape it does not take: " << DTypeName(p.w_dtype) << " K " << p.K
       << ", group " << p.group_size;
-  const bool wgmma = WgmmaGemm();
   if (p.w_dtype == DType::kQ4) {
-    wgmma ? LaunchWgmma<Int4Pipe>(p, single, stream) : LaunchPipelined<Int4Pipe>(p, single, stream);
+    LaunchPipelined<Int4Pipe>(p, single, WgmmaGemm(), stream);
   } else {
-    wgmma ? LaunchWgmma<Bf16Pipe>(p, single, stream) : LaunchPipelined<Bf16Pipe>(p, single, stream);
+    LaunchPipelined<Bf16Pipe>(p, single, WgmmaGemm(), stream);
   }
 }
 
