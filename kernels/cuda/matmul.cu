@@ -622,9 +622,9 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
       p.accumulate = true;
     }
   }
-  // A split once a call for the pipelined GEMM, past decode batches only: its extra launch made
-  // 64 sequences 1.8% slower (3,629 / 3,598 against 3,676 / 3,681 tokens/s, H200), while a
-  // 2,048-token prefill gained 12% (tests/bench/NOTES.md, stop 42). It splits K for bf16 only.
+  // A split once a call for the pipelined GEMM past SplitGemmAboveRows() (above; with mma.sync a
+  // 2,048-token prefill gained 12% by it, tests/bench/NOTES.md, stop 42). It splits K for bf16
+  // only.
   if (gemm && split_gemm_ && T > SplitGemmAboveRows() &&
       cuda::PipelinedGemmTakes(w.dtype, K, w.group_size) &&
       (p.k_splits <= 1 || w.dtype == DType::kBF16)) {
