@@ -48,6 +48,25 @@ __device__ __forceinline__ void SplitBf16x2(float x, float y, uint32_t& hi, uint
   sum += (hf.x + lf.x) + (hf.y + lf.y);
 }
 
+// Int4 codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf (shift < 13) as the bf16 pair
+// (128 + q, 128 + q'): the codes in the low mantissa bits of 128.0. One lop3, (a & mask) | bias
+// with the bias in a register: written in C++, both constants immediates, it was two (ncu's
+// SASS, stop 45).
+__device__ __forceinline__ uint32_t BiasedCodePair(uint32_t w, int shift) {
+  const uint32_t bias = 0x43004300u;
+  uint32_t out;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(out) : "r"(w >> shift), "n"(0x000f000f), "r"(bias));
+  return out;
+}
+
+// The same less 128 (a bf16x2 subtraction, exact): the codes (q, q') themselves.
+__device__ __forceinline__ uint32_t CodePair(uint32_t w, int shift) {
+  const uint32_t biased = BiasedCodePair(w, shift), k128 = 0x43004300u;
+  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
+                                   *reinterpret_cast<const __nv_bfloat162*>(&k128));
+  return *reinterpret_cast<const uint32_t*>(&q);
+}
+
 // 4 bytes at any alignment, little-endian (matrices at odd addresses).
 __device__ __forceinline__ uint32_t LoadU32Bytes(const uint8_t* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
@@ -157,8 +176,10 @@ struct MmaWarp {
 // The nt rows of A of group grp as x fragments in shared memory, and their sums per chunk: unit
 // (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order of the k-steps: k-step
 // s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0) and i + 1, i + 5 (b1), as
-// hi, lo: words {b0 hi, b0 lo, b1 hi, b1 lo} in quarter s. xsum[c][j] (stride kMmaSumStride): sum
-// of row j's chunk c (of hi + lo: the values the products see), zero for j >= nt. Ends with a
+// hi, lo: words {b0 hi, b1 hi, b0 lo, b1 lo} in quarter s, so that each product's (b0, b1) is a
+// register pair as LDS.128 loads it (the order {b0 hi, b0 lo, ...} cost ~50 register moves a
+// chunk in the int4 kernel: ncu, tests/bench/NOTES.md, stop 45). xsum[c][j] (stride kMmaSumStride):
+// sum of row j's chunk c (of hi + lo: the values the products see), zero for j >= nt. Ends with a
 // barrier.
 __device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& grp, int nt,
                                           int chunks, uint32_t* xf, float* xpart, float* xsum) {
@@ -180,8 +201,8 @@ __device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& 
 #pragma unroll
     for (int s = 0; s < 4; ++s) {
       const int i = 8 * (s / 2) + 2 * (s % 2);
-      SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 1], sum);
-      SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 2], frag[4 * s + 3], sum);
+      SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 2], sum);
+      SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 1], frag[4 * s + 3], sum);
     }
     uint32_t* dst = xf + j * row_words + c * 64 + 4 * tq;
 #pragma unroll

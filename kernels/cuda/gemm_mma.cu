@@ -392,14 +392,6 @@ __global__ void SplitForGemmKernel(const float* a, int64_t rows, int64_t lda, in
   }
 }
 
-// The bf16 pair (q_i, q_{i+4}) of the 8 codes in w.
-__device__ __forceinline__ uint32_t CodePair(uint32_t w, int i) {
-  const uint32_t biased = ((w >> (4 * i)) & 0x000f000fu) | 0x43004300u;  // (128 + q, 128 + q')
-  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
-                                   __floats2bfloat162_rn(128.f, 128.f));
-  return *reinterpret_cast<const uint32_t*>(&q);
-}
-
 // The weight side of a stage, per format: Load (this thread's share of k-tile k0, by cp.async,
 // or plain loads for a matrix at an odd address), B (the fragments of the warp's four n-tiles
 // for 32 columns kc: b[j][2h], b[j][2h + 1] are b0, b1 of k-step h) and, for int4, the group's
@@ -485,7 +477,7 @@ struct Int4Pipe {
     for (int j = 0; j < 4; ++j) {
       const uint32_t w = st.codes[wn + 8 * j + g][4 * kc + t];
 #pragma unroll
-      for (int i = 0; i < 4; ++i) b[j][i] = CodePair(w, i);
+      for (int i = 0; i < 4; ++i) b[j][i] = CodePair(w, 4 * i);
     }
   }
   // As Bf16Pipe::A: k-step 2 kc + h takes the pairs B's k-step h of the 32 columns kc takes.
@@ -497,8 +489,8 @@ struct Int4Pipe {
       const uint32_t w0 = st.codes[wr + g][4 * kc + t], w1 = st.codes[wr + g + 8][4 * kc + t];
 #pragma unroll
       for (int h = 0; h < 2; ++h) {
-        a[2 * kc + h][0] = CodePair(w0, 2 * h), a[2 * kc + h][1] = CodePair(w1, 2 * h);
-        a[2 * kc + h][2] = CodePair(w0, 2 * h + 1), a[2 * kc + h][3] = CodePair(w1, 2 * h + 1);
+        a[2 * kc + h][0] = CodePair(w0, 8 * h), a[2 * kc + h][1] = CodePair(w1, 8 * h);
+        a[2 * kc + h][2] = CodePair(w0, 8 * h + 4), a[2 * kc + h][3] = CodePair(w1, 8 * h + 4);
       }
     }
   }

@@ -381,8 +381,8 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
           const uint32_t a2 = __byte_perm(wa[i], wa[i + 2], 0x7632);
           const uint32_t a1 = __byte_perm(wb[i], wb[i + 2], 0x5410);
           const uint32_t a3 = __byte_perm(wb[i], wb[i + 2], 0x7632);
-          MmaBf16(acc[0][m], a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
-          MmaBf16(acc[0][m], a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+          MmaBf16(acc[0][m], a0, a1, a2, a3, xw[4 * s], xw[4 * s + 1]);
+          MmaBf16(acc[0][m], a0, a1, a2, a3, xw[4 * s + 2], xw[4 * s + 3]);
         }
       }
     }

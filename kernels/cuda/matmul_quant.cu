@@ -328,18 +328,11 @@ void LaunchQuantMatVecRows(const GemmParams& p, const GemmGroup& single, cudaStr
 // rounds at 128 times the magnitude of x q's, which cost the g128 GPTQ golden fixture 2.6x its
 // decode error and its batch-of-24 check a greedy flip (tests/bench/NOTES.md, "Exact codes").
 
-// Codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf as the bf16 pair (128 + q, 128 + q'),
-// or (q, q') when kExact.
+// The bf16 pair of codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf: (q, q') when kExact,
+// else (128 + q, 128 + q').
 template <bool kExact>
 __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
-  const uint32_t biased = ((w >> shift) & 0x000f000fu) | 0x43004300u;
-  if constexpr (!kExact) return biased;
-  // 128 as a bf16 pair by its bits: __floats2bfloat162_rn(128, 128) left a conversion (inline
-  // PTX) before each subtraction.
-  const uint32_t k128 = 0x43004300u;
-  const __nv_bfloat162 q = __hsub2(*reinterpret_cast<const __nv_bfloat162*>(&biased),
-                                   *reinterpret_cast<const __nv_bfloat162*>(&k128));
-  return *reinterpret_cast<const uint32_t*>(&q);
+  return kExact ? CodePair(w, shift) : BiasedCodePair(w, shift);
 }
 
 // The kernel below for group `grp`, its matrices 8-byte aligned (kAligned: 8- and 4-byte loads)
@@ -436,8 +429,8 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
             const uint32_t a0 = CodesAsBf16<kExact>(wa, sh), a1 = CodesAsBf16<kExact>(wb, sh);
             const uint32_t a2 = CodesAsBf16<kExact>(wa, sh + 4);
             const uint32_t a3 = CodesAsBf16<kExact>(wb, sh + 4);
-            MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 2]);
-            MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 1], xw[4 * s + 3]);
+            MmaBf16(d, a0, a1, a2, a3, xw[4 * s], xw[4 * s + 1]);
+            MmaBf16(d, a0, a1, a2, a3, xw[4 * s + 2], xw[4 * s + 3]);
           }
           // d = (row g: columns 2t, 2t+1; row g + 8: the same); scale and offset per row.
 #pragma unroll
