@@ -358,36 +358,48 @@ __device__ __forceinline__ int SplitColumn(int p) {
   return 8 * (k % 8 / 2) + 2 * h + k / 8 + 4 * (k % 2);
 }
 
-// One warp a (row, 32 columns), kSplitRows rows at once (their loads in flight together), rows
-// strided by the grid's y: lane p takes column SplitColumn(p) (code_order) or p.
+// One warp a (row, 64 columns: a k-tile), kSplitRows rows at once (their loads in flight
+// together), rows strided by the grid's y: lane p takes column SplitColumn(p) (code_order) or p of
+// each 32. The k-tile's sum is its two 32s' warp sums added, the order the GEMMs added them in when
+// they read a sum per 32 (two loads and an add a row a k-tile, ~24 instructions of the int4 wgmma
+// kernel's ~250 a warp a k-tile at 64 rows; ncu, tests/bench/NOTES.md, stop 44).
 constexpr int kSplitRows = 4;
 __global__ void SplitForGemmKernel(const float* a, int64_t rows, int64_t lda, int64_t K,
                                    bool code_order, uint16_t* out) {
   WaitForPriorKernel();
   const int64_t chunk =
       static_cast<int64_t>(blockIdx.x) * (blockDim.x / kWarp) + threadIdx.x / kWarp;
-  if (chunk >= K / 32) return;
+  if (chunk >= K / 64) return;
   const int lane = threadIdx.x % kWarp;
   const int column = code_order ? SplitColumn(lane) : lane;
   const int64_t stride = gridDim.y;
   for (int64_t row0 = blockIdx.y; row0 < rows; row0 += kSplitRows * stride) {
-    float x[kSplitRows];
+    float x[kSplitRows][2];
 #pragma unroll
     for (int u = 0; u < kSplitRows; ++u) {
       const int64_t row = row0 + u * stride;
-      x[u] = row < rows ? a[row * lda + chunk * 32 + column] : 0.f;
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        x[u][h] = row < rows ? a[row * lda + chunk * 64 + 32 * h + column] : 0.f;
+      }
     }
 #pragma unroll
     for (int u = 0; u < kSplitRows; ++u) {
       const int64_t row = row0 + u * stride;
       if (row >= rows) break;  // warp-uniform
-      const __nv_bfloat16 hi = __float2bfloat16_rn(x[u]);
-      const __nv_bfloat16 lo = __float2bfloat16_rn(x[u] - __bfloat162float(hi));
-      const int64_t at = row * K + chunk * 32 + lane;
-      out[at] = __bfloat16_as_ushort(hi);
-      out[rows * K + at] = __bfloat16_as_ushort(lo);
-      const float sum = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
-      if (lane == 0) reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 32) + chunk] = sum;
+      float sum[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat16 hi = __float2bfloat16_rn(x[u][h]);
+        const __nv_bfloat16 lo = __float2bfloat16_rn(x[u][h] - __bfloat162float(hi));
+        const int64_t at = row * K + chunk * 64 + 32 * h + lane;
+        out[at] = __bfloat16_as_ushort(hi);
+        out[rows * K + at] = __bfloat16_as_ushort(lo);
+        sum[h] = WarpSum(__bfloat162float(hi) + __bfloat162float(lo));
+      }
+      if (lane == 0) {
+        reinterpret_cast<float*>(out + 2 * rows * K)[row * (K / 64) + chunk] = sum[0] + sum[1];
+      }
     }
   }
 }
@@ -521,7 +533,7 @@ struct PipeStage {
   uint32_t a_hi[kTileM][kSplitRowWords];  // bf16 pairs of the split A
   uint32_t a_lo[kTileM][kSplitRowWords];
   typename Fmt::Weights w;
-  float2 sums[kTileM];  // int4: sum of hi + lo over each 32 columns of the k-tile
+  float sums[kTileM];  // int4: sum of hi + lo over the k-tile, per row
 };
 
 // Grid (ceil(N / kTileN), ceil(max_rows / kTileM), groups or k_splits) as GemmMmaKernel's;
@@ -569,7 +581,7 @@ __global__ __launch_bounds__(kGemmThreads, 2) void PipelinedGemmKernel(const Gem
       }
       Fmt::Load(st.w, p, wbase, n0, k0, aligned, tid);
       if (Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM) {
-        CpAsyncSmall<8>(&st.sums[tid - kTileN], a_sums + (rs >= 0 ? rs : 0) * (K / 32) + k0 / 32,
+        CpAsyncSmall<4>(&st.sums[tid - kTileN], a_sums + (rs >= 0 ? rs : 0) * (K / 64) + k0 / 64,
                         rs >= 0);
       }
     }
@@ -625,8 +637,7 @@ __global__ __launch_bounds__(kGemmThreads, 2) void PipelinedGemmKernel(const Gem
     if constexpr (Fmt::kScaled) {  // acc += s (sum a q) + m (sum a), per (row, weight row)
 #pragma unroll
       for (int a = 0; a < 2; ++a) {
-        const float2 sa = st.sums[wm + 16 * a + g], sb = st.sums[wm + 16 * a + g + 8];
-        const float s0 = sa.x + sa.y, s1 = sb.x + sb.y;
+        const float s0 = st.sums[wm + 16 * a + g], s1 = st.sums[wm + 16 * a + g + 8];
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint2 pw = *reinterpret_cast<const uint2*>(&st.w.params[wn + 8 * j + 2 * t]);
@@ -687,7 +698,7 @@ struct alignas(1024) WgmmaStage {
   uint16_t x_hi[kTileM * 64];  // the k-tile of the split A's rows, swizzled (wgmma.cuh)
   uint16_t x_lo[kTileM * 64];
   typename Fmt::Weights w;
-  float2 sums[kTileM];  // int4: sum of hi + lo over each 32 columns of the k-tile
+  alignas(8) float sums[kTileM];  // int4: sum of hi + lo over the k-tile, per row
 };
 
 #ifdef MOE_WGMMA
@@ -714,7 +725,7 @@ __device__ __forceinline__ void WgmmaGemmTile(const GemmParams& p, const GemmGro
       Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM ? a_row(tid - kTileN) : -1;
   const bool has_a = ra >= 0, has_s = rs >= 0;
   const uint16_t* x_row = a_hi + (has_a ? ra : 0) * K;
-  const float* sum_row = a_sums + (has_s ? rs : 0) * (K / 32);
+  const float* sum_row = a_sums + (has_s ? rs : 0) * (K / 64);
   const auto* wbase = static_cast<const uint8_t*>(grp.w);
   const bool aligned = (reinterpret_cast<uintptr_t>(wbase) & 15) == 0;  // block-uniform
 
@@ -730,7 +741,7 @@ __device__ __forceinline__ void WgmmaGemmTile(const GemmParams& p, const GemmGro
       }
       Fmt::Load(st.w, p, wbase, n0, k0, aligned, tid);
       if (Fmt::kScaled && tid >= kTileN && tid < kTileN + kTileM) {
-        CpAsyncSmall<8>(&st.sums[tid - kTileN], sum_row + k0 / 32, has_s);
+        CpAsyncSmall<4>(&st.sums[tid - kTileN], sum_row + k0 / 64, has_s);
       }
     }
     CpAsyncCommit();
@@ -769,8 +780,8 @@ __device__ __forceinline__ void WgmmaGemmTile(const GemmParams& p, const GemmGro
       const float2 c1 = __half22float2(*reinterpret_cast<const __half2*>(&st.w.params[wr + g + 8]));
 #pragma unroll
       for (int j = 0; j < NT / 8; ++j) {
-        const float2 sa = st.sums[8 * j + 2 * t], sb = st.sums[8 * j + 2 * t + 1];
-        const float s0 = sa.x + sa.y, s1 = sb.x + sb.y;
+        const float2 s01 = *reinterpret_cast<const float2*>(&st.sums[8 * j + 2 * t]);
+        const float s0 = s01.x, s1 = s01.y;
         acc[4 * j] = fmaf(c0.x, part[4 * j], fmaf(c0.y, s0, acc[4 * j]));
         acc[4 * j + 1] = fmaf(c0.x, part[4 * j + 1], fmaf(c0.y, s1, acc[4 * j + 1]));
         acc[4 * j + 2] = fmaf(c1.x, part[4 * j + 2], fmaf(c1.y, s0, acc[4 * j + 2]));
@@ -877,7 +888,7 @@ bool WgmmaGemm() {
 
 size_t SplitForGemmBytes(int64_t rows, int64_t K) {
   return static_cast<size_t>(rows) * static_cast<size_t>(K) * 4 +
-         static_cast<size_t>(rows) * static_cast<size_t>(K / 32) * sizeof(float);
+         static_cast<size_t>(rows) * static_cast<size_t>(K / 64) * sizeof(float);
 }
 
 bool PipelinedGemmTakes(DType w_dtype, int64_t K, int32_t group_size) {
@@ -892,7 +903,7 @@ void LaunchSplitForGemm(const float* a, int64_t rows, int64_t lda, int64_t K, DT
   // Rows strided over the grid's y so that a warp takes about 8 of them: with a block a row, A's
   // splits held ~0.2 ms a layer of a 2,048-token prefill (ncu, stop 43) for ~220 MB moved.
   constexpr int kWarps = 8;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(K / 32, kWarps)),
+  const dim3 grid(static_cast<unsigned>(CeilDiv(K / 64, kWarps)),
                   static_cast<unsigned>(std::min<int64_t>(CeilDiv(rows, 2 * kSplitRows), 65535)));
   Launch(SplitForGemmKernel, grid, kWarps * kWarp, 0, stream, a, rows, lda, K,
          w_dtype == DType::kQ4, static_cast<uint16_t*>(out));

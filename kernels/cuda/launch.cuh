@@ -83,7 +83,7 @@ void LaunchGroupedGemm(const GemmParams& p, cudaStream_t stream);
 // The tensor-core GEMM on A split once a call (gemm_mma.cu): for weights of w_dtype (bf16, or
 // int4 in groups of a multiple of 64) and K a multiple of 64, LaunchSplitForGemm writes A
 // (rows x K fp32, row stride lda) into `out` (SplitForGemmBytes(rows, K) bytes) as bf16 hi and lo
-// parts in the order the kernel takes them, and fp32 sums of hi + lo per 32 columns; a GEMM with
+// parts in the order the kernel takes them, and fp32 sums of hi + lo per 64 columns; a GEMM with
 // p.a_split set to it then runs that kernel past the matrix-vector sizes.
 bool PipelinedGemmTakes(DType w_dtype, int64_t K, int32_t group_size);
 size_t SplitForGemmBytes(int64_t rows, int64_t K);
