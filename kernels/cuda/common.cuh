@@ -144,4 +144,18 @@ void Launch(void (*kernel)(Params...), dim3 grid, dim3 block, size_t smem, cudaS
   MOE_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
 }
 
+// (x, y) as N bf16 pairs (x in the low halves), each part the bf16 of what the parts before it
+// left: hi + mid + lo = (x, y) to 2^-24, fp32's precision; hi + lo (N = 2) to 2^-16. How the
+// tensor-core kernels take fp32 operands.
+template <int N>
+__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
+    const float2 hf = __bfloat1622float2(h);
+    out[i] = *reinterpret_cast<const uint32_t*>(&h);
+    x -= hf.x, y -= hf.y;  // exact
+  }
+}
+
 }  // namespace moe::kernels::cuda

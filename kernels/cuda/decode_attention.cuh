@@ -53,19 +53,6 @@ __device__ __forceinline__ uint32_t TransposeBf16x8x8(uint32_t x) {
   return y;
 }
 
-// (x, y) as N bf16 pairs (x in the low halves): hi + mid + lo = (x, y) to 2^-24, fp32's
-// precision; hi + mid to 2^-16.
-template <int N>
-__device__ __forceinline__ void SplitBf16(float x, float y, uint32_t (&out)[N]) {
-#pragma unroll
-  for (int i = 0; i < N; ++i) {
-    const __nv_bfloat162 h = __floats2bfloat162_rn(x, y);
-    const float2 hf = __bfloat1622float2(h);
-    out[i] = *reinterpret_cast<const uint32_t*>(&h);
-    x -= hf.x, y -= hf.y;  // exact
-  }
-}
-
 // Parts q and P are split into: hi + mid + lo (fp32's 24 bits) against elements exact in bf16;
 // hi + mid (16 bits) against the TurboQuant centroids, themselves carried at 16 bits (hi + lo),
 // whose products already omit mid · lo, a term of the size lo · hi would add (2^-16 relative).

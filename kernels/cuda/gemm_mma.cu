@@ -3,10 +3,15 @@
 // fp32 accumulation). fp32 and fp16 weights, K not a multiple of 32 and A rows not 16-byte
 // aligned keep the SIMT tiled kernels (matmul.cu, matmul_quant.cu).
 //
-// Precision: A is fp32; it enters as bf16 hi + lo (hi + lo = a to ~2^-16 relative), two products
-// per step. bf16 weights are exact operands. A quantized weight w = q s + m (s, m per group of
-// the row) enters as its code q, exact in bf16 for q < 256; each k-tile (32 or 64 wide) lies in one
-// group, so its products sum_k a q are scaled once per tile: acc += s (sum_k a q) + m (sum_k a).
+// Precision: A is fp32; against bf16 weights it enters as bf16 hi + lo (hi + lo = a to ~2^-16
+// relative), two products per step, as in the bf16 matrix-vector kernel that batch 1 runs. A
+// quantized weight w = q s + m (s, m per group of the row) enters as its code q, exact in bf16 for
+// q < 256, against A as hi + mid + lo (fp32's 24 bits, three products a step): batch 1 runs the
+// int8 and fp8 codes on SIMT kernels with fp32 x, and with two parts a batch of 24 sequences
+// differed from each alone by 1.2-1.8e-3 on the GPTQ-asym, fp8 and compressed-tensors fp8
+// fixtures, against their 1e-3 (three parts, emulated on the CPU: under 4e-4; tests/bench/NOTES.md,
+// stops 43 and 45). Each k-tile (32 or 64 wide) lies in one group, so its products sum_k a q are
+// scaled once per tile: acc += s (sum_k a q) + m (sum_k a).
 // k-tiles of 64 halve the barriers and the per-tile s/m scalings a product: the prefill's int4
 // expert GEMMs went 830 -> 667 us a launch (H200); bf16 GEMMs, prefill or decode, did not move
 // (tests/bench/NOTES.md, stop 40). 32 where K or the quant group does not allow 64.
@@ -168,6 +173,7 @@ template <typename Fmt, int KT>
 __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParams p,
                                                                  const GemmGroup single) {
   constexpr int kTileK = KT, kRow = kRowWords<KT>, kA = KT / 4;  // kA: A floats a loader thread
+  constexpr int kParts = Fmt::kQuant ? 3 : 2;  // A's bf16 parts (the precision note above)
   WaitForPriorKernel();
   // blockIdx.z: the K slice (one matrix only: no groups table, no routed groups)
   const bool split = p.k_splits > 1 && p.groups == nullptr && p.routed_ids == nullptr;
@@ -179,10 +185,9 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
   const int64_t m0 = static_cast<int64_t>(blockIdx.y) * kTileM;
   const int64_t n0 = static_cast<int64_t>(blockIdx.x) * kTileN;
   if (m0 >= grp.row_count) return;  // block-uniform
-  __shared__ __align__(16) uint32_t a_hi[kTileM][kRow];
-  __shared__ __align__(16) uint32_t a_lo[kTileM][kRow];
+  __shared__ __align__(16) uint32_t a_s[kParts][kTileM][kRow];  // hi, [mid,] lo
   __shared__ __align__(16) uint32_t w_s[kTileN][kRow];
-  __shared__ float a_sum[kTileM];   // quantized: sum_k (a_hi + a_lo) over the k-tile, per row
+  __shared__ float a_sum[kTileM];   // quantized: sum_k of A's parts over the k-tile, per row
   __shared__ float2 w_sm[kTileN];   // quantized: {s, m} of the k-tile's group, per weight row
 
   const int tid = threadIdx.x, lane = tid % kWarp, warp = tid / kWarp;
@@ -214,19 +219,30 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
     }
   };
   auto stage = [&]() {
-    uint32_t hi[kA / 2], lo[kA / 2];
-    float sum = 0.f;
+    float sum = 0.f;  // quantized: of what the parts hold, in order
 #pragma unroll
-    for (int i = 0; i < kA / 4; ++i) {
-      SplitBf16x2(xa[i].x, xa[i].y, hi[2 * i], lo[2 * i], sum);
-      SplitBf16x2(xa[i].z, xa[i].w, hi[2 * i + 1], lo[2 * i + 1], sum);
-    }
+    for (int v = 0; v < kA / 8; ++v) {  // 8 floats of A: 4 bf16 pairs a part, one 16-byte store
+      uint32_t parts[4][kParts];
 #pragma unroll
-    for (int i = 0; i < kA / 8; ++i) {
-      *reinterpret_cast<uint4*>(&a_hi[la][lka / 2 + 4 * i]) =
-          make_uint4(hi[4 * i], hi[4 * i + 1], hi[4 * i + 2], hi[4 * i + 3]);
-      *reinterpret_cast<uint4*>(&a_lo[la][lka / 2 + 4 * i]) =
-          make_uint4(lo[4 * i], lo[4 * i + 1], lo[4 * i + 2], lo[4 * i + 3]);
+      for (int i = 0; i < 4; ++i) {
+        const float4& f4 = xa[2 * v + i / 2];
+        SplitBf16(i % 2 == 0 ? f4.x : f4.z, i % 2 == 0 ? f4.y : f4.w, parts[i]);
+        if constexpr (Fmt::kQuant) {
+          float sx = 0.f, sy = 0.f;
+#pragma unroll
+          for (int q = 0; q < kParts; ++q) {
+            const float2 f =
+                __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&parts[i][q]));
+            sx += f.x, sy += f.y;
+          }
+          sum += sx + sy;
+        }
+      }
+#pragma unroll
+      for (int q = 0; q < kParts; ++q) {
+        *reinterpret_cast<uint4*>(&a_s[q][la][lka / 2 + 4 * v]) =
+            make_uint4(parts[0][q], parts[1][q], parts[2][q], parts[3][q]);
+      }
     }
     uint32_t wp[KT / 4];
     wf.Pairs(wp);
@@ -266,26 +282,22 @@ __global__ __launch_bounds__(kGemmThreads, 2) void GemmMmaKernel(const GemmParam
 #pragma unroll
     for (int ks = 0; ks < kTileK / 16; ++ks) {
       const int c = 8 * ks + t;  // word of columns 2t, 2t + 1 of this k-step; + 4: 2t + 8, 2t + 9
-      uint32_t ah[2][4], al[2][4], b[4][2];
-#pragma unroll
-      for (int i = 0; i < 2; ++i) {
-        const int r = wm + 16 * i + g;
-        ah[i][0] = a_hi[r][c], ah[i][1] = a_hi[r + 8][c];
-        ah[i][2] = a_hi[r][c + 4], ah[i][3] = a_hi[r + 8][c + 4];
-        al[i][0] = a_lo[r][c], al[i][1] = a_lo[r + 8][c];
-        al[i][2] = a_lo[r][c + 4], al[i][3] = a_lo[r + 8][c + 4];
-      }
+      uint32_t b[4][2];
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         const int n = wn + 8 * j + g;
         b[j][0] = w_s[n][c], b[j][1] = w_s[n][c + 4];
       }
+      // Each accumulator takes the k-step's parts in order, hi first.
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
+        const int r = wm + 16 * i + g;
 #pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          MmaBf16(dst[i][j], ah[i][0], ah[i][1], ah[i][2], ah[i][3], b[j][0], b[j][1]);
-          MmaBf16(dst[i][j], al[i][0], al[i][1], al[i][2], al[i][3], b[j][0], b[j][1]);
+        for (int q = 0; q < kParts; ++q) {
+          const uint32_t a0 = a_s[q][r][c], a1 = a_s[q][r + 8][c];
+          const uint32_t a2 = a_s[q][r][c + 4], a3 = a_s[q][r + 8][c + 4];
+#pragma unroll
+          for (int j = 0; j < 4; ++j) MmaBf16(dst[i][j], a0, a1, a2, a3, b[j][0], b[j][1]);
         }
       }
     }
