@@ -48,9 +48,9 @@ __device__ __forceinline__ void SplitBf16x2(float x, float y, uint32_t& hi, uint
   sum += (hf.x + lf.x) + (hf.y + lf.y);
 }
 
-// Int4 codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf (shift < 13) as the bf16 pair
-// (128 + q, 128 + q'): the codes in the low mantissa bits of 128.0. One lop3, (a & mask) | bias
-// with the bias in a register: written in C++, both constants immediates, it was two (ncu's
+// Int4 codes (w >> shift) & 0xf and (w >> (shift + 16)) & 0xf (shift 0, 4, 8 or 12) as the bf16
+// pair (128 + q, 128 + q'): the codes in the low mantissa bits of 128.0. One lop3, (a & mask) |
+// bias with the bias in a register: written in C++, both constants immediates, it was two (ncu's
 // SASS, stop 45).
 __device__ __forceinline__ uint32_t BiasedCodePair(uint32_t w, int shift) {
   const uint32_t bias = 0x43004300u;
