@@ -75,8 +75,9 @@ def main():
         print(f"   the {args.top} instructions with the most samples (address, executed, samples):")
         hottest = sorted(rows, key=lambda r: -num(r, "Warp Stall Sampling (All Samples)"))
         for row in hottest[: args.top]:
+            samples = num(row, "Warp Stall Sampling (All Samples)")
             print(f"     {row[col['Address']][-6:]} {num(row, 'Instructions Executed'):9d} "
-                  f"{num(row, 'Warp Stall Sampling (All Samples)'):6d}  {row[col['Source']].strip()[:70]}")
+                  f"{samples:6d}  {row[col['Source']].strip()[:70]}")
 
 
 if __name__ == "__main__":
