@@ -103,6 +103,7 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &x_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &h_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_, T * (q_dim + 2 * kv_dim) * f));
+  MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_rows_, T * (q_dim + 2 * kv_dim) * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &attn_, T * q_dim * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &mlp_out_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(moe_->Reserve(T));
@@ -305,11 +306,20 @@ absl::Status Model::AttentionBlock(int64_t l, absl::Span<const ForwardItem> batc
   rope.rotary_dim = rope_.rotary_dim;
   rope.inv_freq = inv_freq_.f32();
   rope.attention_factor = rope_.attention_factor;
-  // One token: one launch for q, k and v (its output row is [q | k | v]), where they stack.
-  if (T == 1 && L.qkv_proj.view.data != nullptr &&
-      (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
-    backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view,
-                    c.attention_bias ? &L.qkv_bias.view : nullptr);
+  // q, k and v in one launch where they stack. One token: its output row is [q | k | v], q_ k_
+  // v_ exactly. More: rows [T, q + 2 kv] into qkv_rows_, then one pass to q_, k_ and v_ (a third
+  // of the GEMM launches and one split of h_: tests/bench/NOTES.md, stop 46).
+  if (L.qkv_proj.view.data != nullptr && (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
+    const kernels::TensorView* bias = c.attention_bias ? &L.qkv_bias.view : nullptr;
+    if (T == 1) {
+      backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view, bias);
+    } else {
+      const int64_t q_dim = c.num_attention_heads * c.head_dim;
+      const int64_t kv_dim = c.num_key_value_heads * c.head_dim;
+      backend_.MatMul(qkv_rows_.f32(), h_.f32(), T, L.qkv_proj.view, bias);
+      float* const parts[] = {q_, k_, v_};
+      backend_.SplitColumns(qkv_rows_.f32(), T, parts, {q_dim, kv_dim, kv_dim});
+    }
   } else {
     backend_.MatMul(q_, h_.f32(), T, L.q_proj.view, c.attention_bias ? &L.q_bias.view : nullptr);
     backend_.MatMul(k_, h_.f32(), T, L.k_proj.view, c.attention_bias ? &L.k_bias.view : nullptr);

@@ -184,6 +184,7 @@ class Model {
   float* k_ = nullptr;
   float* v_ = nullptr;
   kernels::Buffer inv_freq_;  // rope_.inv_freq in backend memory
+  kernels::Buffer qkv_rows_;  // [T, q + 2 kv]: the stacked projection's output, T > 1
 };
 
 }  // namespace moe::engine

@@ -474,6 +474,12 @@ class Backend {
   // Draws one token per SampleParams (see above) where the logits are: only the SampledTokens
   // cross to the host. Waits for the result.
   virtual void Sample(const SampleArgs& args) = 0;
+  // The columns of src [rows, sum of widths] in consecutive parts: parts[i] [rows, widths[i]]
+  // gets columns [widths[0] + ... + widths[i - 1], + widths[i]). At most kMaxColumnParts parts;
+  // none may overlap src.
+  static constexpr int kMaxColumnParts = 4;
+  virtual void SplitColumns(const float* src, int64_t rows, absl::Span<float* const> parts,
+                            absl::Span<const int64_t> widths) = 0;
 
   // A routing fault's code: 2 * layer + fault, the lowest kept (what TakeRoutingError reports).
   enum RoutingFault : uint32_t { kNonFiniteLogits = 0, kExpertOutOfRange = 1 };

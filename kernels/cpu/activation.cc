@@ -1,4 +1,5 @@
-// Embed (a row gather), Add and Sigmoid on the CPU: elementwise loops.
+// Embed (a row gather), Add, SplitColumns and Sigmoid on the CPU: elementwise loops.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/base/check.h"
@@ -17,6 +18,21 @@ void CpuBackend::Embed(float* out, const TensorView& table, const int32_t* ids, 
 
 void CpuBackend::Add(float* out, const float* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) out[i] += x[i];
+}
+
+void CpuBackend::SplitColumns(const float* src, int64_t rows, absl::Span<float* const> parts,
+                              absl::Span<const int64_t> widths) {
+  MOE_CHECK(parts.size() == widths.size() && parts.size() <= kMaxColumnParts)
+      << "SplitColumns: " << parts.size() << " parts, " << widths.size() << " widths";
+  int64_t cols = 0;
+  for (const int64_t w : widths) cols += w;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* row = src + r * cols;
+    for (size_t i = 0; i < parts.size(); ++i) {
+      std::copy(row, row + widths[i], parts[i] + r * widths[i]);
+      row += widths[i];
+    }
+  }
 }
 
 void CpuBackend::Sigmoid(float* x, int64_t n) {

@@ -57,6 +57,8 @@ class CpuBackend final : public Backend {
   void Route(const RouteArgs& args) override;
   void ExpertFfn(const ExpertFfnArgs& args) override;
   void Add(float* out, const float* x, int64_t n) override;
+  void SplitColumns(const float* src, int64_t rows, absl::Span<float* const> parts,
+                    absl::Span<const int64_t> widths) override;
   void Sigmoid(float* x, int64_t n) override;
   void MulSigmoid(float* x, const float* gate, int64_t n) override;
   void Mul(float* out, const float* a, const float* b, int64_t n) override;

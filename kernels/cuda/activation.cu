@@ -1,5 +1,8 @@
-// Element-wise ops on the GPU: Embed (gather), Add, Sigmoid and the SwiGLU product. Their CPU
-// twins are in cpu/activation.cc (Embed, Add, Sigmoid) and cpu/expert_ffn.cc (SwiGLU).
+// Element-wise ops on the GPU: Embed (gather), Add, SplitColumns, Sigmoid and the SwiGLU product.
+// Their CPU twins are in cpu/activation.cc (Embed, Add, SplitColumns, Sigmoid) and
+// cpu/expert_ffn.cc (SwiGLU).
+#include <type_traits>
+
 #include "kernels/cuda/common.cuh"
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/launch.cuh"
@@ -29,6 +32,29 @@ __global__ void EmbedKernel(float* out, const W* table, const int32_t* ids, int6
 __global__ void AddKernel(float* out, const float* x, int64_t n) {
   WaitForPriorKernel();
   MOE_GRID_STRIDE(i, n) { out[i] += x[i]; }
+}
+
+struct ColumnParts {
+  float* dst[Backend::kMaxColumnParts];
+  int width[Backend::kMaxColumnParts];  // in units of kVec floats
+  int count;
+  int cols;  // the sum of the widths
+};
+
+// Block (x, y): unit x * blockDim + threadIdx of rows y, y + gridDim.y, ..., kVec floats a unit
+// (4 where every width and pointer allows 16-byte accesses).
+template <int kVec>
+__global__ void SplitColumnsKernel(const float* src, int64_t rows, const ColumnParts parts) {
+  using V = std::conditional_t<kVec == 4, float4, float>;
+  WaitForPriorKernel();
+  const int unit = blockIdx.x * blockDim.x + threadIdx.x;
+  if (unit >= parts.cols) return;
+  int p = 0, col = unit;
+  while (p + 1 < parts.count && col >= parts.width[p]) col -= parts.width[p++];
+  V* dst = reinterpret_cast<V*>(parts.dst[p]);
+  for (int64_t row = blockIdx.y; row < rows; row += gridDim.y) {
+    dst[row * parts.width[p] + col] = reinterpret_cast<const V*>(src)[row * parts.cols + unit];
+  }
 }
 
 __global__ void SigmoidKernel(float* x, int64_t n) {
@@ -91,6 +117,35 @@ void CudaBackend::Embed(float* out, const TensorView& table, const int32_t* ids,
 void CudaBackend::Add(float* out, const float* x, int64_t n) {
   if (n == 0) return;
   cuda::Launch(cuda::AddKernel, cuda::GridFor(n, num_sms_), cuda::kThreads, 0, stream_, out, x, n);
+}
+
+void CudaBackend::SplitColumns(const float* src, int64_t rows, absl::Span<float* const> parts,
+                               absl::Span<const int64_t> widths) {
+  MOE_CHECK(parts.size() == widths.size() && parts.size() <= kMaxColumnParts)
+      << "SplitColumns: " << parts.size() << " parts, " << widths.size() << " widths";
+  bool vec = reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  int64_t cols = 0;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    vec = vec && widths[i] % 4 == 0 && reinterpret_cast<uintptr_t>(parts[i]) % 16 == 0;
+    cols += widths[i];
+  }
+  MOE_CHECK(cols <= 0x7fffffff) << "SplitColumns: " << cols << " columns";
+  if (rows * cols == 0) return;
+  const int unit = vec ? 4 : 1;
+  cuda::ColumnParts cp{};
+  cp.count = static_cast<int>(parts.size());
+  cp.cols = static_cast<int>(cols / unit);
+  for (int i = 0; i < cp.count; ++i) {
+    cp.dst[i] = parts[i];
+    cp.width[i] = static_cast<int>(widths[i] / unit);
+  }
+  const dim3 grid(static_cast<unsigned>(cuda::CeilDiv(int64_t{cp.cols}, int64_t{cuda::kThreads})),
+                  static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
+  if (vec) {
+    cuda::Launch(cuda::SplitColumnsKernel<4>, grid, cuda::kThreads, 0, stream_, src, rows, cp);
+  } else {
+    cuda::Launch(cuda::SplitColumnsKernel<1>, grid, cuda::kThreads, 0, stream_, src, rows, cp);
+  }
 }
 
 void CudaBackend::Sigmoid(float* x, int64_t n) {

@@ -97,6 +97,8 @@ class CudaBackend final : public Backend {
   void ExpertFfnRouted(const ExpertFfnRoutedArgs& args) override;
   absl::Status TakeRoutingError() override;
   void Add(float* out, const float* x, int64_t n) override;
+  void SplitColumns(const float* src, int64_t rows, absl::Span<float* const> parts,
+                    absl::Span<const int64_t> widths) override;
   void Sigmoid(float* x, int64_t n) override;
   // GatedDeltaNet (linear_attention.cu).
   void MulSigmoid(float* x, const float* gate, int64_t n) override;

@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
-# Where a batch-1 decode step's time goes, on the GPU machine with bundle/ carried along:
-#   tests/bench/profile_decode_step.sh OUT_DIR
-# 1. every kernel of one decode step at context 512 (2 layers of the Qwen3-30B-A3B shape, every
-#    expert resident, bf16 KV) with its device time, in launch order (ncu serialises kernels:
-#    the sum is the step without launch overlap);
+# Where a decode step's time goes, on the GPU machine with bundle/ carried along:
+#   tests/bench/profile_decode_step.sh OUT_DIR [sequences, default 1]
+# 1. every kernel of one decode step of that many sequences at context 512 (2 layers of the
+#    Qwen3-30B-A3B shape, every expert resident, bf16 KV) with its device time, in launch order
+#    (ncu serialises kernels: the sum is the step without launch overlap);
 # 2. ncu's launch, occupancy, speed-of-light, memory and warp-state sections on the int4
 #    matrix-vector kernels of matvec_bench (the lm head, and the SwiGLU and down forms one
 #    token's 8 experts run).
 set -uo pipefail
-out=${1:?usage: profile_decode_step.sh OUT_DIR}
+out=${1:?usage: profile_decode_step.sh OUT_DIR [sequences]}
+batch=${2:-1}
 mkdir -p "$out"
 bin=$PWD/bundle/bin
 ncu --clock-control none --metrics gpu__time_duration.sum --csv \
   "$bin/moe-bench" --kv_only --layers=2 --model_dir=/tmp/profile_model --kv_contexts=512 \
-  --kv_batches=1 --kv_steps=1 --kv_formats=bf16 >"$out/step.csv" 2>"$out/step.err"
+  --kv_batches="$batch" --kv_steps=1 --kv_formats=bf16 >"$out/step.csv" 2>"$out/step.err"
 python3 - "$out/step.csv" >"$out/step.txt" <<'PY'
 import csv, re, sys
 rows = []
@@ -30,6 +31,8 @@ for name, us in rows[first:marks[-1] + 1 if marks else len(rows)]:
     print(f"{us:8.2f}  {name[:110]}")
 print(f"{total:8.2f}  total (device time of the step's kernels, serialised)")
 PY
+# MOE_PROFILE_STEP_ONLY=1: the step's kernel list only.
+[[ -n ${MOE_PROFILE_STEP_ONLY:-} ]] && { cat "$out/step.txt"; exit 0; }
 sections=(--section LaunchStats --section Occupancy --section SpeedOfLight --section WarpStateStats
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats
   --section SourceCounters)

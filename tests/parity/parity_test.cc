@@ -224,7 +224,8 @@ INSTANTIATE_TEST_SUITE_P(Cases, RopeParity,
                          ::testing::Values(RopeCase{1, 32, 128, 128, 1.f},
                                            RopeCase{7, 4, 64, 32, 1.2f},  // partial rotary, YaRN
                                            RopeCase{733, 16, 128, 128, 1.f},
-                                           RopeCase{3, 3, 80, 40, 1.f}));
+                                           RopeCase{3, 3, 80, 40, 1.f},
+                                           RopeCase{2, 5, 256, 192, 1.f}));  // D past 128
 
 // HeadNormRope: per-head RmsNorm then RoPE in one pass (CUDA) vs RmsNorm, then Rope (CPU). The
 // case's heads split into a "q" of heads - heads/4 and a "k" of the rest, with their own weights:
@@ -1413,6 +1414,46 @@ TEST_P(ElementwiseParity, AddAndSigmoidMatchCpu) {
 INSTANTIATE_TEST_SUITE_P(Cases, ElementwiseParity,
                          ::testing::Values(int64_t{1}, int64_t{7}, int64_t{733},
                                            int64_t{1} << 20));
+
+// SplitColumns: rows of [q | k | v] (the stacked projection at T > 1) into poisoned parts.
+struct SplitColumnsCase {
+  int64_t rows;
+  std::vector<int64_t> widths;
+};
+class SplitColumnsParity : public ::testing::TestWithParam<SplitColumnsCase> {};
+
+TEST_P(SplitColumnsParity, MatchesCpu) {
+  const SplitColumnsCase c = GetParam();
+  int64_t cols = 0;
+  for (const int64_t w : c.widths) cols += w;
+  std::mt19937 rng(static_cast<uint32_t>(c.rows * 31 + cols));
+  const std::vector<float> src = Random(rng, c.rows * cols);
+  DeviceArray<float> dsrc(src);
+  std::vector<std::vector<float>> want;
+  std::vector<DeviceArray<float>> got;
+  std::vector<float*> cpu_parts, gpu_parts;
+  for (const int64_t w : c.widths) {
+    want.emplace_back(c.rows * w, -1.f);
+    got.push_back(PoisonedOutput(c.rows * w));
+  }
+  for (size_t i = 0; i < c.widths.size(); ++i) {
+    cpu_parts.push_back(want[i].data());
+    gpu_parts.push_back(got[i].get());
+  }
+  Cpu().SplitColumns(src.data(), c.rows, cpu_parts, c.widths);
+  Gpu().SplitColumns(dsrc.get(), c.rows, gpu_parts, c.widths);
+  for (size_t i = 0; i < c.widths.size(); ++i) {
+    ExpectClose("SplitColumns", Name("rows", c.rows, "part", static_cast<int64_t>(i)),
+                got[i].Read(), want[i], 0.0);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, SplitColumnsParity,
+                         ::testing::Values(SplitColumnsCase{1, {7, 3, 5}},
+                                           SplitColumnsCase{33, {4096, 512, 512}},
+                                           SplitColumnsCase{256, {1, 2}},
+                                           SplitColumnsCase{5, {128, 64, 64, 9}},
+                                           SplitColumnsCase{70000, {4, 8}}));
 
 // ---- GatedDeltaNet: MulSigmoid, GatedRmsNorm, CausalConv, GatedDeltaRule ----------------------
 // Several sequences per call with their own non-zero states; the states after the call are
