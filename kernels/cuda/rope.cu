@@ -37,12 +37,12 @@ __global__ void RopeKernel(float* x, const int32_t* positions, const float* inv_
 }
 
 // One warp per (token, head) row, blockDim / 32 rows a block, lane l holding elements l + 32 i,
-// i < kPerLane (head_dim <= 32 kPerLane; every load of the row issued at once): y = x /
-// sqrt(mean(x^2)
-// + eps) * w into the warp's shared memory, then RopeKernel's rotation of y. Rows [0, a_rows) are
-// tensor a's ([T, a_heads, D], weight wa), the rest tensor b's right after them in memory ([T,
-// b_heads, D], weight wb): q and k in one launch. (A block a row with a block-wide sum took 13.7
-// us for the 9,216 rows of 256 tokens of the 30B shape; this, 4 rows a block, 7.4 us. H200.)
+// i < kPerLane (head_dim <= 32 kPerLane; every load of the row issued at once):
+// y = x / sqrt(mean(x^2) + eps) * w into the warp's shared memory, then RopeKernel's rotation of
+// y. Rows [0, a_rows) are tensor a's ([T, a_heads, D], weight wa), the rest tensor b's right
+// after them in memory ([T, b_heads, D], weight wb): q and k in one launch. (A block a row with a
+// block-wide sum took 13.7 us for the 9,216 rows of 256 tokens of the 30B shape; this, 4 rows a
+// block, 5.9 us. H200, tests/bench/NOTES.md, stop 46.)
 template <typename W, int kPerLane>
 __global__ void HeadNormRopeKernel(float* x, int64_t a_rows, int64_t rows, int a_heads, const W* wa,
                                    int b_heads, const W* wb, float eps, const int32_t* positions,
