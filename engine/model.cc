@@ -103,7 +103,10 @@ absl::Status Model::Reserve(int64_t T) {
   MOE_RETURN_IF_ERROR(Alloc(backend_, &x_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &h_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_, T * (q_dim + 2 * kv_dim) * f));
-  MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_rows_, T * (q_dim + 2 * kv_dim) * f));
+  if (T > 1 && std::any_of(weights_.layers.begin(), weights_.layers.end(),
+                           [&](const LayerWeights& L) { return StacksQkv(L); })) {
+    MOE_RETURN_IF_ERROR(Alloc(backend_, &qkv_rows_, T * (q_dim + 2 * kv_dim) * f));
+  }
   MOE_RETURN_IF_ERROR(Alloc(backend_, &attn_, T * q_dim * f));
   MOE_RETURN_IF_ERROR(Alloc(backend_, &mlp_out_, T * c.hidden_size * f));
   MOE_RETURN_IF_ERROR(moe_->Reserve(T));
@@ -296,6 +299,11 @@ absl::StatusOr<int64_t> Model::ComputeLogits(absl::Span<const ForwardItem> batch
   return R;
 }
 
+bool Model::StacksQkv(const LayerWeights& L) const {
+  return L.qkv_proj.view.data != nullptr &&
+         (!config_.attention_bias || L.qkv_bias.view.data != nullptr);
+}
+
 absl::Status Model::AttentionBlock(int64_t l, absl::Span<const ForwardItem> batch, int64_t T) {
   const ModelConfig& c = config_;
   const LayerWeights& L = weights_.layers[l];
@@ -309,7 +317,7 @@ absl::Status Model::AttentionBlock(int64_t l, absl::Span<const ForwardItem> batc
   // q, k and v in one launch where they stack. One token: its output row is [q | k | v], q_ k_
   // v_ exactly. More: rows [T, q + 2 kv] into qkv_rows_, then one pass to q_, k_ and v_ (a third
   // of the GEMM launches and one split of h_: tests/bench/NOTES.md, stop 46).
-  if (L.qkv_proj.view.data != nullptr && (!c.attention_bias || L.qkv_bias.view.data != nullptr)) {
+  if (StacksQkv(L)) {
     const kernels::TensorView* bias = c.attention_bias ? &L.qkv_bias.view : nullptr;
     if (T == 1) {
       backend_.MatMul(q_, h_.f32(), T, L.qkv_proj.view, bias);

@@ -146,6 +146,8 @@ class Model {
   // gate, o_proj), GatedDeltaNet (projections, causal conv, delta rule, gated norm, out_proj) or
   // LFM2's short conv.
   absl::Status AttentionBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
+  // Whether layer L's q, k and v (and their biases, if any) stack: one projection for the three.
+  bool StacksQkv(const LayerWeights& L) const;
   void LinearAttentionBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
   // LFM2's short conv: B, C, X = h in_proj, out_proj(C * conv(B * X)) into h_.
   void ShortConvBlock(int64_t layer, absl::Span<const ForwardItem> batch, int64_t T);
@@ -184,7 +186,8 @@ class Model {
   float* k_ = nullptr;
   float* v_ = nullptr;
   kernels::Buffer inv_freq_;  // rope_.inv_freq in backend memory
-  kernels::Buffer qkv_rows_;  // [T, q + 2 kv]: the stacked projection's output, T > 1
+  // [T, q + 2 kv]: the stacked projection's output at T > 1, where a layer stacks (StacksQkv).
+  kernels::Buffer qkv_rows_;
 };
 
 }  // namespace moe::engine
