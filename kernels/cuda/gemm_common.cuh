@@ -1,6 +1,8 @@
 // Device helpers shared by the dense (matmul.cu) and quantized (matmul_quant.cu) grouped GEMMs.
 #pragma once
 
+#include <cooperative_groups.h>
+
 #include <type_traits>
 
 #include "kernels/cuda/common.cuh"
@@ -119,42 +121,68 @@ __host__ __device__ constexpr size_t MmaSmemBytes(int64_t rows, int64_t chunks) 
          (rows * MmaRowWords(chunks) + rows * chunks * 4 + chunks * kMmaSumStride);
 }
 
+// How a tensor-core matrix-vector block splits K: over kWays warps of the block, each block
+// staging all of x, or (kBlocks) over kWays blocks of a cluster, each staging only its slice of x
+// (MmaMatVecStore adds the slices up). A split over warps staged all of x in every block: as many
+// bytes from L2 as weights at 8 rows of bf16 A and 8 slices, and most of the kernel's stalls; over
+// blocks it costs what a cluster launch costs, so it is taken where x is at least half of a
+// block's weights (LaunchMmaMatVec; ncu and moe-bench, tests/bench/NOTES.md, stop 47).
+template <int kWays, bool kBlocks>
+struct KSplit {
+  static constexpr int ways = kWays;
+  static constexpr bool blocks = kBlocks;
+};
+using KWhole = KSplit<1, false>;
+
 // Where a tensor-core matrix-vector warp works: its block's x fragments in shared memory (StageMmaX
-// fills them), its 16 weight rows (ra, rb: lane g's rows g and g + 8, row 0 past N: computed,
-// never stored) and its K slice of chunks [c_begin, c_end).
+// fills them: chunks [x_begin, x_begin + x_count)), its 16 weight rows (ra, rb: lane g's rows g and
+// g + 8, row 0 past N: computed, never stored) and its K slice of chunks [c_begin, c_end).
 struct MmaWarp {
-  int nt, chunks, g, t;
+  int nt, chunks, g, t;  // chunks: of the shared-memory layout
   int64_t row_words, n0, ra, rb;
-  int c_begin, c_end;
-  uint32_t* xf;   // [row][chunk][4][t][4]
-  float* xpart;   // [row][chunk][t]
-  float* xsum;    // [chunk][kMmaSumStride rows]
+  int c_begin, c_end, x_begin, x_count;
+  uint32_t* xf;          // [row][chunk - x_begin][4][t][4]
+  float* xpart;          // [row][chunk - x_begin][t]
+  float* xsum;           // [chunk - x_begin][kMmaSumStride rows]
   const uint32_t* xrow;  // lane g's row of x fragments at its t
 
-  template <int ws>
+  template <typename Split>
   __device__ __forceinline__ static MmaWarp Make(const GemmParams& p, const GemmGroup& grp,
                                                  uint32_t* smem) {
-    return Make<ws>(p, grp, smem, blockIdx.x);
+    return Make<Split>(p, grp, smem, blockIdx.x);
   }
-  // The same for row-block bx (kMmaWarps / ws m-tiles) of the group, not the block's own.
-  template <int ws>
+  // The same for block bx of the group: row-block bx (kMmaWarps / ways m-tiles of 16 rows) with
+  // K split over its warps, or slice bx % ways of row-block bx / ways (kMmaWarps m-tiles) with K
+  // split over the blocks of a cluster.
+  template <typename Split>
   __device__ __forceinline__ static MmaWarp Make(const GemmParams& p, const GemmGroup& grp,
                                                  uint32_t* smem, int64_t bx) {
+    constexpr int ws = Split::ways;
     MmaWarp w;
+    const int all_chunks = static_cast<int>(p.K / kMmaChunk);
+    const int per_slice = (all_chunks + ws - 1) / ws;
+    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
+    int slice;
+    if constexpr (Split::blocks) {
+      w.n0 = (bx / ws * kMmaWarps + warp) * 16;
+      slice = static_cast<int>(bx % ws);
+    } else {
+      w.n0 = (bx * (kMmaWarps / ws) + warp / ws) * 16;
+      slice = warp % ws;
+    }
+    w.c_begin = slice * per_slice;
+    w.c_end = min(all_chunks, w.c_begin + per_slice);
+    w.chunks = Split::blocks ? per_slice : all_chunks;
+    w.x_begin = Split::blocks ? w.c_begin : 0;
+    w.x_count = Split::blocks ? w.c_end - w.c_begin : all_chunks;
     w.nt = static_cast<int>(grp.row_count);
-    w.chunks = static_cast<int>(p.K / kMmaChunk);
     w.row_words = MmaRowWords(w.chunks);
     w.xf = smem;
     w.xpart = reinterpret_cast<float*>(w.xf + p.max_rows * w.row_words);
     w.xsum = w.xpart + p.max_rows * w.chunks * 4;
-    const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
     w.g = lane / 4, w.t = lane % 4;
-    w.n0 = (bx * (kMmaWarps / ws) + warp / ws) * 16;
     w.ra = w.n0 + w.g < p.N ? w.n0 + w.g : 0;
     w.rb = w.n0 + w.g + 8 < p.N ? w.n0 + w.g + 8 : 0;
-    const int per_slice = (w.chunks + ws - 1) / ws;
-    w.c_begin = warp % ws * per_slice;
-    w.c_end = min(w.chunks, w.c_begin + per_slice);
     w.xrow = w.xf + w.g * w.row_words + 4 * w.t;
     return w;
   }
@@ -163,7 +191,7 @@ struct MmaWarp {
   // zeros where it supplies no row.
   __device__ __forceinline__ void LoadX(int c, uint32_t (&xw)[16], int tile = 0) const {
     const bool has_x = kMmaTokens * tile + g < nt;
-    const uint32_t* at = xrow + kMmaTokens * tile * row_words + c * 64;
+    const uint32_t* at = xrow + kMmaTokens * tile * row_words + (c - x_begin) * 64;
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       const uint4 q =
@@ -171,25 +199,30 @@ struct MmaWarp {
       xw[4 * v] = q.x, xw[4 * v + 1] = q.y, xw[4 * v + 2] = q.z, xw[4 * v + 3] = q.w;
     }
   }
+  // xsum of chunk c: its kMmaSumStride rows.
+  __device__ __forceinline__ const float* SumsOf(int c) const {
+    return xsum + (c - x_begin) * kMmaSumStride;
+  }
 };
 
-// The nt rows of A of group grp as x fragments in shared memory, and their sums per chunk: unit
-// (row j, chunk c, lane t) holds positions 64c + 16t + [0, 16) in the order of the k-steps: k-step
-// s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2 (s % 2) (b0) and i + 1, i + 5 (b1), as
-// hi, lo: words {b0 hi, b1 hi, b0 lo, b1 lo} in quarter s, so that each product's (b0, b1) is a
-// register pair as LDS.128 loads it (the order {b0 hi, b0 lo, ...} cost ~50 register moves a
-// chunk in the int4 kernel: ncu, tests/bench/NOTES.md, stop 45). xsum[c][j] (stride kMmaSumStride):
-// sum of row j's chunk c (of hi + lo: the values the products see), zero for j >= nt. Ends with a
-// barrier.
-__device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& grp, int nt,
-                                          int chunks, uint32_t* xf, float* xpart, float* xsum) {
-  const int64_t row_words = MmaRowWords(chunks);
-  for (int u = threadIdx.x; u < nt * chunks * 4; u += blockDim.x) {
+// The nt rows of A of group grp, chunks [x_begin, x_begin + x_count), as x fragments in shared
+// memory, and their sums per chunk: unit (row j, chunk c, lane t) holds positions 64c + 16t + [0,
+// 16) in the order of the k-steps: k-step s (0..3) takes positions i and i + 4, i = 8 (s / 2) + 2
+// (s % 2) (b0) and i + 1, i + 5 (b1), as hi, lo: words {b0 hi, b1 hi, b0 lo, b1 lo} in quarter s,
+// so that each product's (b0, b1) is a register pair as LDS.128 loads it (the order {b0 hi, b0 lo,
+// ...} cost ~50 register moves a chunk in the int4 kernel: ncu, tests/bench/NOTES.md, stop 45).
+// xsum[c][j] (stride kMmaSumStride): sum of row j's chunk c (of hi + lo: the values the products
+// see), zero for j >= nt. Ends with a barrier.
+__device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& grp,
+                                          const MmaWarp& mw) {
+  const int count = mw.x_count;
+  for (int u = threadIdx.x; u < mw.nt * count * 4; u += blockDim.x) {
     const int tq = u % 4;
-    const int64_t c = (u / 4) % chunks, j = u / (4 * chunks);
+    const int64_t c = (u / 4) % count, j = u / (4 * count);
     const int64_t r = grp.row_begin + j;
-    const float4* x4 = reinterpret_cast<const float4*>(
-        p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda + c * kMmaChunk + 16 * tq);
+    const float4* x4 =
+        reinterpret_cast<const float4*>(p.a + (p.a_rows != nullptr ? p.a_rows[r] : r) * p.lda +
+                                        (mw.x_begin + c) * kMmaChunk + 16 * tq);
     float x[16];
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
@@ -204,57 +237,60 @@ __device__ __forceinline__ void StageMmaX(const GemmParams& p, const GemmGroup& 
       SplitBf16x2(x[i], x[i + 4], frag[4 * s], frag[4 * s + 2], sum);
       SplitBf16x2(x[i + 1], x[i + 5], frag[4 * s + 1], frag[4 * s + 3], sum);
     }
-    uint32_t* dst = xf + j * row_words + c * 64 + 4 * tq;
+    uint32_t* dst = mw.xf + j * mw.row_words + c * 64 + 4 * tq;
 #pragma unroll
     for (int v = 0; v < 4; ++v) {
       *reinterpret_cast<uint4*>(dst + 16 * v) =
           make_uint4(frag[4 * v], frag[4 * v + 1], frag[4 * v + 2], frag[4 * v + 3]);
     }
-    xpart[u] = sum;
+    mw.xpart[(j * mw.chunks + c) * 4 + tq] = sum;
   }
   __syncthreads();
-  for (int i = threadIdx.x; i < chunks * kMmaSumStride; i += blockDim.x) {
+  for (int i = threadIdx.x; i < count * kMmaSumStride; i += blockDim.x) {
     const int c = i / kMmaSumStride, j = i % kMmaSumStride;
-    const float* s4 = xpart + (j * chunks + c) * 4;
-    xsum[i] = j < nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
+    const float* s4 = mw.xpart + (j * mw.chunks + c) * 4;
+    mw.xsum[i] = j < mw.nt ? (s4[0] + s4[1]) + (s4[2] + s4[3]) : 0.f;
   }
   __syncthreads();
 }
 
 // The end of a tensor-core matrix-vector warp: acc[x][m] = its mma accumulator of n-tile x (rows
 // n0 + g and n0 + g + 8, columns (rows of A) 8x + 2t and 8x + 2t + 1) of matrix m (gate, up); the
-// ws K slices of a row summed through `partial` ([kMmaWarps][NT * NW * 4][kWarp] floats) in a
-// fixed order, then stored (SiLU(gate) * up for kGlu).
-template <bool kGlu, int ws, int NT>
+// K slices of a row summed in slice order through `partial` ([kMmaWarps][NT * NW * 4][kWarp]
+// floats a block) by the first slice's warp, or for slices over blocks by the cluster's first
+// block, reading the others' through distributed shared memory; then stored (SiLU(gate) * up for
+// kGlu).
+template <bool kGlu, typename Split, int NT>
 __device__ __forceinline__ void MmaMatVecStore(const GemmParams& p, const GemmGroup& grp,
                                                int64_t n0, float (&acc)[NT][kGlu ? 2 : 1][4],
                                                float* partial) {
-  constexpr int NW = kGlu ? 2 : 1, kPer = NT * NW * 4;
+  constexpr int NW = kGlu ? 2 : 1, kPer = NT * NW * 4, ws = Split::ways;
   const int lane = threadIdx.x % kWarp, warp = threadIdx.x / kWarp;
   const int g = lane / 4, t = lane % 4;
+  float* const flat = &acc[0][0][0];  // [x][m][i]
   if constexpr (ws > 1) {
+    float* mine = partial + warp * kPer * kWarp + lane;
 #pragma unroll
-    for (int x = 0; x < NT; ++x) {
+    for (int i = 0; i < kPer; ++i) mine[i * kWarp] = flat[i];
+    if constexpr (Split::blocks) {
+      cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
+      cluster.sync();
+      const bool first = cluster.block_rank() == 0;
+      if (first) {
+        for (int s2 = 1; s2 < ws; ++s2) {
+          const float* theirs = cluster.map_shared_rank(mine, s2);
 #pragma unroll
-      for (int m = 0; m < NW; ++m) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          partial[(warp * kPer + (x * NW + m) * 4 + i) * kWarp + lane] = acc[x][m][i];
+          for (int i = 0; i < kPer; ++i) flat[i] += theirs[i * kWarp];
         }
       }
-    }
-    __syncthreads();
-    if (warp % ws != 0) return;
+      cluster.sync();  // the other slices' `partial` stays until the first has read it
+      if (!first) return;
+    } else {
+      __syncthreads();
+      if (warp % ws != 0) return;
+      for (int s2 = 1; s2 < ws; ++s2) {
 #pragma unroll
-    for (int x = 0; x < NT; ++x) {
-#pragma unroll
-      for (int m = 0; m < NW; ++m) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          for (int s2 = 1; s2 < ws; ++s2) {
-            acc[x][m][i] += partial[((warp + s2) * kPer + (x * NW + m) * 4 + i) * kWarp + lane];
-          }
-        }
+        for (int i = 0; i < kPer; ++i) flat[i] += mine[(s2 * kPer + i) * kWarp];
       }
     }
   }
@@ -292,62 +328,107 @@ __device__ __forceinline__ void MmaRounds(int c_begin, int c_end, Load& load_rou
 
 // The tensor-core matrix-vector kernel of weight format Fmt (Int4Mma in matmul_quant.cu, Bf16Mma
 // in matmul.cu): Fmt::kAlign, the alignment in bytes its wide loads need of every matrix;
-// Fmt::kMaxSmem, the most shared memory a block may ask; Fmt::kTiles, its n-tiles; Fmt::Body<kGlu,
-// ws, kAligned>(p, grp, partial), a warp's work. The body is instanced for aligned matrices and for
-// others (byte loads) and chosen once per block, so that its loop has no branch. Block: kMmaWarps
-// warps, kMmaWarps / ws m-tiles of 16 rows, each split over K into ws slices; grid (ceil(N / 16) *
-// ws / kMmaWarps, groups). A group's row_count <= kMmaTokens * Fmt::kTiles.
-template <typename Fmt, bool kGlu, int ws>
-__global__ __launch_bounds__(kMmaThreads, Fmt::kTiles == 1 ? 2 : 1) void MmaMatVecKernel(
-    const GemmParams p, const GemmGroup single) {
+// Fmt::kMaxSmem, the most shared memory a block may ask; Fmt::kTiles, its n-tiles; Fmt::kBits, a
+// weight's bits; Fmt::Body<kGlu, Split, kAligned>(p, grp, partial), a warp's work. The body is
+// instanced for aligned matrices and for others (byte loads) and chosen once per block, so that
+// its loop has no branch. Block: kMmaWarps warps, K split as `Split` says (KSplit); grid
+// (row-blocks * (ways if the split is over blocks), groups). A group's row_count <= kMmaTokens *
+// Fmt::kTiles.
+template <typename Fmt, bool kGlu, typename Split>
+__device__ __forceinline__ void MmaMatVecBlock(const GemmParams& p, const GemmGroup& single) {
   WaitForPriorKernel();
-  __shared__ float partial[ws > 1 ? kMmaWarps * Fmt::kTiles * (kGlu ? 8 : 4) * kWarp : 1];
+  __shared__ float partial[Split::ways > 1 ? kMmaWarps * Fmt::kTiles * (kGlu ? 8 : 4) * kWarp : 1];
   const GemmGroup grp = GroupOf(p, single, blockIdx.y);
-  if (grp.row_count == 0) return;  // block-uniform
+  if (grp.row_count == 0) return;  // uniform over a cluster: its blocks share the group
   bool aligned = reinterpret_cast<uintptr_t>(grp.w) % Fmt::kAlign == 0;
   if constexpr (kGlu) {
     aligned = aligned && reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) % Fmt::kAlign == 0;
   }
   if (aligned) {
-    Fmt::template Body<kGlu, ws, true>(p, grp, partial);
+    Fmt::template Body<kGlu, Split, true>(p, grp, partial);
   } else {
-    Fmt::template Body<kGlu, ws, false>(p, grp, partial);
+    Fmt::template Body<kGlu, Split, false>(p, grp, partial);
   }
 }
 
+// K over ws warps of a block.
 template <typename Fmt, bool kGlu, int ws>
-void LaunchMmaMatVecAt(const GemmParams& p, const GemmGroup& single, size_t smem,
+__global__ __launch_bounds__(kMmaThreads, Fmt::kTiles == 1 ? 2 : 1) void MmaMatVecKernel(
+    const GemmParams p, const GemmGroup single) {
+  MmaMatVecBlock<Fmt, kGlu, KSplit<ws, false>>(p, single);
+}
+
+#ifdef MOE_CUDA_WGMMA  // a Hopper build: clusters
+// K over the ws blocks of a cluster.
+template <typename Fmt, bool kGlu, int ws>
+__global__ __cluster_dims__(ws, 1, 1)
+    __launch_bounds__(kMmaThreads,
+                      Fmt::kTiles == 1 ? 2 : 1) void MmaMatVecSlicedKernel(const GemmParams p,
+                                                                           const GemmGroup single) {
+  MmaMatVecBlock<Fmt, kGlu, KSplit<ws, true>>(p, single);
+}
+#endif
+
+// kKernel with `smem` bytes of dynamic shared memory (up to Fmt::kMaxSmem), grid.x `blocks`.
+template <typename Fmt, auto kKernel>
+void LaunchMmaMatVecAt(const GemmParams& p, const GemmGroup& single, size_t smem, int64_t blocks,
                        cudaStream_t stream) {
   static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(MmaMatVecKernel<Fmt, kGlu, ws>,
-                                        cudaFuncAttributeMaxDynamicSharedMemorySize,
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(kKernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                         static_cast<int>(Fmt::kMaxSmem)));
     return true;
   }();
   (void)attr;
-  const dim3 grid(static_cast<unsigned>(CeilDiv(CeilDiv(p.N, 16) * ws, kMmaWarps)),
-                  static_cast<unsigned>(p.num_groups));
-  Launch(MmaMatVecKernel<Fmt, kGlu, ws>, grid, kMmaWarps * kWarp, smem, stream, p, single);
+  const dim3 grid(static_cast<unsigned>(blocks), static_cast<unsigned>(p.num_groups));
+  Launch(kKernel, grid, kMmaWarps * kWarp, smem, stream, p, single);
 }
 
-// MmaMatVecKernel<Fmt> with `smem` bytes of x, K split over ws warps (1, 2, 4 or 8) while
-// `wave` blocks (what the GPU holds at once) are not exceeded and each slice keeps 4 chunks.
+// K in ws slices: over warps (`smem` bytes of x, all of it), or over the blocks of clusters
+// (each block its slice's x).
+template <typename Fmt, bool kGlu, int ws>
+void LaunchMmaMatVecSplit(const GemmParams& p, const GemmGroup& single, size_t smem, bool blocks,
+                          cudaStream_t stream) {
+  const int64_t m_tiles = CeilDiv(p.N, 16);
+#ifdef MOE_CUDA_WGMMA
+  if (blocks) {
+    const size_t slice_smem = MmaSmemBytes(p.max_rows, CeilDiv(p.K / kMmaChunk, ws));
+    LaunchMmaMatVecAt<Fmt, MmaMatVecSlicedKernel<Fmt, kGlu, ws>>(
+        p, single, slice_smem, CeilDiv(m_tiles, kMmaWarps) * ws, stream);
+    return;
+  }
+#endif
+  LaunchMmaMatVecAt<Fmt, MmaMatVecKernel<Fmt, kGlu, ws>>(p, single, smem,
+                                                         CeilDiv(m_tiles * ws, kMmaWarps), stream);
+}
+
+// MmaMatVecKernel<Fmt> with `smem` bytes of x, K split in ws slices (1, 2, 4 or 8) while `wave`
+// blocks (what the GPU holds at once) are not exceeded and each slice keeps 4 chunks; the slices
+// over blocks (a Hopper build) where x is at least half of what a block of the split over warps
+// reads of the weights: rows 4 bytes a column against 16 / ws weight rows of Fmt::kBits.
 template <typename Fmt>
 void LaunchMmaMatVec(const GemmParams& p, const GemmGroup& single, size_t smem, int64_t wave,
                      cudaStream_t stream) {
   const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups, chunks = p.K / kMmaChunk;
   int ws = 1;
   while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
+  const bool blocks = p.max_rows * ws >= 2 * Fmt::kBits;
   const bool glu = p.glu();
   switch (ws) {
-    case 1: glu ? LaunchMmaMatVecAt<Fmt, true, 1>(p, single, smem, stream)
-                : LaunchMmaMatVecAt<Fmt, false, 1>(p, single, smem, stream); break;
-    case 2: glu ? LaunchMmaMatVecAt<Fmt, true, 2>(p, single, smem, stream)
-                : LaunchMmaMatVecAt<Fmt, false, 2>(p, single, smem, stream); break;
-    case 4: glu ? LaunchMmaMatVecAt<Fmt, true, 4>(p, single, smem, stream)
-                : LaunchMmaMatVecAt<Fmt, false, 4>(p, single, smem, stream); break;
-    default: glu ? LaunchMmaMatVecAt<Fmt, true, 8>(p, single, smem, stream)
-                 : LaunchMmaMatVecAt<Fmt, false, 8>(p, single, smem, stream);
+    case 1:
+      glu ? LaunchMmaMatVecSplit<Fmt, true, 1>(p, single, smem, false, stream)
+          : LaunchMmaMatVecSplit<Fmt, false, 1>(p, single, smem, false, stream);
+      break;
+    case 2:
+      glu ? LaunchMmaMatVecSplit<Fmt, true, 2>(p, single, smem, blocks, stream)
+          : LaunchMmaMatVecSplit<Fmt, false, 2>(p, single, smem, blocks, stream);
+      break;
+    case 4:
+      glu ? LaunchMmaMatVecSplit<Fmt, true, 4>(p, single, smem, blocks, stream)
+          : LaunchMmaMatVecSplit<Fmt, false, 4>(p, single, smem, blocks, stream);
+      break;
+    default:
+      glu ? LaunchMmaMatVecSplit<Fmt, true, 8>(p, single, smem, blocks, stream)
+          : LaunchMmaMatVecSplit<Fmt, false, 8>(p, single, smem, blocks, stream);
   }
 }
 

@@ -312,13 +312,13 @@ int64_t StreamMatVecResidentBlocks(int num_sms) {
 // k-step s pairs x positions i, i + 4 (b0) and i + 1, i + 5 (b1), i = 8 (s / 2) + 2 (s % 2), so
 // the A operand pairs the same weights: a0 = (i, i + 4) of row g, a2 = (i + 1, i + 5), from the
 // words holding (i, i + 1) and (i + 4, i + 5) by two byte permutes.
-template <bool kGlu, int ws, bool kAligned>
+template <bool kGlu, typename Split, bool kAligned>
 __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
   constexpr int kU = kGlu ? 1 : 2;  // chunks a round; two rounds in flight (registers)
   extern __shared__ uint32_t xsmem[];
-  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem);
+  const MmaWarp mw = MmaWarp::Make<Split>(p, grp, xsmem);
   const int64_t K = p.K;
   const __nv_bfloat16* rows[NW][2];
 #pragma unroll
@@ -359,7 +359,7 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
     }
   };
   load_round(std::integral_constant<int, 0>{}, mw.c_begin);  // before x is staged
-  StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
+  StageMmaX(p, grp, mw);
 
   float acc[1][NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
@@ -388,7 +388,7 @@ __device__ __forceinline__ void Bf16MmaMatVec(const GemmParams& p, const GemmGro
     }
   };
   MmaRounds<kU>(mw.c_begin, c_end, load_round, compute_round);
-  MmaMatVecStore<kGlu, ws, 1>(p, grp, mw.n0, acc, partial);
+  MmaMatVecStore<kGlu, Split, 1>(p, grp, mw.n0, acc, partial);
 }
 
 // One block an SM up to this much x (8 rows of K = 4096: 141 KB), two up to kMmaMaxSmem.
@@ -398,10 +398,11 @@ struct Bf16Mma {
   static constexpr uintptr_t kAlign = 16;  // 16-byte weight loads
   static constexpr size_t kMaxSmem = kBf16MmaMaxSmem;
   static constexpr int kTiles = 1;
-  template <bool kGlu, int ws, bool kAligned>
+  static constexpr int kBits = 16;
+  template <bool kGlu, typename Split, bool kAligned>
   __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
-    Bf16MmaMatVec<kGlu, ws, kAligned>(p, grp, partial);
+    Bf16MmaMatVec<kGlu, Split, kAligned>(p, grp, partial);
   }
 };
 

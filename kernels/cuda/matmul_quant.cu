@@ -337,11 +337,11 @@ __device__ __forceinline__ uint32_t CodesAsBf16(uint32_t w, int shift) {
 
 // The kernel below for group `grp`, its matrices 8-byte aligned (kAligned: 8- and 4-byte loads)
 // or not (byte loads), NT n-tiles of 8 rows of A (2: each weight fragment serves 16 tokens, so an
-// expert with 9-16 tokens of a decode batch is read once, not twice), row-block bx (kMmaWarps / ws
-// m-tiles of 16 rows); x staged into shared memory first, or (stage false) already there from an
-// earlier row-block of the same group (Int4MmaWalkKernel). partial: [kMmaWarps][NT * NW * 4][kWarp]
-// floats when ws > 1.
-template <bool kGlu, int ws, bool kAligned, int NT, bool kExact>
+// expert with 9-16 tokens of a decode batch is read once, not twice), block bx of K split as
+// Split says (MmaWarp::Make); x staged into shared memory first, or (stage false) already there
+// from an earlier row-block of the same group (Int4MmaWalkKernel, K whole). partial:
+// [kMmaWarps][NT * NW * 4][kWarp] floats when K is split.
+template <bool kGlu, typename Split, bool kAligned, int NT, bool kExact>
 __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGroup& grp,
                                               float* partial, int64_t bx, bool stage) {
   constexpr int NW = kGlu ? 2 : 1;  // gate and up matrices, or the one weight matrix
@@ -350,7 +350,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
   // sequences: H200, tests/bench/NOTES.md.)
   constexpr int kU = kGlu ? 2 : 4;
   extern __shared__ uint32_t xsmem[];
-  const MmaWarp mw = MmaWarp::Make<ws>(p, grp, xsmem, bx);
+  const MmaWarp mw = MmaWarp::Make<Split>(p, grp, xsmem, bx);
   const int t = mw.t;
   const int64_t K = p.K;
   const int64_t row_bytes = K / 2, groups = K / p.group_size;
@@ -402,7 +402,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
   // The first round goes out before x is staged: the weights do not depend on the kernel before.
   load_round(std::integral_constant<int, 0>{}, mw.c_begin);
 
-  if (stage) StageMmaX(p, grp, mw.nt, mw.chunks, mw.xf, mw.xpart, mw.xsum);
+  if (stage) StageMmaX(p, grp, mw);
 
   float acc[NT][NW][4] = {};
   auto compute_round = [&](auto buffer, int c0) {
@@ -416,8 +416,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
         if (x > 0 && mw.nt <= kMmaTokens) break;  // block-uniform: a chunk of at most 8 rows
         uint32_t xw[16];
         mw.LoadX(c, xw, x);
-        const float2 sx =
-            *reinterpret_cast<const float2*>(mw.xsum + c * kMmaSumStride + kMmaTokens * x + 2 * t);
+        const float2 sx = *reinterpret_cast<const float2*>(mw.SumsOf(c) + kMmaTokens * x + 2 * t);
 #pragma unroll
         for (int m = 0; m < NW; ++m) {
           float d[4] = {0.f, 0.f, 0.f, 0.f};
@@ -445,7 +444,7 @@ __device__ __forceinline__ void Int4MmaMatVec(const GemmParams& p, const GemmGro
     }
   };
   MmaRounds<kU>(mw.c_begin, c_end, load_round, compute_round);
-  MmaMatVecStore<kGlu, ws, NT>(p, grp, mw.n0, acc, partial);
+  MmaMatVecStore<kGlu, Split, NT>(p, grp, mw.n0, acc, partial);
 }
 
 // NT n-tiles: 1 (up to 8 rows of A, two blocks an SM) or 2 (9-16 rows: x of 16 rows at K = 2048
@@ -456,10 +455,11 @@ struct Int4Mma {
   static constexpr uintptr_t kAlign = 8;  // 8-byte code loads (the store aligns to 256 bytes)
   static constexpr size_t kMaxSmem = NT == 1 ? kMmaMaxSmem : 200 * 1024;
   static constexpr int kTiles = NT;
-  template <bool kGlu, int ws, bool kAligned>
+  static constexpr int kBits = 4;
+  template <bool kGlu, typename Split, bool kAligned>
   __device__ __forceinline__ static void Body(const GemmParams& p, const GemmGroup& grp,
                                               float* partial) {
-    Int4MmaMatVec<kGlu, ws, kAligned, NT, kExact>(p, grp, partial, blockIdx.x, true);
+    Int4MmaMatVec<kGlu, Split, kAligned, NT, kExact>(p, grp, partial, blockIdx.x, true);
   }
 };
 
@@ -492,9 +492,9 @@ __global__ __launch_bounds__(kMmaThreads,
     if (bx >= row_blocks) break;  // block-uniform
     // x stays in shared memory between row-blocks: nothing writes it after the first staging.
     if (aligned) {
-      Int4MmaMatVec<kGlu, 1, true, 2, kExact>(p, grp, partial, bx, r == 0);
+      Int4MmaMatVec<kGlu, KWhole, true, 2, kExact>(p, grp, partial, bx, r == 0);
     } else {
-      Int4MmaMatVec<kGlu, 1, false, 2, kExact>(p, grp, partial, bx, r == 0);
+      Int4MmaMatVec<kGlu, KWhole, false, 2, kExact>(p, grp, partial, bx, r == 0);
     }
   }
 }

@@ -37,12 +37,12 @@ sections=(--section LaunchStats --section Occupancy --section SpeedOfLight --sec
   --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section SchedulerStats
   --section SourceCounters)
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'MmaMatVecKernel<.*Int4Mma' --launch-skip 0 --launch-count 1 \
+  -k regex:'MmaMatVec(Sliced)?Kernel<.*Int4Mma' --launch-skip 0 --launch-count 1 \
   "$bin/matvec_bench" >"$out/lm_head_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'MmaMatVecKernel<.*Int4Mma, .bool.1' --launch-skip 2 --launch-count 1 \
+  -k regex:'MmaMatVec(Sliced)?Kernel<.*Int4Mma, .bool.1' --launch-skip 2 --launch-count 1 \
   "$bin/matvec_bench" >"$out/glu_int4.txt" 2>&1
 ncu --clock-control none "${sections[@]}" --kernel-name-base demangled \
-  -k regex:'MmaMatVecKernel<.*Int4Mma, .bool.0' --launch-skip 108 --launch-count 1 \
+  -k regex:'MmaMatVec(Sliced)?Kernel<.*Int4Mma, .bool.0' --launch-skip 108 --launch-count 1 \
   "$bin/matvec_bench" >"$out/down_int4.txt" 2>&1
 ls -la "$out"

@@ -103,6 +103,8 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{8, 2048, 4096, DType::kBF16, false},
                       MatMulCase{4, 2048, 4096, DType::kBF16, true},
                       MatMulCase{5, 1100, 2048, DType::kBF16, false},
+                      // K in 8 slices a cluster, the last short (67 chunks), a part row-block
+                      MatMulCase{6, 200, 4288, DType::kBF16, true},
                       MatMulCase{8, 64, 733, DType::kF32, false},
                       MatMulCase{9, 733, 129, DType::kBF16, false},  // two passes of 8 rows
                       MatMulCase{16, 2048, 2048, DType::kBF16, false},  // GEMM from 9 rows
@@ -1197,6 +1199,9 @@ INSTANTIATE_TEST_SUITE_P(
                       QuantMatMulCase{{2, 2048, 768, DType::kQ4, false}, 128},
                       QuantMatMulCase{{9, 733, 129, DType::kQ4, false}, 64},    // two passes of 8
                       QuantMatMulCase{{12, 768, 2048, DType::kQ4, false}, 64},  // two n-tiles
+                      // K sliced over clusters: a short last slice; two n-tiles, 8 slices
+                      QuantMatMulCase{{6, 200, 4288, DType::kQ4, true}, 64},
+                      QuantMatMulCase{{16, 300, 4096, DType::kQ4, false}, 128},
                       QuantMatMulCase{{16, 2048, 768, DType::kQ4, false}, 128},
                       QuantMatMulCase{{13, 733, 2048, DType::kQ4, true}, 64},    // partial tiles
                       QuantMatMulCase{{100, 300, 2048, DType::kQ4, false}, 32},  // GEMM, k-tile 32
