@@ -125,6 +125,8 @@ class CudaBackend final : public Backend {
   enum class OverlapLaunches { kNever, kSmallSteps, kAlways };
   CudaBackend(CUstream_st* stream, int num_sms, OverlapLaunches overlap, bool graphs);
   void* Reserve(Scratch& s, size_t bytes);
+  // out[t, n] += bias[n] for MatMul (nothing when bias is null).
+  void AddBias(float* out, int64_t T, int64_t N, const TensorView* bias);
   // Copies `bytes` of host memory into `s` (grown as needed), ordered on stream(); returns it.
   // Bytes equal to the ones `s` holds already are not copied again: the layers of a step stage
   // the same block tables, and a copy between two kernels stops the next one's early launch.

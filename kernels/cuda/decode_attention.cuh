@@ -639,12 +639,13 @@ bool RunDecodeAttention(const AttentionArgs& a, const std::vector<SeqDesc>& mult
     per_sm = DecodeBlocksPerSm<decltype(d)::value, decltype(rows)::value, Src>();
     warps = DecodeWarps<decltype(d)::value, decltype(rows)::value, Src>();
   });
-  // Split the keys so that one wave fills the GPU, each warp at least one tile of its own.
+  // Split the keys so that the blocks fill one wave, each warp at least one tile of its own. The
+  // count is rounded down: rounded up, 256 blocks (64 sequences of 4 kv heads) on 264 slots were
+  // 2 splits, a second wave and the combine's launch (H200, tests/bench/NOTES.md, stop 47).
   const int64_t blocks = static_cast<int64_t>(seqs.size()) * a.num_kv_heads;
   const int64_t tiles = CeilDiv(keys, kTileKeys);
   const int64_t want = std::max<int64_t>(
-      1, std::min({CeilDiv(int64_t{per_sm} * num_sms, blocks), CeilDiv(tiles, warps),
-                   kMaxSplits}));
+      1, std::min({int64_t{per_sm} * num_sms / blocks, CeilDiv(tiles, warps), kMaxSplits}));
   p.keys_per_split = CeilDiv(tiles, want) * kTileKeys;
   p.num_splits = static_cast<int>(CeilDiv(keys, p.keys_per_split));
   p.partials = p.num_splits > 1 || Src::kCombineRotates || p.row_ml != nullptr;

@@ -21,6 +21,10 @@ __device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGrou
     const void* w = p.routed_w[e];
     return {w, g, w != nullptr ? 1 : 0};
   }
+  if (p.row_chunk > 0) {
+    const int64_t begin = g * p.row_chunk;
+    return {single.w, single.row_begin + begin, Min64(p.row_chunk, single.row_count - begin)};
+  }
   return p.groups != nullptr ? p.groups[g] : single;
 }
 

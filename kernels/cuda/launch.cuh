@@ -62,6 +62,10 @@ struct GemmParams {
   // adding its share into C (so C must be zeroed and `accumulate` set; the other kernels ignore it
   // and accumulate whole sums). For decode batches whose tiles leave SMs idle.
   int k_splits = 1;
+  // One matrix (no groups table) in groups of row_chunk rows of A: group g is rows [g row_chunk,
+  // (g + 1) row_chunk) of the single group, so that a matrix-vector kernel takes more rows of A
+  // than it holds at once (the weights read once a group: small matrices only, MatMul).
+  int64_t row_chunk = 0;
 
   bool glu() const { return up_groups != nullptr || routed_up != nullptr; }
   bool has_groups() const { return groups != nullptr || routed_ids != nullptr; }

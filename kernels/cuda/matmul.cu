@@ -408,14 +408,14 @@ struct Bf16Mma {
 
 // The tensor-core path: bf16, 2..8 rows of A, whole chunks, aligned rows of A, enough rows of W
 // to give half the SMs a block (the k/v projections and the router, 32 blocks or fewer, stay on
-// the SIMT split kernel: a block's fixed cost, staging x, is most of their time); false when it
-// does not apply.
+// the SIMT split kernel: a block's fixed cost, staging x, is most of their time) or rows in
+// chunks (MatMul's small matrices past 8 rows); false when it does not apply.
 bool LaunchBf16MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStream_t stream) {
   const int64_t chunks = p.K / kMmaChunk;
   const size_t smem = MmaSmemBytes(p.max_rows, chunks);
   const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
-  if (p.max_rows < 2 || p.max_rows > kMmaTokens || p.K % kMmaChunk != 0 ||
-      smem > kBf16MmaMaxSmem || 2 * CeilDiv(tiles * 8, kMmaWarps) < p.num_sms ||
+  if (p.max_rows < 2 || p.max_rows > kMmaTokens || p.K % kMmaChunk != 0 || smem > kBf16MmaMaxSmem ||
+      (p.row_chunk == 0 && 2 * CeilDiv(tiles * 8, kMmaWarps) < p.num_sms) ||
       (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
@@ -608,6 +608,19 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   p.ldc = N;
   p.num_sms = num_sms_;
   p.group_size = w.group_size;
+  if (w.dtype == DType::kBF16 && T > cuda::kMmaTokens && T <= cuda::kMatVecMaxRows &&
+      N <= cuda::kGemmTileCols && K % cuda::kMmaChunk == 0) {
+    // A matrix of one GEMM tile column (the router) past 8 rows: the tensor-core matrix-vector
+    // kernel in chunks of 8 rows, the weights (at most 128 rows) read once a chunk, mostly from
+    // L2. The GEMM took zero + split + a launch of one tile column over K slices: ~18 us at 64
+    // rows, most of it fixed latency; this takes 6.7 (H200, tests/bench/NOTES.md, stop 47).
+    p.row_chunk = cuda::kMmaTokens;
+    p.max_rows = cuda::kMmaTokens;
+    p.num_groups = static_cast<int>(cuda::CeilDiv(T, cuda::kMmaTokens));
+    cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
+    AddBias(out, T, N, bias);
+    return;
+  }
   // Rows the tensor-core GEMM takes (bf16 past 8, quantized past kMatVecMaxRows) whose tiles
   // would not give every SM two blocks (decode batches: k/v projections and the router at 256
   // rows are 16 and 4 tiles): K split so that they do, each slice at least 8 k-tiles, into C
@@ -636,6 +649,10 @@ void CudaBackend::MatMul(float* out, const float* x, int64_t T, const TensorView
   }
   // One group passed by value: no host->device copy on the decode path.
   cuda::Dispatch(p, cuda::GemmGroup{w.data, 0, T}, stream_);
+  AddBias(out, T, N, bias);
+}
+
+void CudaBackend::AddBias(float* out, int64_t T, int64_t N, const TensorView* bias) {
   if (bias == nullptr) return;
   const int threads = 256;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>(cuda::CeilDiv(T * N, threads),

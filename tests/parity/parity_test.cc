@@ -108,6 +108,9 @@ INSTANTIATE_TEST_SUITE_P(
                       MatMulCase{8, 64, 733, DType::kF32, false},
                       MatMulCase{9, 733, 129, DType::kBF16, false},  // two passes of 8 rows
                       MatMulCase{16, 2048, 2048, DType::kBF16, false},  // GEMM from 9 rows
+                      // one tile column past 8 rows: matrix-vector in chunks of 8 (the router)
+                      MatMulCase{64, 128, 2048, DType::kBF16, false},
+                      MatMulCase{21, 100, 768, DType::kBF16, true},  // a part chunk, bias
                       MatMulCase{24, 512, 2048, DType::kBF16, true},
                       MatMulCase{33, 257, 67, DType::kF32, true},
                       MatMulCase{64, 2048, 2048, DType::kBF16, false},  // last matrix-vector size
