@@ -463,28 +463,31 @@ struct Int4Mma {
   }
 };
 
-// ---- the two-n-tile kernel with blocks walking row-blocks
-// ---------------------------------------- At 9-16 rows of A each block stages x (16 rows x K fp32:
-// 128 KB at K = 2048, gathered from L2) for 128 weight rows, 6 times an expert at the gate/up
-// shape: 100 MB of staging a layer beside 214 MB of weights at 256 tokens, a serial prologue during
-// which the SM's one block computes nothing (tests/bench/NOTES.md, stop 43). Here a block takes
-// `per_block` consecutive row-blocks of its group and stages x once, where the kernel above would
-// not split K: 3 row-blocks a block (Int4Walk) took 256 sequences from 6,845 to 7,021 tokens/s
-// (H200, two interleaved rounds). Two blocks an SM for one matrix (the down projection: x is 54 KB
-// at K = 768, and the kernel above holds 127 registers; uncapped, this one took 135).
-template <bool kGlu, bool kExact>
+// ---- blocks walking row-blocks -----------------------------------------------------------------
+// At 9-16 rows of A each block stages x (16 rows x K fp32: 128 KB at K = 2048, gathered from L2)
+// for 128 weight rows, 6 times an expert at the gate/up shape: 100 MB of staging a layer beside
+// 214 MB of weights at 256 tokens, a serial prologue during which the SM's one block computes
+// nothing (tests/bench/NOTES.md, stop 43). Here a block takes `per_block` consecutive row-blocks
+// of its group and stages x once, where the kernel above would not split K: 3 row-blocks a block
+// (Int4Walk) took 256 sequences from 6,845 to 7,021 tokens/s (H200, two interleaved rounds). The
+// same for one n-tile (up to 8 rows of A an expert: batches of 16-64 sequences), where the
+// groups' row-blocks also overfilled a wave: 64 sequences' gate/up ~780 blocks on 264 slots, three
+// waves, x staged 6 times an expert (stop 47). Two blocks an SM but for two n-tiles' gate/up (the
+// down projection: x is 54 KB at K = 768, and the kernel above holds 127 registers; uncapped,
+// this one took 135).
+template <int NT, bool kGlu, bool kExact>
 __global__ __launch_bounds__(kMmaThreads,
-                             kGlu ? 1 : 2) void Int4MmaWalkKernel(const GemmParams p,
-                                                                  const GemmGroup single,
-                                                                  int per_block) {
+                             NT == 2 && kGlu ? 1 : 2) void Int4MmaWalkKernel(const GemmParams p,
+                                                                             const GemmGroup single,
+                                                                             int per_block) {
   WaitForPriorKernel();
-  __shared__ float partial[1];  // ws = 1: unused
+  __shared__ float partial[1];  // K whole: unused
   const GemmGroup grp = GroupOf(p, single, blockIdx.y);
   if (grp.row_count == 0) return;  // block-uniform
-  bool aligned = reinterpret_cast<uintptr_t>(grp.w) % Int4Mma<2, kExact>::kAlign == 0;
+  bool aligned = reinterpret_cast<uintptr_t>(grp.w) % Int4Mma<NT, kExact>::kAlign == 0;
   if constexpr (kGlu) {
     aligned = aligned &&
-              reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) % Int4Mma<2, kExact>::kAlign == 0;
+              reinterpret_cast<uintptr_t>(UpOf(p, blockIdx.y)) % Int4Mma<NT, kExact>::kAlign == 0;
   }
   const int64_t row_blocks = CeilDiv(p.N, int64_t{16} * kMmaWarps);
   for (int r = 0; r < per_block; ++r) {
@@ -492,9 +495,9 @@ __global__ __launch_bounds__(kMmaThreads,
     if (bx >= row_blocks) break;  // block-uniform
     // x stays in shared memory between row-blocks: nothing writes it after the first staging.
     if (aligned) {
-      Int4MmaMatVec<kGlu, KWhole, true, 2, kExact>(p, grp, partial, bx, r == 0);
+      Int4MmaMatVec<kGlu, KWhole, true, NT, kExact>(p, grp, partial, bx, r == 0);
     } else {
-      Int4MmaMatVec<kGlu, KWhole, false, 2, kExact>(p, grp, partial, bx, r == 0);
+      Int4MmaMatVec<kGlu, KWhole, false, NT, kExact>(p, grp, partial, bx, r == 0);
     }
   }
 }
@@ -509,20 +512,20 @@ int Int4Walk() {
   return walk;
 }
 
-template <bool kGlu>
+template <int NT, bool kGlu>
 void LaunchInt4MmaWalk(const GemmParams& p, const GemmGroup& single, size_t smem, int walk,
                        cudaStream_t stream) {
   static const bool attr = [] {  // once per instance: more than 48 KiB of dynamic shared memory
-    MOE_CUDA_CHECK(cudaFuncSetAttribute(Int4MmaWalkKernel<kGlu, true>,
+    MOE_CUDA_CHECK(cudaFuncSetAttribute(Int4MmaWalkKernel<NT, kGlu, true>,
                                         cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                        static_cast<int>(Int4Mma<2, true>::kMaxSmem)));
+                                        static_cast<int>(Int4Mma<NT, true>::kMaxSmem)));
     return true;
   }();
   (void)attr;
   const int64_t row_blocks = CeilDiv(p.N, int64_t{16} * kMmaWarps);
   const dim3 grid(static_cast<unsigned>(CeilDiv(row_blocks, int64_t{walk})),
                   static_cast<unsigned>(p.num_groups));
-  Launch(Int4MmaWalkKernel<kGlu, true>, grid, kMmaThreads, smem, stream, p, single, walk);
+  Launch(Int4MmaWalkKernel<NT, kGlu, true>, grid, kMmaThreads, smem, stream, p, single, walk);
 }
 
 // Blocks of MmaMatVecKernel<Fmt, kGlu, *> an SM holds with `smem` bytes of x (registers: asked
@@ -561,14 +564,25 @@ bool LaunchInt4MmaMatVec(const GemmParams& p, const GemmGroup& single, cudaStrea
       (reinterpret_cast<uintptr_t>(p.a) & 15) != 0 || p.lda % 4 != 0) {
     return false;
   }
-  if (two_tiles && ExactCodes() && Int4Walk() > 1) {
-    // Where LaunchMmaMatVec would keep K whole (ws 1): the walk kernel has no K split.
+  if (ExactCodes() && Int4Walk() > 1 && p.max_rows > 1) {
+    // Where LaunchMmaMatVec would keep K whole (ws 1): the walk kernel has no K split. Not for
+    // groups of one row (routed pairs): their x is a row, nothing to stage again, and walking
+    // leaves fewer blocks than a wave holds.
     const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups;
-    const int64_t per_sm = p.glu() ? Int4MmaBlocksPerSm<Int4Mma<2, true>, true>(smem)
-                                   : Int4MmaBlocksPerSm<Int4Mma<2, true>, false>(smem);
+    const int64_t per_sm = two_tiles
+                               ? (p.glu() ? Int4MmaBlocksPerSm<Int4Mma<2, true>, true>(smem)
+                                          : Int4MmaBlocksPerSm<Int4Mma<2, true>, false>(smem))
+                               : (p.glu() ? Int4MmaBlocksPerSm<Int4Mma<1, true>, true>(smem)
+                                          : Int4MmaBlocksPerSm<Int4Mma<1, true>, false>(smem));
     if (CeilDiv(tiles * 2, kMmaWarps) > p.num_sms * per_sm || chunks < 8) {
-      p.glu() ? LaunchInt4MmaWalk<true>(p, single, smem, Int4Walk(), stream)
-              : LaunchInt4MmaWalk<false>(p, single, smem, Int4Walk(), stream);
+      const int walk = Int4Walk();
+      if (two_tiles) {
+        p.glu() ? LaunchInt4MmaWalk<2, true>(p, single, smem, walk, stream)
+                : LaunchInt4MmaWalk<2, false>(p, single, smem, walk, stream);
+      } else {
+        p.glu() ? LaunchInt4MmaWalk<1, true>(p, single, smem, walk, stream)
+                : LaunchInt4MmaWalk<1, false>(p, single, smem, walk, stream);
+      }
       return true;
     }
   }
