@@ -10,8 +10,8 @@
 // run: results can differ in the last bit, unlike the CPU reference.
 // ExpertFfnRouted (every expert of the layer in a device pointer table), two plans, both on the
 // GPU with no host synchronisation:
-//  - at most one (token, k) pair per expert on average (T K <= E, decode): group y is routed pair
-//    y, its matrices looked up by the kernels themselves from Route's expert ids;
+//  - at most half as many (token, k) pairs as experts (2 T K <= E, decode of a few sequences):
+//    group y is routed pair y, its matrices looked up by the kernels from Route's expert ids;
 //  - more (batches, prefill chunks): PlanRoutedExpertsKernel sorts the pairs into per-expert
 //    groups (counts, offsets, rows), cut into chunks of at most 8 or 16 rows for the tensor-core
 //    matrix-vector kernel or kRoutedChunkLarge rows for the tensor-core GEMM, so that
@@ -258,7 +258,11 @@ void CudaBackend::ExpertFfnRouted(const ExpertFfnRoutedArgs& a) {
     if (a.experts->views[e].gate.data != nullptr) w0 = &a.experts->views[e];
   }
   if (w0 == nullptr) return;
-  if (n > a.experts->num_experts) return PlannedExpertFfnRouted(a, *w0);
+  // Planned past half as many pairs as experts: from there on a quarter or more of the pairs
+  // repeat an expert, whose weights the plan's groups read once, not once a pair (H200, 128
+  // experts top-8: 12 / 16 sequences +3-4% / +11%; at 8, 22% repeats, plan and pairs tie;
+  // tests/bench/NOTES.md, stop 47).
+  if (2 * n > a.experts->num_experts) return PlannedExpertFfnRouted(a, *w0);
   // Routed pair y reads token y / top_k: a table made once per top_k (and grown with n).
   if (a.top_k != routed_rows_top_k_ || n > routed_rows_count_) {
     routed_rows_count_ = std::max<int64_t>(n, 1024);
