@@ -23,7 +23,8 @@ __device__ __forceinline__ GemmGroup GroupOf(const GemmParams& p, const GemmGrou
   }
   if (p.row_chunk > 0) {
     const int64_t begin = g * p.row_chunk;
-    return {single.w, single.row_begin + begin, Min64(p.row_chunk, single.row_count - begin)};
+    return {single.w, single.row_begin + begin,
+            Max64(0, Min64(p.row_chunk, single.row_count - begin))};
   }
   return p.groups != nullptr ? p.groups[g] : single;
 }
@@ -408,7 +409,7 @@ void LaunchMmaMatVecSplit(const GemmParams& p, const GemmGroup& single, size_t s
 // MmaMatVecKernel<Fmt> with `smem` bytes of x, K split in ws slices (1, 2, 4 or 8) while `wave`
 // blocks (what the GPU holds at once) are not exceeded and each slice keeps 4 chunks; the slices
 // over blocks (a Hopper build) where x is at least half of what a block of the split over warps
-// reads of the weights: rows 4 bytes a column against 16 / ws weight rows of Fmt::kBits.
+// reads of the weights: max_rows x 4 bytes a column against 128 / ws weight rows of Fmt::kBits.
 template <typename Fmt>
 void LaunchMmaMatVec(const GemmParams& p, const GemmGroup& single, size_t smem, int64_t wave,
                      cudaStream_t stream) {

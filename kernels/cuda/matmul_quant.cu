@@ -470,9 +470,9 @@ struct Int4Mma {
 // nothing (tests/bench/NOTES.md, stop 43). Here a block takes `per_block` consecutive row-blocks
 // of its group and stages x once, where the kernel above would not split K: 3 row-blocks a block
 // (Int4Walk) took 256 sequences from 6,845 to 7,021 tokens/s (H200, two interleaved rounds). The
-// same for one n-tile (up to 8 rows of A an expert: batches of 16-64 sequences), where the
-// groups' row-blocks also overfilled a wave: 64 sequences' gate/up ~780 blocks on 264 slots, three
-// waves, x staged 6 times an expert (stop 47). Two blocks an SM but for two n-tiles' gate/up (the
+// same for one n-tile (the planned groups of up to 8 rows: 12-64 sequences), where the groups'
+// row-blocks also overfilled a wave: 64 sequences' gate/up ~780 blocks on 264 slots, three waves,
+// x staged 6 times an expert; walking, gate/up 106 -> 102 us and down 65 -> 61 (stop 47). Two blocks an SM but for two n-tiles' gate/up (the
 // down projection: x is 54 KB at K = 768, and the kernel above holds 127 registers; uncapped,
 // this one took 135).
 template <int NT, bool kGlu, bool kExact>
