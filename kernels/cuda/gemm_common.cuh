@@ -278,6 +278,7 @@ __device__ __forceinline__ void MmaMatVecStore(const GemmParams& p, const GemmGr
 #pragma unroll
     for (int i = 0; i < kPer; ++i) mine[i * kWarp] = flat[i];
     if constexpr (Split::blocks) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900  // clusters (MmaMatVecSlicedKernel)
       cooperative_groups::cluster_group cluster = cooperative_groups::this_cluster();
       cluster.sync();
       const bool first = cluster.block_rank() == 0;
@@ -290,6 +291,7 @@ __device__ __forceinline__ void MmaMatVecStore(const GemmParams& p, const GemmGr
       }
       cluster.sync();  // the other slices' `partial` stays until the first has read it
       if (!first) return;
+#endif
     } else {
       __syncthreads();
       if (warp % ws != 0) return;
@@ -363,14 +365,35 @@ __global__ __launch_bounds__(kMmaThreads, Fmt::kTiles == 1 ? 2 : 1) void MmaMatV
   MmaMatVecBlock<Fmt, kGlu, KSplit<ws, false>>(p, single);
 }
 
-#ifdef MOE_CUDA_WGMMA  // a Hopper build: clusters
+#ifdef MOE_CUDA_WGMMA  // a build for sm_90a: clusters
+// Clusters exist from sm_90 on. A build for older GPUs as well ("80;90a") compiles the kernel for
+// them without its cluster and without a body; ClusterLaunch keeps it from running there.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+#define MOE_CLUSTER_DIMS(n) __cluster_dims__(n, 1, 1)
+#else
+#define MOE_CLUSTER_DIMS(n)
+#endif
 // K over the ws blocks of a cluster.
 template <typename Fmt, bool kGlu, int ws>
-__global__ __cluster_dims__(ws, 1, 1)
+__global__ MOE_CLUSTER_DIMS(ws)
     __launch_bounds__(kMmaThreads,
                       Fmt::kTiles == 1 ? 2 : 1) void MmaMatVecSlicedKernel(const GemmParams p,
                                                                            const GemmGroup single) {
+#if __CUDA_ARCH__ >= 900
   MmaMatVecBlock<Fmt, kGlu, KSplit<ws, true>>(p, single);
+#endif
+}
+#undef MOE_CLUSTER_DIMS
+
+// Whether the device launches clusters (compute capability 9.0 or later).
+inline bool ClusterLaunch() {
+  static const bool has = [] {
+    int device = 0, major = 0;
+    MOE_CUDA_CHECK(cudaGetDevice(&device));
+    MOE_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+    return major >= 9;
+  }();
+  return has;
 }
 #endif
 
@@ -408,15 +431,19 @@ void LaunchMmaMatVecSplit(const GemmParams& p, const GemmGroup& single, size_t s
 
 // MmaMatVecKernel<Fmt> with `smem` bytes of x, K split in ws slices (1, 2, 4 or 8) while `wave`
 // blocks (what the GPU holds at once) are not exceeded and each slice keeps 4 chunks; the slices
-// over blocks (a Hopper build) where x is at least half of what a block of the split over warps
-// reads of the weights: max_rows x 4 bytes a column against 128 / ws weight rows of Fmt::kBits.
+// over blocks (a build for sm_90a, on a GPU with clusters) where x is at least half of what a block
+// of the split over warps reads of the weights: max_rows x 4 bytes a column against 128 / ws weight
+// rows of Fmt::kBits.
 template <typename Fmt>
 void LaunchMmaMatVec(const GemmParams& p, const GemmGroup& single, size_t smem, int64_t wave,
                      cudaStream_t stream) {
   const int64_t tiles = CeilDiv(p.N, 16) * p.num_groups, chunks = p.K / kMmaChunk;
   int ws = 1;
   while (ws < 8 && CeilDiv(tiles * ws * 2, kMmaWarps) <= wave && chunks >= 4 * ws) ws *= 2;
-  const bool blocks = p.max_rows * ws >= 2 * Fmt::kBits;
+  bool blocks = p.max_rows * ws >= 2 * Fmt::kBits;
+#ifdef MOE_CUDA_WGMMA
+  blocks = blocks && ClusterLaunch();
+#endif
   const bool glu = p.glu();
   switch (ws) {
     case 1:
